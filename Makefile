@@ -1,0 +1,39 @@
+# Two commands set everything up on a fresh machine: `make run` and `make test`.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed-stamp
+
+.PHONY: run test test-fast lint protos models redis clean
+
+run: $(STAMP) redis models
+	$(VENV)/bin/tiermesh up
+
+test: $(STAMP) redis models
+	$(PY) -m pytest
+
+test-fast: $(STAMP) redis models
+	$(PY) -m pytest -m "not e2e and not slow"
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+redis:
+	@scripts/ensure_redis.sh
+
+models: $(STAMP)
+	$(VENV)/bin/tiermesh models build
+
+protos: $(STAMP)
+	$(PY) scripts/gen_protos.py
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check services tests scripts benchmarks
+	$(VENV)/bin/ruff format --check services tests scripts benchmarks
+	$(VENV)/bin/mypy
+
+clean:
+	rm -rf $(VENV) .tiermesh .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,1 @@
+"""Shared building blocks of every tiermesh service."""

@@ -1,0 +1,56 @@
+"""Turning domain errors into gRPC statuses at the servicer edge; nothing else leaks."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+import grpc
+import structlog
+
+from tiermesh.core.errors import INTERNAL_MESSAGE, RETRY_AFTER_KEY, MeshError
+
+log = structlog.get_logger("tiermesh.grpc")
+
+Req = TypeVar("Req")
+Resp = TypeVar("Resp")
+Method = Callable[[Any, Req, grpc.aio.ServicerContext], Awaitable[Resp]]
+
+
+def trailers_of(err: MeshError) -> tuple[tuple[str, str], ...]:
+    if err.retry_after_ms is None:
+        return ()
+    return ((RETRY_AFTER_KEY, str(err.retry_after_ms)),)
+
+
+def mesh_error_from_rpc(err: grpc.aio.AioRpcError) -> MeshError:
+    """The MeshError an internal call's failure stands for, retry-after trailer included."""
+    retry_after: int | None = None
+    for key, value in err.trailing_metadata() or ():
+        if key == RETRY_AFTER_KEY:
+            try:
+                retry_after = int(value)
+            except (TypeError, ValueError):
+                retry_after = None
+    return MeshError(err.code(), err.details() or err.code().name, retry_after_ms=retry_after)
+
+
+def grpc_method(fn: Method[Req, Resp]) -> Method[Req, Resp]:
+    """Wrap a servicer method: MeshError -> its status; anything unexpected -> INTERNAL."""
+
+    @functools.wraps(fn)
+    async def wrapper(self: Any, request: Req, context: grpc.aio.ServicerContext) -> Resp:
+        try:
+            return await fn(self, request, context)
+        except MeshError as err:
+            await context.abort(err.code, err.message, trailing_metadata=trailers_of(err))
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("unexpected error", method=fn.__name__)
+            await context.abort(grpc.StatusCode.INTERNAL, INTERNAL_MESSAGE)
+        raise AssertionError("unreachable: context.abort raises")
+
+    return wrapper

@@ -1,0 +1,102 @@
+"""The domain form of a request travelling through the mesh, and of its outcome."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+import grpc
+
+from tiermesh.core.tensors import TensorData
+
+
+@dataclass(frozen=True, slots=True)
+class Timing:
+    """Wall-clock instants (unix ns) of one request; 0 where not reached (yet)."""
+
+    received_ns: int = 0
+    routed_ns: int = 0
+    dequeued_ns: int = 0
+    batch_start_ns: int = 0
+    batch_end_ns: int = 0
+    postprocessed_ns: int = 0
+    delivered_ns: int = 0
+
+    def with_(self, **instants: int) -> Timing:
+        return dataclasses.replace(self, **instants)
+
+    def breakdown_us(self) -> dict[str, int]:
+        """Durations in microseconds between consecutive instants that were both reached."""
+        stages = (
+            ("route_us", self.received_ns, self.routed_ns),
+            ("queue_us", self.routed_ns, self.dequeued_ns),
+            ("batch_wait_us", self.dequeued_ns, self.batch_start_ns),
+            ("compute_us", self.batch_start_ns, self.batch_end_ns),
+            ("postprocess_us", self.batch_end_ns, self.postprocessed_ns),
+            ("delivery_us", self.postprocessed_ns, self.delivered_ns),
+        )
+        return {name: (end - start) // 1000 for name, start, end in stages if start and end}
+
+
+@dataclass(frozen=True, slots=True)
+class Job:
+    request_id: str
+    model: str
+    inputs: tuple[TensorData, ...]
+    gateway: str
+    deadline_ns: int = 0
+    client_request_id: str = ""
+    tenant: str = ""
+    version: str = ""
+    variant: str = ""
+    priority: int = 0
+    bucket: int = 0
+    tier: str = ""
+    requested_outputs: tuple[str, ...] = ()
+    timing: Timing = field(default_factory=Timing)
+    trace_context: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def rows(self) -> int:
+        """Rows this request contributes to a batch (its batch dimension)."""
+        return self.inputs[0].batch if self.inputs else 1
+
+
+@dataclass(frozen=True, slots=True)
+class JobResult:
+    request_id: str
+    model: str
+    gateway: str
+    code: grpc.StatusCode = grpc.StatusCode.OK
+    message: str = ""
+    outputs: tuple[TensorData, ...] = ()
+    client_request_id: str = ""
+    version: str = ""
+    tier: str = ""
+    priority: int = 0
+    bucket: int = 0
+    batch_size: int = 0
+    timing: Timing = field(default_factory=Timing)
+    trace_context: Mapping[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def for_job(cls, job: Job, **fields: object) -> JobResult:
+        """A result that carries the identity, timing and trace context of `job`."""
+        base: dict[str, object] = dict(
+            request_id=job.request_id,
+            client_request_id=job.client_request_id,
+            model=job.model,
+            version=job.version,
+            gateway=job.gateway,
+            tier=job.tier,
+            priority=job.priority,
+            bucket=job.bucket,
+            timing=job.timing,
+            trace_context=job.trace_context,
+        )
+        base.update(fields)
+        return cls(**base)  # type: ignore[arg-type]
+
+    def with_(self, **fields: object) -> JobResult:
+        return dataclasses.replace(self, **fields)  # type: ignore[arg-type]

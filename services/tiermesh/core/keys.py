@@ -1,0 +1,49 @@
+"""Every Redis key and stream name of the mesh. Nothing else spells them.
+
+Work streams: ``tm:q:{model}:{tier}:p{priority}:b{bucket}``, one consumer group per stream.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+PREFIX = "tm"
+GROUP = "workers"
+# Field names inside a stream entry.
+JOB_FIELD = "job"
+TRACEPARENT_FIELD = "traceparent"
+TRACESTATE_FIELD = "tracestate"
+
+
+@dataclass(frozen=True, slots=True)
+class StreamKey:
+    model: str
+    tier: str
+    priority: int
+    bucket: int
+
+    @property
+    def name(self) -> str:
+        return f"{PREFIX}:q:{self.model}:{self.tier}:p{self.priority}:b{self.bucket}"
+
+    @classmethod
+    def parse(cls, name: str) -> StreamKey:
+        """Inverse of :attr:`name`; raises ValueError on a name not made by this module."""
+        parts = name.split(":")
+        if len(parts) != 6 or parts[0] != PREFIX or parts[1] != "q":
+            raise ValueError(f"not a tiermesh work stream: {name!r}")
+        if not parts[4].startswith("p") or not parts[5].startswith("b"):
+            raise ValueError(f"not a tiermesh work stream: {name!r}")
+        return cls(parts[2], parts[3], int(parts[4][1:]), int(parts[5][1:]))
+
+
+def workers_key(model: str, tier: str) -> str:
+    """Sorted set of live worker ids for (model, tier), scored by heartbeat expiry (ms)."""
+    return f"{PREFIX}:workers:{model}:{tier}"
+
+
+def stream_keys(model: str, tier: str, priority_levels: int, buckets: int) -> list[StreamKey]:
+    """All work streams of one model on one tier, highest priority (1) first."""
+    return [
+        StreamKey(model, tier, p, b) for p in range(1, priority_levels + 1) for b in range(buckets)
+    ]

@@ -1,0 +1,73 @@
+"""gRPC server lifecycle shared by all services: health, tracing, two-stage stop."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+from collections.abc import Callable
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1.health import aio as health_aio
+from opentelemetry.instrumentation.grpc import aio_client_interceptors, aio_server_interceptor
+
+from tiermesh.core.telemetry import Telemetry
+
+# Called once a service listens, with the ports it bound (tests bind port 0).
+ReadyCallback = Callable[[dict[str, int]], None]
+
+SERVING = health_pb2.HealthCheckResponse.SERVING
+NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
+
+
+def make_server(telemetry: Telemetry, max_message_bytes: int = 64 * 1024 * 1024) -> grpc.aio.Server:
+    """A grpc.aio server with the OpenTelemetry server interceptor."""
+    return grpc.aio.server(
+        interceptors=[aio_server_interceptor(tracer_provider=telemetry.provider)],
+        options=[
+            ("grpc.max_receive_message_length", max_message_bytes),
+            ("grpc.max_send_message_length", max_message_bytes),
+        ],
+    )
+
+
+def make_channel(
+    address: str, telemetry: Telemetry, max_message_bytes: int = 64 * 1024 * 1024
+) -> grpc.aio.Channel:
+    """An insecure internal channel that propagates trace context."""
+    return grpc.aio.insecure_channel(
+        address,
+        interceptors=aio_client_interceptors(tracer_provider=telemetry.provider),
+        options=[
+            ("grpc.max_receive_message_length", max_message_bytes),
+            ("grpc.max_send_message_length", max_message_bytes),
+        ],
+    )
+
+
+def add_health(server: grpc.aio.Server) -> health_aio.HealthServicer:
+    health = health_aio.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health, server)
+    return health
+
+
+async def set_serving(health: health_aio.HealthServicer, serving: bool) -> None:
+    """Mark the whole server ('' service) SERVING or NOT_SERVING."""
+    await health.set("", SERVING if serving else NOT_SERVING)
+
+
+def bind(server: grpc.aio.Server, host: str, port: int) -> int:
+    """Bind an insecure port and return the port actually bound (port 0 picks one)."""
+    bound = server.add_insecure_port(f"{host}:{port}")
+    if bound == 0:
+        raise OSError(f"could not bind {host}:{port}")
+    return int(bound)
+
+
+def stop_event_on_signals() -> asyncio.Event:
+    """An event set by SIGINT or SIGTERM: the signal to start a graceful stop."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    return stop

@@ -1,0 +1,72 @@
+"""Settings of every service: one class per service on a shared base.
+
+Every field is read from the environment with the prefix ``TIERMESH_`` (for example
+``TIERMESH_GATEWAY_PORT``). Settings are built once in a service's ``__main__`` and passed
+down; nothing reads the environment anywhere else.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class ServiceSettings(BaseSettings):
+    """What every service shares: where Redis and the models are, logs and traces."""
+
+    model_config = SettingsConfigDict(env_prefix="TIERMESH_", extra="ignore")
+
+    redis_url: str = "redis://127.0.0.1:6379/0"
+    model_repository: Path = Path("models")
+    log_level: str = "info"
+    log_format: Literal["auto", "json", "console"] = "auto"
+    # One JSON-lines span file per process is written here when set (tests, offline runs);
+    # OTLP export follows the standard OTEL_* variables.
+    trace_dir: Path | None = None
+    shutdown_grace_s: float = Field(default=10.0, ge=0)
+
+
+class GatewaySettings(ServiceSettings):
+    gateway_host: str = "127.0.0.1"
+    gateway_port: int = 8001
+    delivery_host: str = "127.0.0.1"
+    delivery_port: int = 8011
+    # The address postprocess uses to reach this gateway; defaults to host and bound port.
+    delivery_advertise: str = ""
+    router_address: str = "127.0.0.1:8002"
+    max_message_bytes: int = 64 * 1024 * 1024
+    # Used when a request sets neither a gRPC deadline nor a `timeout` parameter.
+    default_timeout_ms: int = Field(default=30_000, gt=0)
+
+
+class RouterSettings(ServiceSettings):
+    router_host: str = "127.0.0.1"
+    router_port: int = 8002
+    retry_after_ms: int = Field(default=200, ge=0)
+
+
+class WorkerSettings(ServiceSettings):
+    worker_tier: str = "center"
+    # Comma-separated model names this worker serves; empty serves every model.
+    worker_models: str = ""
+    worker_host: str = "127.0.0.1"
+    worker_health_port: int = 8004
+    worker_id: str = ""
+    postprocess_address: str = "127.0.0.1:8003"
+    intra_op_threads: int = Field(default=0, ge=0)
+    heartbeat_interval_ms: int = Field(default=1000, gt=0)
+    heartbeat_ttl_ms: int = Field(default=10_000, gt=0)
+    poll_block_ms: int = Field(default=200, gt=0)
+
+    @property
+    def model_names(self) -> list[str]:
+        return [m.strip() for m in self.worker_models.split(",") if m.strip()]
+
+
+class PostprocessSettings(ServiceSettings):
+    postprocess_host: str = "127.0.0.1"
+    postprocess_port: int = 8003
+    delivery_timeout_ms: int = Field(default=5000, gt=0)

@@ -1,0 +1,131 @@
+"""Converters between the domain types and the internal tiermesh.v1 messages.
+
+Only servicers, gRPC clients and stream codecs call these; domain code never sees a proto.
+"""
+
+from __future__ import annotations
+
+from tiermesh.core.errors import code_from_int, code_to_int
+from tiermesh.core.jobs import Job, JobResult, Timing
+from tiermesh.core.tensors import TensorData
+from tiermesh.v1 import job_pb2, tensor_pb2
+
+
+def tensor_to_proto(t: TensorData) -> tensor_pb2.Tensor:
+    return tensor_pb2.Tensor(name=t.name, datatype=t.datatype, shape=t.shape, raw=t.raw)
+
+
+def tensor_from_proto(t: tensor_pb2.Tensor) -> TensorData:
+    return TensorData(t.name, t.datatype, tuple(t.shape), t.raw)
+
+
+def timing_to_proto(t: Timing) -> job_pb2.Timing:
+    return job_pb2.Timing(
+        received_ns=t.received_ns,
+        routed_ns=t.routed_ns,
+        dequeued_ns=t.dequeued_ns,
+        batch_start_ns=t.batch_start_ns,
+        batch_end_ns=t.batch_end_ns,
+        postprocessed_ns=t.postprocessed_ns,
+        delivered_ns=t.delivered_ns,
+    )
+
+
+def timing_from_proto(t: job_pb2.Timing) -> Timing:
+    return Timing(
+        received_ns=t.received_ns,
+        routed_ns=t.routed_ns,
+        dequeued_ns=t.dequeued_ns,
+        batch_start_ns=t.batch_start_ns,
+        batch_end_ns=t.batch_end_ns,
+        postprocessed_ns=t.postprocessed_ns,
+        delivered_ns=t.delivered_ns,
+    )
+
+
+def job_to_proto(job: Job) -> job_pb2.Job:
+    return job_pb2.Job(
+        request_id=job.request_id,
+        client_request_id=job.client_request_id,
+        tenant=job.tenant,
+        model=job.model,
+        version=job.version,
+        variant=job.variant,
+        priority=job.priority,
+        bucket=job.bucket,
+        tier=job.tier,
+        deadline_ns=job.deadline_ns,
+        gateway=job.gateway,
+        inputs=[tensor_to_proto(t) for t in job.inputs],
+        requested_outputs=job.requested_outputs,
+        timing=timing_to_proto(job.timing),
+        trace_context=dict(job.trace_context),
+    )
+
+
+def job_from_proto(msg: job_pb2.Job) -> Job:
+    return Job(
+        request_id=msg.request_id,
+        client_request_id=msg.client_request_id,
+        tenant=msg.tenant,
+        model=msg.model,
+        version=msg.version,
+        variant=msg.variant,
+        priority=msg.priority,
+        bucket=msg.bucket,
+        tier=msg.tier,
+        deadline_ns=msg.deadline_ns,
+        gateway=msg.gateway,
+        inputs=tuple(tensor_from_proto(t) for t in msg.inputs),
+        requested_outputs=tuple(msg.requested_outputs),
+        timing=timing_from_proto(msg.timing),
+        trace_context=dict(msg.trace_context),
+    )
+
+
+def encode_job(job: Job) -> bytes:
+    return bytes(job_to_proto(job).SerializeToString())
+
+
+def decode_job(data: bytes) -> Job:
+    msg = job_pb2.Job()
+    msg.ParseFromString(data)
+    return job_from_proto(msg)
+
+
+def result_to_proto(r: JobResult) -> job_pb2.Result:
+    return job_pb2.Result(
+        request_id=r.request_id,
+        client_request_id=r.client_request_id,
+        model=r.model,
+        version=r.version,
+        gateway=r.gateway,
+        code=code_to_int(r.code),
+        message=r.message,
+        outputs=[tensor_to_proto(t) for t in r.outputs],
+        timing=timing_to_proto(r.timing),
+        trace_context=dict(r.trace_context),
+        tier=r.tier,
+        priority=r.priority,
+        bucket=r.bucket,
+        batch_size=r.batch_size,
+    )
+
+
+def result_from_proto(msg: job_pb2.Result) -> JobResult:
+    return JobResult(
+        request_id=msg.request_id,
+        client_request_id=msg.client_request_id,
+        model=msg.model,
+        version=msg.version,
+        gateway=msg.gateway,
+        code=code_from_int(msg.code),
+        message=msg.message,
+        outputs=tuple(tensor_from_proto(t) for t in msg.outputs),
+        timing=timing_from_proto(msg.timing),
+        trace_context=dict(msg.trace_context),
+        tier=msg.tier,
+        priority=msg.priority,
+        bucket=msg.bucket,
+        batch_size=msg.batch_size,
+    )

@@ -1,0 +1,125 @@
+"""KServe v2 (package `inference`, as tritonclient ships it) <-> gateway domain types."""
+
+from __future__ import annotations
+
+import numpy as np
+from tritonclient.grpc import model_config_pb2, service_pb2
+
+from tiermesh.core.errors import invalid
+from tiermesh.core.jobs import JobResult
+from tiermesh.core.repository import ModelConfig, TensorSpec
+from tiermesh.core.tensors import BYTES, TensorData, join_bytes
+from tiermesh.gateway.requests import InferRequest
+
+# InferTensorContents field and numpy dtype for each datatype a client may send typed.
+_CONTENTS: dict[str, tuple[str, str]] = {
+    "BOOL": ("bool_contents", "?"),
+    "INT8": ("int_contents", "<i1"),
+    "INT16": ("int_contents", "<i2"),
+    "INT32": ("int_contents", "<i4"),
+    "INT64": ("int64_contents", "<i8"),
+    "UINT8": ("uint_contents", "<u1"),
+    "UINT16": ("uint_contents", "<u2"),
+    "UINT32": ("uint_contents", "<u4"),
+    "UINT64": ("uint64_contents", "<u8"),
+    "FP32": ("fp32_contents", "<f4"),
+    "FP64": ("fp64_contents", "<f8"),
+}
+
+
+def _param_int(params: object, key: str) -> int | None:
+    p = params[key] if key in params else None  # type: ignore[operator,index]
+    if p is None:
+        return None
+    which = p.WhichOneof("parameter_choice")
+    if which in ("int64_param", "uint64_param"):
+        return int(getattr(p, which))
+    raise invalid(f"parameter '{key}' must be an integer, got {which}")
+
+
+def _typed_contents(t: service_pb2.ModelInferRequest.InferInputTensor) -> bytes:
+    contents = t.contents
+    if t.datatype == BYTES:
+        return join_bytes(list(contents.bytes_contents))
+    if t.datatype not in _CONTENTS:
+        raise invalid(f"input '{t.name}': datatype {t.datatype} must be sent as raw contents")
+    field, dtype = _CONTENTS[t.datatype]
+    values = list(getattr(contents, field))
+    try:
+        return bytes(np.asarray(values, dtype=dtype).tobytes())
+    except OverflowError:
+        raise invalid(f"input '{t.name}': a value does not fit {t.datatype}") from None
+
+
+def infer_request(msg: service_pb2.ModelInferRequest) -> InferRequest:
+    """The domain request; INVALID_ARGUMENT for framing the protocol itself forbids."""
+    raw = list(msg.raw_input_contents)
+    if raw and len(raw) != len(msg.inputs):
+        raise invalid(f"raw_input_contents has {len(raw)} entries for {len(msg.inputs)} inputs")
+    inputs = []
+    for i, t in enumerate(msg.inputs):
+        data = raw[i] if raw else _typed_contents(t)
+        inputs.append(TensorData(t.name, t.datatype, tuple(int(d) for d in t.shape), data))
+    priority = _param_int(msg.parameters, "priority") or 0
+    return InferRequest(
+        model=msg.model_name,
+        version=msg.model_version,
+        inputs=tuple(inputs),
+        client_request_id=msg.id,
+        requested_outputs=tuple(o.name for o in msg.outputs),
+        priority=priority,
+        timeout_us=_param_int(msg.parameters, "timeout"),
+    )
+
+
+def infer_response(result: JobResult) -> service_pb2.ModelInferResponse:
+    resp = service_pb2.ModelInferResponse(
+        model_name=result.model, model_version=result.version, id=result.client_request_id
+    )
+    for t in result.outputs:
+        resp.outputs.add(name=t.name, datatype=t.datatype, shape=t.shape)
+        resp.raw_output_contents.append(t.raw)
+    for key, value in result.timing.breakdown_us().items():
+        resp.parameters[f"tiermesh.{key}"].int64_param = value
+    resp.parameters["tiermesh.tier"].string_param = result.tier
+    resp.parameters["tiermesh.batch_size"].int64_param = result.batch_size
+    return resp
+
+
+def _shape(cfg: ModelConfig, spec: TensorSpec) -> list[int]:
+    return [-1, *spec.dims] if cfg.max_batch_size > 0 else list(spec.dims)
+
+
+def model_metadata(cfg: ModelConfig) -> service_pb2.ModelMetadataResponse:
+    resp = service_pb2.ModelMetadataResponse(
+        name=cfg.name, versions=[v.version for v in cfg.versions], platform=cfg.platform
+    )
+    for spec in cfg.inputs:
+        resp.inputs.add(name=spec.name, datatype=spec.datatype, shape=_shape(cfg, spec))
+    for spec in cfg.outputs:
+        resp.outputs.add(name=spec.name, datatype=spec.datatype, shape=_shape(cfg, spec))
+    return resp
+
+
+def _config_type(datatype: str) -> int:
+    return int(
+        model_config_pb2.DataType.Value("TYPE_STRING" if datatype == BYTES else f"TYPE_{datatype}")
+    )
+
+
+def model_config(cfg: ModelConfig) -> service_pb2.ModelConfigResponse:
+    config = model_config_pb2.ModelConfig(
+        name=cfg.name,
+        platform=cfg.platform,
+        backend="onnxruntime",
+        max_batch_size=cfg.max_batch_size,
+        default_model_filename=cfg.model_file,
+    )
+    for spec in cfg.inputs:
+        config.input.add(name=spec.name, data_type=_config_type(spec.datatype), dims=spec.dims)
+    for spec in cfg.outputs:
+        config.output.add(name=spec.name, data_type=_config_type(spec.datatype), dims=spec.dims)
+    config.dynamic_batching.max_queue_delay_microseconds = int(cfg.max_batch_wait_ms * 1000)
+    config.dynamic_batching.priority_levels = cfg.priority_levels
+    config.dynamic_batching.default_priority_level = cfg.default_priority
+    return service_pb2.ModelConfigResponse(config=config)

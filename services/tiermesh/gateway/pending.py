@@ -1,0 +1,47 @@
+"""Requests the gateway is waiting on, and their results: each answered exactly once."""
+
+from __future__ import annotations
+
+import asyncio
+
+from tiermesh.core.jobs import JobResult
+
+
+class PendingRequests:
+    """Futures keyed by request id. Resolving an id twice, or after its caller left, is late."""
+
+    def __init__(self) -> None:
+        self._waiting: dict[str, asyncio.Future[JobResult]] = {}
+        self.late = 0
+        self._empty = asyncio.Event()
+        self._empty.set()
+
+    def register(self, request_id: str) -> asyncio.Future[JobResult]:
+        """Called before the job is routed, so a fast result always finds its future."""
+        fut: asyncio.Future[JobResult] = asyncio.get_running_loop().create_future()
+        self._waiting[request_id] = fut
+        self._empty.clear()
+        return fut
+
+    def discard(self, request_id: str) -> None:
+        """Called when the caller's handler ends, however it ends."""
+        fut = self._waiting.pop(request_id, None)
+        if fut is not None and not fut.done():
+            fut.cancel()
+        if not self._waiting:
+            self._empty.set()
+
+    def resolve(self, result: JobResult) -> bool:
+        """Hand a result to its waiting caller; False (and counted late) when nobody waits."""
+        fut = self._waiting.get(result.request_id)
+        if fut is None or fut.done():
+            self.late += 1
+            return False
+        fut.set_result(result)
+        return True
+
+    def __len__(self) -> int:
+        return len(self._waiting)
+
+    async def wait_empty(self) -> None:
+        await self._empty.wait()

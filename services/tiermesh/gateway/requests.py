@@ -1,0 +1,128 @@
+"""What the gateway decides about one inference request, with no gRPC and no Redis.
+
+`validate` checks a request against the model's metadata and raises MeshError naming the
+problem; `effective_deadline_ns` and `priority_level` turn request parameters into values.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tiermesh.core.errors import invalid, not_found
+from tiermesh.core.repository import ModelConfig, ModelRepository
+from tiermesh.core.tensors import TensorData, validate_raw
+
+
+@dataclass(frozen=True, slots=True)
+class InferRequest:
+    model: str
+    version: str
+    inputs: tuple[TensorData, ...]
+    client_request_id: str = ""
+    requested_outputs: tuple[str, ...] = ()
+    priority: int = 0
+    # tritonclient's `timeout` parameter, microseconds; None when absent.
+    timeout_us: int | None = None
+
+
+def find_model(repo: ModelRepository, name: str, version: str) -> ModelConfig:
+    """The config of (name, version); NOT_FOUND when either is unknown."""
+    cfg = repo.get(name)
+    if cfg is None:
+        raise not_found(f"unknown model '{name}'")
+    if cfg.version(version) is None:
+        raise not_found(f"model '{name}' has no version '{version}'")
+    return cfg
+
+
+def _check_shape(cfg: ModelConfig, t: TensorData, expected_dims: tuple[int, ...]) -> None:
+    shape = t.shape
+    if any(d < 1 for d in shape):
+        raise invalid(f"input '{t.name}': every dimension must be positive, got {list(shape)}")
+    dims = shape
+    if cfg.max_batch_size > 0:
+        if len(shape) != len(expected_dims) + 1:
+            raise invalid(
+                f"input '{t.name}': rank {len(shape)} does not match the model's rank "
+                f"{len(expected_dims) + 1} (shape {[-1, *expected_dims]})"
+            )
+        if shape[0] > cfg.max_batch_size:
+            raise invalid(
+                f"input '{t.name}': batch size {shape[0]} exceeds max_batch_size "
+                f"{cfg.max_batch_size}"
+            )
+        dims = shape[1:]
+    elif len(shape) != len(expected_dims):
+        raise invalid(
+            f"input '{t.name}': rank {len(shape)} does not match the model's rank "
+            f"{len(expected_dims)} (shape {list(expected_dims)})"
+        )
+    for i, (got, want) in enumerate(zip(dims, expected_dims, strict=True)):
+        if want != -1 and got != want:
+            raise invalid(
+                f"input '{t.name}': dimension {i + (cfg.max_batch_size > 0)} is {got}, "
+                f"the model expects {want}"
+            )
+
+
+def validate(cfg: ModelConfig, req: InferRequest) -> None:
+    """Raise INVALID_ARGUMENT for the first thing wrong with `req` for model `cfg`."""
+    seen: set[str] = set()
+    for t in req.inputs:
+        spec = cfg.input(t.name)
+        if spec is None:
+            known = ", ".join(i.name for i in cfg.inputs)
+            raise invalid(f"unknown input '{t.name}' for model '{cfg.name}' (inputs: {known})")
+        if t.name in seen:
+            raise invalid(f"input '{t.name}' given more than once")
+        seen.add(t.name)
+        if t.datatype != spec.datatype:
+            raise invalid(
+                f"input '{t.name}': datatype {t.datatype} does not match the model's "
+                f"{spec.datatype}"
+            )
+        _check_shape(cfg, t, spec.dims)
+        validate_raw(t.name, t.datatype, t.shape, t.raw)
+    missing = [i.name for i in cfg.inputs if i.name not in seen]
+    if missing:
+        raise invalid(f"missing input(s) {', '.join(missing)} for model '{cfg.name}'")
+    if cfg.max_batch_size > 0 and len({t.shape[0] for t in req.inputs}) > 1:
+        raise invalid("inputs disagree on the batch size (dimension 0)")
+    outputs = {o.name for o in cfg.outputs}
+    for name in req.requested_outputs:
+        if name not in outputs:
+            raise invalid(f"unknown output '{name}' for model '{cfg.name}'")
+
+
+def priority_level(cfg: ModelConfig, requested: int) -> int:
+    """Triton's convention: 0 means the model's default; 1 is the highest level."""
+    if requested == 0:
+        return cfg.default_priority
+    if not 1 <= requested <= cfg.priority_levels:
+        raise invalid(
+            f"priority {requested} out of range: model '{cfg.name}' has levels "
+            f"1..{cfg.priority_levels} (0 = default)"
+        )
+    return requested
+
+
+def effective_deadline_ns(
+    now_ns: int,
+    grpc_remaining_s: float | None,
+    timeout_us: int | None,
+    default_timeout_ms: int,
+) -> int:
+    """The earliest of the gRPC deadline and the `timeout` parameter, as absolute unix ns.
+
+    With neither, the gateway's default timeout applies so that nothing waits forever.
+    """
+    candidates = []
+    if grpc_remaining_s is not None:
+        candidates.append(now_ns + int(grpc_remaining_s * 1e9))
+    if timeout_us is not None:
+        if timeout_us < 0:
+            raise invalid(f"timeout {timeout_us} us is negative")
+        candidates.append(now_ns + timeout_us * 1000)
+    if not candidates:
+        candidates.append(now_ns + default_timeout_ms * 1_000_000)
+    return min(candidates)

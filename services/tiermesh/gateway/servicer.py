@@ -1,0 +1,165 @@
+"""Public KServe v2 servicer and internal Delivery servicer of the gateway.
+
+Methods stay short: convert, decide (requests.py), call upstream, convert back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import Callable
+
+import grpc
+import structlog
+from opentelemetry import trace
+from tritonclient.grpc import service_pb2, service_pb2_grpc
+
+from tiermesh.core.errors import MeshError, deadline_exceeded, unavailable
+from tiermesh.core.grpc_errors import grpc_method
+from tiermesh.core.jobs import Job, JobResult, Timing
+from tiermesh.core.repository import ModelRepository
+from tiermesh.core.settings import GatewaySettings
+from tiermesh.core.telemetry import Telemetry, extract, inject_current
+from tiermesh.core.wire import result_from_proto
+from tiermesh.gateway import converters
+from tiermesh.gateway.pending import PendingRequests
+from tiermesh.gateway.requests import effective_deadline_ns, find_model, priority_level, validate
+from tiermesh.gateway.upstream import Liveness, RouterClient
+from tiermesh.v1 import delivery_pb2, delivery_pb2_grpc
+
+log = structlog.get_logger("tiermesh.gateway")
+SERVER_NAME = "tiermesh"
+SERVER_VERSION = "0.1.0"
+
+
+class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
+    def __init__(
+        self,
+        settings: GatewaySettings,
+        repo: ModelRepository,
+        router: RouterClient,
+        liveness: Liveness,
+        pending: PendingRequests,
+        delivery_address: str,
+        clock_ns: Callable[[], int] = time.time_ns,
+    ) -> None:
+        self._settings = settings
+        self._delivery_address = delivery_address
+        self._repo = repo
+        self._router = router
+        self._liveness = liveness
+        self._pending = pending
+        self._clock_ns = clock_ns
+        self.draining = False
+
+    @grpc_method
+    async def ServerLive(self, request, context):  # type: ignore[no-untyped-def]
+        return service_pb2.ServerLiveResponse(live=True)
+
+    @grpc_method
+    async def ServerReady(self, request, context):  # type: ignore[no-untyped-def]
+        ready = not self.draining and await self._liveness.redis_ok()
+        return service_pb2.ServerReadyResponse(ready=ready)
+
+    @grpc_method
+    async def ModelReady(self, request, context):  # type: ignore[no-untyped-def]
+        cfg = self._repo.get(request.name)
+        if cfg is None or cfg.version(request.version) is None or self.draining:
+            return service_pb2.ModelReadyResponse(ready=False)
+        return service_pb2.ModelReadyResponse(ready=await self._liveness.workers(cfg.name) > 0)
+
+    @grpc_method
+    async def ServerMetadata(self, request, context):  # type: ignore[no-untyped-def]
+        return service_pb2.ServerMetadataResponse(
+            name=SERVER_NAME, version=SERVER_VERSION, extensions=[]
+        )
+
+    @grpc_method
+    async def ModelMetadata(self, request, context):  # type: ignore[no-untyped-def]
+        return converters.model_metadata(find_model(self._repo, request.name, request.version))
+
+    @grpc_method
+    async def ModelConfig(self, request, context):  # type: ignore[no-untyped-def]
+        return converters.model_config(find_model(self._repo, request.name, request.version))
+
+    @grpc_method
+    async def ModelInfer(self, request, context):  # type: ignore[no-untyped-def]
+        received_ns = self._clock_ns()
+        if self.draining:
+            raise unavailable("gateway is draining; retry on another replica")
+        req = converters.infer_request(request)
+        cfg = find_model(self._repo, req.model, req.version)
+        validate(cfg, req)
+        job = Job(
+            request_id=uuid.uuid4().hex,
+            client_request_id=req.client_request_id,
+            model=cfg.name,
+            version=cfg.version(req.version).version,  # type: ignore[union-attr]
+            inputs=req.inputs,
+            gateway=self._delivery_address,
+            priority=priority_level(cfg, req.priority),
+            deadline_ns=effective_deadline_ns(
+                received_ns,
+                context.time_remaining(),
+                req.timeout_us,
+                self._settings.default_timeout_ms,
+            ),
+            requested_outputs=req.requested_outputs,
+            timing=Timing(received_ns=received_ns),
+            trace_context=inject_current(),
+        )
+        structlog.contextvars.bind_contextvars(request_id=job.request_id, model=job.model)
+        span = trace.get_current_span()
+        span.set_attribute("tiermesh.request_id", job.request_id)
+        span.set_attribute("tiermesh.client_request_id", job.client_request_id)
+        result = await self._await_result(job)
+        if result.code != grpc.StatusCode.OK:
+            raise MeshError(result.code, result.message)
+        return converters.infer_response(result)
+
+    async def _await_result(self, job: Job) -> JobResult:
+        """Route the job and wait for its result until its deadline; exactly one answer."""
+        future = self._pending.register(job.request_id)
+        try:
+            await self._router.route(job, self._remaining_s(job))
+            try:
+                return await asyncio.wait_for(future, self._remaining_s(job))
+            except TimeoutError:
+                raise deadline_exceeded("deadline exceeded while waiting for the result") from None
+        finally:
+            self._pending.discard(job.request_id)
+
+    def _remaining_s(self, job: Job) -> float:
+        return (job.deadline_ns - self._clock_ns()) / 1e9
+
+
+class DeliveryServicer(delivery_pb2_grpc.DeliveryServicer):
+    """Postprocess calls Deliver with the finished results for this gateway's requests."""
+
+    def __init__(
+        self,
+        pending: PendingRequests,
+        telemetry: Telemetry,
+        clock_ns: Callable[[], int] = time.time_ns,
+    ) -> None:
+        self._pending = pending
+        self._tracer = telemetry.tracer
+        self._clock_ns = clock_ns
+
+    @grpc_method
+    async def Deliver(self, request, context):  # type: ignore[no-untyped-def]
+        resolved = late = 0
+        for msg in request.results:
+            result = result_from_proto(msg)
+            with self._tracer.start_as_current_span(
+                "deliver", context=extract(result.trace_context)
+            ) as span:
+                span.set_attribute("tiermesh.request_id", result.request_id)
+                result = result.with_(timing=result.timing.with_(delivered_ns=self._clock_ns()))
+                if self._pending.resolve(result):
+                    resolved += 1
+                else:
+                    late += 1
+                    log.info("late result dropped", request_id=result.request_id)
+        return delivery_pb2.DeliverReply(resolved=resolved, late=late)

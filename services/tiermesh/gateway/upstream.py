@@ -1,0 +1,57 @@
+"""The gateway's view of the rest of the mesh: the router, and worker liveness in Redis."""
+
+from __future__ import annotations
+
+import time
+
+import grpc
+import redis.asyncio as aioredis
+
+from tiermesh.core import keys
+from tiermesh.core.errors import MeshError, deadline_exceeded, unavailable
+from tiermesh.core.grpc_errors import mesh_error_from_rpc
+from tiermesh.core.jobs import Job
+from tiermesh.core.wire import job_to_proto
+from tiermesh.v1 import router_pb2_grpc
+
+TIERS = ("edge", "center")
+
+
+class RouterClient:
+    def __init__(self, channel: grpc.aio.Channel) -> None:
+        self._stub = router_pb2_grpc.RouterStub(channel)
+
+    async def route(self, job: Job, timeout_s: float) -> None:
+        """Place the job on its stream; raises the router's refusal as a MeshError."""
+        if timeout_s <= 0:
+            raise deadline_exceeded("deadline passed before the request was routed")
+        try:
+            await self._stub.Route(job_to_proto(job), timeout=timeout_s)
+        except grpc.aio.AioRpcError as err:
+            if err.code() == grpc.StatusCode.UNAVAILABLE:
+                raise unavailable(f"router unavailable: {err.details()}") from None
+            raise mesh_error_from_rpc(err) from None
+
+
+class Liveness:
+    """Answers ServerReady / ModelReady from Redis (worker heartbeats)."""
+
+    def __init__(self, redis: aioredis.Redis) -> None:
+        self._redis = redis
+
+    async def redis_ok(self) -> bool:
+        try:
+            return bool(await self._redis.ping())
+        except (aioredis.RedisError, OSError):
+            return False
+
+    async def workers(self, model: str) -> int:
+        now_ms = int(time.time() * 1000)
+        try:
+            counts = [
+                await self._redis.zcount(keys.workers_key(model, tier), now_ms, "+inf")
+                for tier in TIERS
+            ]
+        except (aioredis.RedisError, OSError) as exc:
+            raise MeshError(grpc.StatusCode.UNAVAILABLE, "redis unavailable") from exc
+        return int(sum(counts))

@@ -1,0 +1,1 @@
+"""Postprocess: per-model output steps, then delivery to the owning gateways."""

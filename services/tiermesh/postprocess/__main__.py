@@ -1,0 +1,65 @@
+"""Composition root of postprocess: `python -m tiermesh.postprocess`."""
+
+from __future__ import annotations
+
+import asyncio
+
+import structlog
+
+from tiermesh.core.logging import configure_logging
+from tiermesh.core.server import (
+    ReadyCallback,
+    add_health,
+    bind,
+    make_server,
+    set_serving,
+    stop_event_on_signals,
+)
+from tiermesh.core.settings import PostprocessSettings
+from tiermesh.core.telemetry import Telemetry
+from tiermesh.postprocess.gateways import GatewayClients
+from tiermesh.postprocess.servicer import PostprocessServicer
+from tiermesh.postprocess.steps import Steps
+from tiermesh.v1 import postprocess_pb2_grpc
+
+log = structlog.get_logger("tiermesh.postprocess")
+
+
+async def serve(
+    settings: PostprocessSettings,
+    stop: asyncio.Event,
+    telemetry: Telemetry | None = None,
+    ready: ReadyCallback | None = None,
+) -> None:
+    telemetry = telemetry or Telemetry("postprocess", settings.trace_dir)
+    gateways = GatewayClients(telemetry, settings.delivery_timeout_ms / 1000)
+    server = make_server(telemetry)
+    postprocess_pb2_grpc.add_PostprocessServicer_to_server(
+        PostprocessServicer(Steps(), gateways, telemetry), server
+    )
+    health = add_health(server)
+    port = bind(server, settings.postprocess_host, settings.postprocess_port)
+    await server.start()
+    await set_serving(health, True)
+    log.info("postprocess serving", port=port)
+    if ready is not None:
+        ready({"port": port})
+    try:
+        await stop.wait()
+    finally:
+        await set_serving(health, False)
+        # Workers stop before postprocess; batches in flight finish within the grace.
+        await server.stop(grace=settings.shutdown_grace_s)
+        await gateways.close()
+        telemetry.shutdown()
+        log.info("postprocess stopped")
+
+
+async def _main() -> None:
+    settings = PostprocessSettings()
+    configure_logging("postprocess", settings.log_level, settings.log_format)
+    await serve(settings, stop_event_on_signals())
+
+
+if __name__ == "__main__":
+    asyncio.run(_main())

@@ -1,0 +1,65 @@
+"""The Postprocess servicer: a whole batch in, output steps, delivery per gateway."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import defaultdict
+from collections.abc import Callable
+
+import grpc
+import structlog
+
+from tiermesh.core.grpc_errors import grpc_method
+from tiermesh.core.jobs import JobResult
+from tiermesh.core.telemetry import Telemetry, extract
+from tiermesh.core.wire import result_from_proto
+from tiermesh.postprocess.gateways import GatewayClients
+from tiermesh.postprocess.steps import Steps
+from tiermesh.v1 import postprocess_pb2, postprocess_pb2_grpc
+
+log = structlog.get_logger("tiermesh.postprocess")
+
+
+class PostprocessServicer(postprocess_pb2_grpc.PostprocessServicer):
+    def __init__(
+        self,
+        steps: Steps,
+        gateways: GatewayClients,
+        telemetry: Telemetry,
+        clock_ns: Callable[[], int] = time.time_ns,
+    ) -> None:
+        self._steps = steps
+        self._gateways = gateways
+        self._tracer = telemetry.tracer
+        self._clock_ns = clock_ns
+
+    @grpc_method
+    async def Process(self, request, context):  # type: ignore[no-untyped-def]
+        by_gateway: dict[str, list[JobResult]] = defaultdict(list)
+        for msg in request.results:
+            result = self._postprocess(result_from_proto(msg))
+            by_gateway[result.gateway].append(result)
+        outcomes = await asyncio.gather(
+            *(self._gateways.deliver(gw, rs) for gw, rs in by_gateway.items()),
+            return_exceptions=True,
+        )
+        delivered = undeliverable = 0
+        for (gateway, results), outcome in zip(by_gateway.items(), outcomes, strict=True):
+            if isinstance(outcome, grpc.aio.AioRpcError):
+                # The owning gateway is gone: its callers are gone with it. Count and drop.
+                undeliverable += len(results)
+                log.warning("gateway unreachable", gateway=gateway, n=len(results))
+            elif isinstance(outcome, BaseException):
+                raise outcome
+            else:
+                delivered += len(results)
+        return postprocess_pb2.ProcessReply(delivered=delivered, undeliverable=undeliverable)
+
+    def _postprocess(self, result: JobResult) -> JobResult:
+        with self._tracer.start_as_current_span(
+            "postprocess", context=extract(result.trace_context)
+        ) as span:
+            span.set_attribute("tiermesh.request_id", result.request_id)
+            result = self._steps.apply(result)
+            return result.with_(timing=result.timing.with_(postprocessed_ns=self._clock_ns()))

@@ -1,0 +1,1 @@
+"""The router: input processing, stream choice, admission, XADD."""

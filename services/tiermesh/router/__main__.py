@@ -1,0 +1,68 @@
+"""Composition root of the router: `python -m tiermesh.router`."""
+
+from __future__ import annotations
+
+import asyncio
+
+import redis.asyncio as aioredis
+import structlog
+
+from tiermesh.core.logging import configure_logging
+from tiermesh.core.repository import ModelRepository
+from tiermesh.core.server import (
+    ReadyCallback,
+    add_health,
+    bind,
+    make_server,
+    set_serving,
+    stop_event_on_signals,
+)
+from tiermesh.core.settings import RouterSettings
+from tiermesh.core.telemetry import Telemetry
+from tiermesh.router.admission import Admitter
+from tiermesh.router.servicer import RouterServicer
+from tiermesh.v1 import router_pb2_grpc
+
+log = structlog.get_logger("tiermesh.router")
+
+
+async def serve(
+    settings: RouterSettings,
+    stop: asyncio.Event,
+    telemetry: Telemetry | None = None,
+    ready: ReadyCallback | None = None,
+) -> None:
+    telemetry = telemetry or Telemetry("router", settings.trace_dir)
+    repo = ModelRepository(settings.model_repository)
+    repo.load()
+    redis = aioredis.Redis.from_url(settings.redis_url)
+    server = make_server(telemetry)
+    router_pb2_grpc.add_RouterServicer_to_server(
+        RouterServicer(settings, repo, Admitter(redis), telemetry), server
+    )
+    health = add_health(server)
+    port = bind(server, settings.router_host, settings.router_port)
+    await server.start()
+    await set_serving(health, True)
+    log.info("router serving", port=port)
+    if ready is not None:
+        ready({"port": port})
+    try:
+        await stop.wait()
+    finally:
+        await set_serving(health, False)
+        # In-flight Route calls finish within the grace; gateways stop before routers.
+        await server.stop(grace=settings.shutdown_grace_s)
+        await redis.aclose()
+        telemetry.shutdown()
+        log.info("router stopped")
+
+
+async def _main() -> None:
+    settings = RouterSettings()
+    configure_logging("router", settings.log_level, settings.log_format)
+    await serve(settings, stop_event_on_signals())
+
+
+if __name__ == "__main__":
+    asyncio.run(_main())

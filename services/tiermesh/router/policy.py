@@ -1,0 +1,30 @@
+"""Pure routing decisions: which stream a job goes to. No gRPC, no Redis, no clock."""
+
+from __future__ import annotations
+
+import bisect
+
+from tiermesh.core.jobs import Job
+from tiermesh.core.keys import StreamKey
+from tiermesh.core.repository import ModelConfig
+
+DEFAULT_TIER = "center"
+
+
+def job_length(job: Job) -> int:
+    """The length a job is bucketed by: its longest non-batch dimension over all inputs."""
+    return max((max(t.shape[1:], default=1) for t in job.inputs), default=1)
+
+
+def bucket_for(length: int, bounds: tuple[int, ...]) -> int:
+    """Index of the first bucket whose upper bound is >= length; the last bucket catches
+    everything longer. With no bounds there is one bucket, 0."""
+    if not bounds:
+        return 0
+    return min(bisect.bisect_left(bounds, length), len(bounds) - 1)
+
+
+def choose_stream(cfg: ModelConfig, job: Job, tier: str = DEFAULT_TIER) -> StreamKey:
+    """The stream of (model, tier, priority, length bucket) for a validated job."""
+    priority = min(max(job.priority or cfg.default_priority, 1), cfg.priority_levels)
+    return StreamKey(cfg.name, tier, priority, bucket_for(job_length(job), cfg.length_buckets))

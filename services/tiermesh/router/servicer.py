@@ -1,0 +1,85 @@
+"""The Router servicer: Route(job) -> stream entry, or a refusal with its status code."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable
+
+import redis.asyncio as aioredis
+import structlog
+from opentelemetry import trace
+from opentelemetry.trace import SpanKind
+
+from tiermesh.core.errors import deadline_exceeded, exhausted, not_found, unavailable
+from tiermesh.core.grpc_errors import grpc_method
+from tiermesh.core.repository import ModelRepository
+from tiermesh.core.settings import RouterSettings
+from tiermesh.core.telemetry import Telemetry, inject_current
+from tiermesh.core.wire import encode_job, job_from_proto
+from tiermesh.router.admission import Admitter
+from tiermesh.router.policy import choose_stream
+from tiermesh.v1 import router_pb2, router_pb2_grpc
+
+log = structlog.get_logger("tiermesh.router")
+
+
+class RouterServicer(router_pb2_grpc.RouterServicer):
+    def __init__(
+        self,
+        settings: RouterSettings,
+        repo: ModelRepository,
+        admitter: Admitter,
+        telemetry: Telemetry,
+        clock_ns: Callable[[], int] = time.time_ns,
+    ) -> None:
+        self._settings = settings
+        self._repo = repo
+        self._admitter = admitter
+        self._tracer = telemetry.tracer
+        self._clock_ns = clock_ns
+
+    @grpc_method
+    async def Route(self, request, context):  # type: ignore[no-untyped-def]
+        job = job_from_proto(request)
+        structlog.contextvars.bind_contextvars(request_id=job.request_id, model=job.model)
+        cfg = self._repo.get(job.model)
+        if cfg is None:
+            raise not_found(f"unknown model '{job.model}'")
+        now = self._clock_ns()
+        if job.deadline_ns and now >= job.deadline_ns:
+            raise deadline_exceeded("deadline passed before the request was queued")
+        stream = choose_stream(cfg, job)
+        with self._tracer.start_as_current_span(
+            f"{stream.name} publish", kind=SpanKind.PRODUCER
+        ) as span:
+            span.set_attribute("messaging.system", "redis")
+            span.set_attribute("messaging.destination.name", stream.name)
+            span.set_attribute("tiermesh.request_id", job.request_id)
+            carrier = inject_current()
+            job = dataclasses.replace(
+                job,
+                priority=stream.priority,
+                bucket=stream.bucket,
+                tier=stream.tier,
+                timing=job.timing.with_(routed_ns=now),
+                trace_context=carrier,
+            )
+            try:
+                admission = await self._admitter.admit(
+                    stream, cfg.queue_bound, encode_job(job), carrier
+                )
+            except (aioredis.RedisError, OSError) as exc:
+                log.warning("redis unavailable", error=str(exc))
+                raise unavailable("queue unavailable (redis down or loading)") from None
+            span.set_attribute("tiermesh.admission", admission.outcome)
+        if admission.outcome == "noworker":
+            raise unavailable(f"no live worker for model '{cfg.name}' on tier '{stream.tier}'")
+        if admission.outcome == "full":
+            trace.get_current_span().set_attribute("tiermesh.backlog", int(admission.detail))
+            raise exhausted(
+                f"queue for model '{cfg.name}' is full ({admission.detail} waiting, bound "
+                f"{cfg.queue_bound}); retry later",
+                self._settings.retry_after_ms,
+            )
+        return router_pb2.RouteReply(stream=stream.name, entry_id=admission.detail)

@@ -1,0 +1,1 @@
+"""`tiermesh up`: the whole mesh on one machine, each service its own process."""

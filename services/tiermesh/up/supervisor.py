@@ -1,0 +1,172 @@
+"""Starts redis (unless given), postprocess, router, worker and gateway as separate
+processes, waits until each is healthy, and stops them in drain order on SIGINT/SIGTERM:
+gateway first (it refuses new requests and waits for the pending ones), then router,
+worker, postprocess, and redis last."""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from tiermesh.up.processes import (
+    SUPERVISED_SIGNALS,
+    environ_with,
+    free_port,
+    python_module,
+    spawn,
+    stop,
+)
+from tiermesh.up.redis_server import start_redis
+
+
+@dataclass
+class UpOptions:
+    host: str = "127.0.0.1"
+    port: int = 8001
+    redis_url: str = ""
+    data_dir: Path = Path(".tiermesh")
+    model_repository: Path = Path("models")
+    grace_s: float = 10.0
+    ready_timeout_s: float = 60.0
+    extra_env: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class Service:
+    name: str
+    proc: subprocess.Popen[bytes]
+    health_address: str
+
+
+class StartupError(RuntimeError):
+    pass
+
+
+def wait_healthy(svc: Service, timeout_s: float) -> None:
+    """Block until the service's grpc.health.v1 says SERVING, or raise StartupError when it
+    exits or the timeout passes. Each check waits for the port to open (wait_for_ready)."""
+    deadline = time.monotonic() + timeout_s
+    with grpc.insecure_channel(svc.health_address) as channel:
+        stub = health_pb2_grpc.HealthStub(channel)
+        while time.monotonic() < deadline:
+            if svc.proc.poll() is not None:
+                raise StartupError(f"{svc.name} exited with code {svc.proc.returncode}")
+            try:
+                reply = stub.Check(
+                    health_pb2.HealthCheckRequest(), timeout=1.0, wait_for_ready=True
+                )
+                if reply.status == health_pb2.HealthCheckResponse.SERVING:
+                    return
+            except grpc.RpcError:
+                continue  # not listening yet: the next Check waits for it again
+            # Listening but not serving yet: give it a moment (returns early if it dies).
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                svc.proc.wait(timeout=0.05)
+    raise StartupError(f"{svc.name} not healthy within {timeout_s}s")
+
+
+class Mesh:
+    """Owns the child processes of one `tiermesh up`."""
+
+    def __init__(self, opts: UpOptions) -> None:
+        self.opts = opts
+        self.services: list[Service] = []
+        self.redis: subprocess.Popen[bytes] | None = None
+        self.redis_url = opts.redis_url
+
+    def start(self) -> None:
+        opts = self.opts
+        if not self.redis_url:
+            port = free_port()
+            self.redis = start_redis(port, opts.data_dir / "redis")
+            self.redis_url = f"redis://127.0.0.1:{port}/0"
+        ports = {k: free_port() for k in ("router", "postprocess", "worker", "delivery")}
+        env = environ_with(
+            TIERMESH_REDIS_URL=self.redis_url,
+            TIERMESH_MODEL_REPOSITORY=str(opts.model_repository),
+            TIERMESH_SHUTDOWN_GRACE_S=str(opts.grace_s),
+            TIERMESH_ROUTER_HOST="127.0.0.1",
+            TIERMESH_ROUTER_PORT=str(ports["router"]),
+            TIERMESH_ROUTER_ADDRESS=f"127.0.0.1:{ports['router']}",
+            TIERMESH_POSTPROCESS_HOST="127.0.0.1",
+            TIERMESH_POSTPROCESS_PORT=str(ports["postprocess"]),
+            TIERMESH_POSTPROCESS_ADDRESS=f"127.0.0.1:{ports['postprocess']}",
+            TIERMESH_WORKER_HOST="127.0.0.1",
+            TIERMESH_WORKER_HEALTH_PORT=str(ports["worker"]),
+            TIERMESH_DELIVERY_HOST="127.0.0.1",
+            TIERMESH_DELIVERY_PORT=str(ports["delivery"]),
+            TIERMESH_GATEWAY_HOST=opts.host,
+            TIERMESH_GATEWAY_PORT=str(opts.port),
+            **opts.extra_env,
+        )
+        plan = [
+            ("postprocess", f"127.0.0.1:{ports['postprocess']}"),
+            ("router", f"127.0.0.1:{ports['router']}"),
+            ("worker", f"127.0.0.1:{ports['worker']}"),
+            ("gateway", f"{opts.host}:{opts.port}"),
+        ]
+        for name, address in plan:
+            svc = Service(name, spawn(python_module(f"tiermesh.{name}"), env), address)
+            self.services.append(svc)
+            wait_healthy(svc, opts.ready_timeout_s)
+
+    def stop(self) -> dict[str, int]:
+        """Stop in drain order; returns each process's exit code."""
+        codes: dict[str, int] = {}
+        order = ["gateway", "router", "worker", "postprocess"]
+        for name in order:
+            for svc in self.services:
+                if svc.name == name:
+                    codes[name] = stop(svc.proc, self.opts.grace_s + 5)
+        if self.redis is not None:
+            codes["redis"] = stop(self.redis, 10)
+        return codes
+
+    def exited(self) -> str | None:
+        """The name of a child that has exited, if any."""
+        if self.redis is not None and self.redis.poll() is not None:
+            return "redis-server"
+        return next((s.name for s in self.services if s.proc.poll() is not None), None)
+
+
+def run(opts: UpOptions) -> int:
+    """The `tiermesh up` command: start, serve until a signal or a child's death, stop."""
+    signal.pthread_sigmask(signal.SIG_BLOCK, SUPERVISED_SIGNALS)
+    mesh = Mesh(opts)
+    try:
+        try:
+            mesh.start()
+        except Exception as exc:
+            print(f"tiermesh up: {exc}", file=sys.stderr)
+            return 1
+        endpoint = f"{opts.host}:{opts.port}"
+        print(
+            f"\ntiermesh is serving KServe v2 gRPC on {endpoint} (redis: {mesh.redis_url})\n"
+            "Try, from another shell:\n"
+            f"  .venv/bin/tiermesh infer --url {endpoint} --model mlp --data '[[1, 2, 3, 4]]'\n"
+            "Ctrl-C drains and stops every process.\n",
+            flush=True,
+        )
+        while True:
+            info = signal.sigwaitinfo(SUPERVISED_SIGNALS)
+            if info.si_signo in (signal.SIGINT, signal.SIGTERM):
+                print("tiermesh up: draining...", file=sys.stderr, flush=True)
+                return 0
+            dead = mesh.exited()
+            if dead is not None:
+                print(
+                    f"tiermesh up: {dead} exited unexpectedly; stopping the mesh",
+                    file=sys.stderr,
+                )
+                return 1
+    finally:
+        codes = mesh.stop()
+        print(f"tiermesh up: stopped {codes}", file=sys.stderr, flush=True)

@@ -1,0 +1,1 @@
+"""Generated internal gRPC stubs (scripts/gen_protos.py). Do not edit."""

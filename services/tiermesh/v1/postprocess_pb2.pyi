@@ -1,0 +1,22 @@
+from tiermesh.v1 import job_pb2 as _job_pb2
+from google.protobuf.internal import containers as _containers
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class ResultBatch(_message.Message):
+    __slots__ = ("results",)
+    RESULTS_FIELD_NUMBER: _ClassVar[int]
+    results: _containers.RepeatedCompositeFieldContainer[_job_pb2.Result]
+    def __init__(self, results: _Optional[_Iterable[_Union[_job_pb2.Result, _Mapping]]] = ...) -> None: ...
+
+class ProcessReply(_message.Message):
+    __slots__ = ("delivered", "undeliverable")
+    DELIVERED_FIELD_NUMBER: _ClassVar[int]
+    UNDELIVERABLE_FIELD_NUMBER: _ClassVar[int]
+    delivered: int
+    undeliverable: int
+    def __init__(self, delivered: _Optional[int] = ..., undeliverable: _Optional[int] = ...) -> None: ...

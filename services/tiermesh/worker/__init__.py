@@ -1,0 +1,1 @@
+"""The batcher-worker: reads work streams, batches per length bucket, runs onnxruntime."""

@@ -1,0 +1,99 @@
+"""Composition root of the batcher-worker: `python -m tiermesh.worker`."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+
+import redis.asyncio as aioredis
+import structlog
+
+from tiermesh.core.logging import configure_logging
+from tiermesh.core.repository import ModelRepository, RepositoryError
+from tiermesh.core.server import (
+    ReadyCallback,
+    add_health,
+    bind,
+    make_channel,
+    make_server,
+    set_serving,
+    stop_event_on_signals,
+)
+from tiermesh.core.settings import WorkerSettings
+from tiermesh.core.telemetry import Telemetry
+from tiermesh.worker.handoff import PostprocessClient
+from tiermesh.worker.loop import Worker
+from tiermesh.worker.runner import ModelRunner
+from tiermesh.worker.streams import StreamClient
+
+log = structlog.get_logger("tiermesh.worker")
+
+
+async def serve(
+    settings: WorkerSettings,
+    stop: asyncio.Event,
+    telemetry: Telemetry | None = None,
+    ready: ReadyCallback | None = None,
+) -> None:
+    telemetry = telemetry or Telemetry("worker", settings.trace_dir)
+    repo = ModelRepository(settings.model_repository)
+    configs = repo.load()
+    names = settings.model_names or sorted(configs)
+    unknown = [n for n in names if n not in configs]
+    if unknown:
+        raise RepositoryError(f"worker asked to serve unknown model(s): {', '.join(unknown)}")
+    served = {n: configs[n] for n in names}
+    runners = {
+        n: ModelRunner(cfg, repo.checked_file(n), settings.intra_op_threads)
+        for n, cfg in served.items()
+    }
+    redis = aioredis.Redis.from_url(settings.redis_url)
+    channel = make_channel(settings.postprocess_address, telemetry)
+    consumer = settings.worker_id or f"{socket.gethostname()}-{settings.worker_tier}-{os.getpid()}"
+    worker = Worker(
+        tier=settings.worker_tier,
+        configs=served,
+        runners=runners,
+        streams=StreamClient(redis, consumer),
+        handoff=PostprocessClient(channel),
+        telemetry=telemetry,
+        poll_block_ms=settings.poll_block_ms,
+        heartbeat_interval_ms=settings.heartbeat_interval_ms,
+        heartbeat_ttl_ms=settings.heartbeat_ttl_ms,
+    )
+    server = make_server(telemetry)
+    health = add_health(server)
+    port = bind(server, settings.worker_host, settings.worker_health_port)
+    await server.start()
+    loop_task = asyncio.create_task(worker.run(), name="worker-loop")
+    await set_serving(health, True)
+    log.info("worker serving", models=names, tier=settings.worker_tier, health_port=port)
+    if ready is not None:
+        ready({"port": port})
+    stopper = asyncio.create_task(stop.wait(), name="worker-stop-signal")
+    try:
+        await asyncio.wait({loop_task, stopper}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        await set_serving(health, False)
+        worker.stop()
+        stopper.cancel()
+        try:
+            await asyncio.wait_for(loop_task, settings.shutdown_grace_s)
+        except TimeoutError:
+            log.warning("drain grace passed; unfinished entries stay pending")
+        await server.stop(grace=1.0)
+        await channel.close()
+        await redis.aclose()
+        telemetry.shutdown()
+        log.info("worker stopped", computed_rows=worker.computed_rows, expired=worker.expired)
+
+
+async def _main() -> None:
+    settings = WorkerSettings()
+    configure_logging("worker", settings.log_level, settings.log_format)
+    await serve(settings, stop_event_on_signals())
+
+
+if __name__ == "__main__":
+    asyncio.run(_main())

@@ -1,0 +1,87 @@
+"""The worker's Redis side: consumer groups, reads, acknowledgements, heartbeats."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import cast
+
+import redis.asyncio as aioredis
+from redis.exceptions import ResponseError
+
+from tiermesh.core import keys
+from tiermesh.core.keys import StreamKey
+
+
+@dataclass(frozen=True, slots=True)
+class Entry:
+    stream: StreamKey
+    entry_id: str
+    fields: dict[bytes, bytes]
+
+
+class StreamClient:
+    def __init__(self, redis: aioredis.Redis, consumer: str) -> None:
+        self._redis = redis
+        self.consumer = consumer
+
+    async def ensure_groups(self, streams: Iterable[StreamKey]) -> None:
+        """Create the consumer group of every stream (and the stream) if absent."""
+        for key in streams:
+            try:
+                await self._redis.xgroup_create(key.name, keys.GROUP, id="0", mkstream=True)
+            except ResponseError as exc:
+                if "BUSYGROUP" not in str(exc):
+                    raise
+
+    async def read(
+        self, streams: Sequence[StreamKey], count: int, block_ms: int | None, pending: bool = False
+    ) -> list[Entry]:
+        """XREADGROUP up to `count` entries per stream. `pending` re-reads this consumer's
+        own unacknowledged entries (after a restart) instead of new ones."""
+        if not streams:
+            return []
+        ident = "0" if pending else ">"
+        reply = await self._redis.xreadgroup(
+            keys.GROUP,
+            self.consumer,
+            {k.name: ident for k in streams},
+            count=count,
+            block=block_ms,
+        )
+        by_name = {k.name: k for k in streams}
+        out = []
+        # RESP2 reply: [[stream, [[id, {field: value}], ...]], ...]
+        rows = cast(list[tuple[bytes, list[tuple[bytes, dict[bytes, bytes] | None]]]], reply or [])
+        for name, items in rows:
+            stream = by_name[name.decode()]
+            for entry_id, fields in items:
+                if fields:  # a pending entry deleted meanwhile comes back empty
+                    out.append(Entry(stream, entry_id.decode(), fields))
+        return out
+
+    async def done(self, stream: StreamKey, entry_ids: Sequence[str]) -> None:
+        """Acknowledge and delete handed-off entries, atomically: the stream's length stays
+        the backlog that admission bounds."""
+        if not entry_ids:
+            return
+        async with self._redis.pipeline(transaction=True) as pipe:
+            pipe.xack(stream.name, keys.GROUP, *entry_ids)
+            pipe.xdel(stream.name, *entry_ids)
+            await pipe.execute()
+
+    async def heartbeat(self, models: Iterable[str], tier: str, ttl_ms: int) -> None:
+        now_ms = int(time.time() * 1000)
+        async with self._redis.pipeline(transaction=False) as pipe:
+            for model in models:
+                key = keys.workers_key(model, tier)
+                pipe.zadd(key, {self.consumer: now_ms + ttl_ms})
+                pipe.zremrangebyscore(key, "-inf", now_ms)
+            await pipe.execute()
+
+    async def leave(self, models: Iterable[str], tier: str) -> None:
+        async with self._redis.pipeline(transaction=False) as pipe:
+            for model in models:
+                pipe.zrem(keys.workers_key(model, tier), self.consumer)
+            await pipe.execute()
