@@ -46,12 +46,16 @@ def main() -> None:
     if "--check" in sys.argv:
         with tempfile.TemporaryDirectory() as tmp:
             fresh = generate(Path(tmp))
+            committed = OUT / "tiermesh" / "v1"
             stale = [
                 f.name
                 for f in fresh
-                if not (OUT / "tiermesh" / "v1" / f.name).exists()
-                or (OUT / "tiermesh" / "v1" / f.name).read_bytes() != f.read_bytes()
+                if not (committed / f.name).exists()
+                or (committed / f.name).read_bytes() != f.read_bytes()
             ]
+            # A stub whose .proto is gone is drift too.
+            names = {f.name for f in fresh}
+            stale += [f.name for f in committed.iterdir() if f.is_file() and f.name not in names]
         if stale:
             raise SystemExit(f"generated stubs drifted: {stale}; run `make protos`")
         print("stubs up to date")

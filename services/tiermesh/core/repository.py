@@ -7,6 +7,7 @@ config before any service uses them. A mismatch refuses to load with a clear err
 from __future__ import annotations
 
 import hashlib
+import itertools
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -118,7 +119,8 @@ def parse_config(raw: Any, where: str) -> ModelConfig:
             length_buckets=tuple(int(b) for b in raw.get("length_buckets", ()) or ()),
             model_file=str(raw.get("model_file", "model.onnx")),
         )
-    except (KeyError, TypeError, ValueError) as exc:
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        # AttributeError: a section of the wrong shape (a list where a mapping belongs).
         raise RepositoryError(f"{where}: {exc.__class__.__name__}: {exc}") from exc
     if not cfg.versions:
         raise RepositoryError(f"{where}: no versions")
@@ -126,6 +128,14 @@ def parse_config(raw: Any, where: str) -> ModelConfig:
         raise RepositoryError(f"{where}: max_batch_size, queue_bound, priority_levels out of range")
     if not 1 <= cfg.default_priority <= cfg.priority_levels:
         raise RepositoryError(f"{where}: default_priority must be in 1..priority_levels")
+    bounds = cfg.length_buckets
+    if any(b < 1 for b in bounds) or any(a >= b for a, b in itertools.pairwise(bounds)):
+        raise RepositoryError(f"{where}: length_buckets must be positive and ascending")
+    for ver in cfg.versions:
+        if cfg.model_file not in ver.files:
+            raise RepositoryError(
+                f"{where}: version {ver.version} lists no sha256 for {cfg.model_file}"
+            )
     return cfg
 
 

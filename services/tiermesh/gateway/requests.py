@@ -114,7 +114,8 @@ def effective_deadline_ns(
 ) -> int:
     """The earliest of the gRPC deadline and the `timeout` parameter, as absolute unix ns.
 
-    With neither, the gateway's default timeout applies so that nothing waits forever.
+    A `timeout` of 0 means none, as in Triton. With neither, the gateway's default timeout
+    applies so that nothing waits forever.
     """
     candidates = []
     if grpc_remaining_s is not None:
@@ -122,7 +123,8 @@ def effective_deadline_ns(
     if timeout_us is not None:
         if timeout_us < 0:
             raise invalid(f"timeout {timeout_us} us is negative")
-        candidates.append(now_ns + timeout_us * 1000)
+        if timeout_us > 0:
+            candidates.append(now_ns + timeout_us * 1000)
     if not candidates:
         candidates.append(now_ns + default_timeout_ms * 1_000_000)
     return min(candidates)

@@ -11,9 +11,11 @@ from tiermesh.core.repository import ModelConfig
 DEFAULT_TIER = "center"
 
 
-def job_length(job: Job) -> int:
-    """The length a job is bucketed by: its longest non-batch dimension over all inputs."""
-    return max((max(t.shape[1:], default=1) for t in job.inputs), default=1)
+def job_length(job: Job, batched: bool = True) -> int:
+    """The length a job is bucketed by: its longest dimension over all inputs, leaving out
+    the batch dimension when the model batches."""
+    skip = 1 if batched else 0
+    return max((max(t.shape[skip:], default=1) for t in job.inputs), default=1)
 
 
 def bucket_for(length: int, bounds: tuple[int, ...]) -> int:
@@ -27,4 +29,9 @@ def bucket_for(length: int, bounds: tuple[int, ...]) -> int:
 def choose_stream(cfg: ModelConfig, job: Job, tier: str = DEFAULT_TIER) -> StreamKey:
     """The stream of (model, tier, priority, length bucket) for a validated job."""
     priority = min(max(job.priority or cfg.default_priority, 1), cfg.priority_levels)
-    return StreamKey(cfg.name, tier, priority, bucket_for(job_length(job), cfg.length_buckets))
+    return StreamKey(
+        cfg.name,
+        tier,
+        priority,
+        bucket_for(job_length(job, cfg.max_batch_size > 0), cfg.length_buckets),
+    )

@@ -40,7 +40,7 @@ def wait_more_ms(
 
 def take_count(rows: Sequence[int], max_rows: int) -> int:
     """How many queued jobs (in order) fit in one batch of at most `max_rows` rows; at
-    least one, so that a job of exactly max_rows rows still runs."""
+    least one when any are queued, so that a job of exactly max_rows rows still runs."""
     total = 0
     for i, n in enumerate(rows):
         if total + n > max_rows and i > 0:

@@ -153,6 +153,13 @@ class Worker:
     async def _compute(self, key: StreamKey, batch: list[QueuedJob]) -> list[JobResult]:
         live, expired = split_expired(batch, self._clock_ns())
         self.expired += len(expired)
+        for q in expired:
+            span = self._tracer.start_span(
+                "expired",
+                context=extract(q.job.trace_context),
+                attributes={"tiermesh.request_id": q.job.request_id},
+            )
+            span.end()
         results = [
             JobResult.for_job(
                 q.job,

@@ -1,0 +1,96 @@
+"""Fixtures every test layer shares: a real redis-server on a free port, and a model
+repository built into a temporary folder from the committed configs."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+import redis
+import redis.asyncio as aioredis
+
+from tiermesh.core.builtin_models import build_into
+from tiermesh.up.processes import free_port
+
+ROOT = Path(__file__).resolve().parent.parent
+MODELS = ROOT / "models"
+
+
+@pytest.fixture(scope="session")
+def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A private redis-server for the whole session; its URL (db 0)."""
+    binary = shutil.which("redis-server")
+    if binary is None:
+        pytest.fail("redis-server is not installed; run `make test`, which installs it")
+    port = free_port()
+    data = tmp_path_factory.mktemp("redis")
+    proc = subprocess.Popen(
+        [
+            binary,
+            "--port",
+            str(port),
+            "--bind",
+            "127.0.0.1",
+            "--dir",
+            str(data),
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--loglevel",
+            "warning",
+        ],
+        stdout=subprocess.DEVNULL,
+    )
+    client = redis.Redis(port=port)
+    try:
+        for _ in range(200):
+            try:
+                client.ping()
+                break
+            except redis.ConnectionError:
+                try:
+                    proc.wait(timeout=0.05)  # returns early only if it died
+                    pytest.fail(f"redis-server exited with {proc.returncode}")
+                except subprocess.TimeoutExpired:
+                    continue
+        yield f"redis://127.0.0.1:{port}/0"
+    finally:
+        client.close()
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+@pytest.fixture
+async def redis_url(redis_server: str) -> AsyncIterator[str]:
+    """The session's redis, emptied for this test."""
+    client = aioredis.Redis.from_url(redis_server)
+    await client.flushall()
+    await client.aclose()
+    yield redis_server
+
+
+def copy_repository(dest: Path, bounded_queue: int = 2) -> Path:
+    """The committed configs with freshly built weights, plus `mlp_bounded`: the mlp with a
+    tiny queue bound, for admission tests."""
+    for cfg in MODELS.glob("*/config.yaml"):
+        (dest / cfg.parent.name).mkdir(parents=True, exist_ok=True)
+        shutil.copy(cfg, dest / cfg.parent.name / "config.yaml")
+    build_into(dest)
+    bounded = dest / "mlp_bounded"
+    (bounded / "1").mkdir(parents=True)
+    text = (dest / "mlp" / "config.yaml").read_text()
+    text = text.replace("name: mlp", "name: mlp_bounded").replace(
+        "queue_bound: 1024", f"queue_bound: {bounded_queue}"
+    )
+    (bounded / "config.yaml").write_text(text)
+    shutil.copy(dest / "mlp" / "1" / "model.onnx", bounded / "1" / "model.onnx")
+    return dest
+
+
+@pytest.fixture(scope="session")
+def model_repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return copy_repository(tmp_path_factory.mktemp("models"))

@@ -1,0 +1,109 @@
+"""`tiermesh up` as a real subprocess: its own redis-server on a free port, the four
+services as separate processes, spans written to JSON-lines files."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import copy_repository
+from tiermesh.up.processes import free_port
+from tiermesh.up.supervisor import Service, wait_healthy
+
+
+@dataclass
+class UpProcess:
+    proc: subprocess.Popen[bytes]
+    url: str
+    trace_dir: Path
+    log: Path
+
+    def children(self) -> dict[str, int]:
+        """pid of each direct child of `tiermesh up`, by service (redis-server included)."""
+        found: dict[str, int] = {}
+        for stat in Path("/proc").glob("[0-9]*/stat"):
+            try:
+                fields = stat.read_text().rsplit(")", 1)[1].split()
+                cmdline = (stat.parent / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+            except (OSError, IndexError):
+                continue
+            if int(fields[1]) != self.proc.pid:
+                continue
+            for name in ("gateway", "router", "worker", "postprocess"):
+                if f"tiermesh.{name}" in cmdline:
+                    found[name] = int(stat.parent.name)
+            if "redis-server" in cmdline:
+                found["redis"] = int(stat.parent.name)
+        return found
+
+    def spans(self) -> list[dict[str, Any]]:
+        out = []
+        for f in self.trace_dir.glob("*.jsonl"):
+            for line in f.read_text().splitlines():
+                if line.strip():
+                    out.append(json.loads(line))
+        return out
+
+    def interrupt(self, timeout_s: float = 60) -> int:
+        """Ctrl-C, as a terminal sends it to the foreground process; its exit code."""
+        self.proc.send_signal(signal.SIGINT)
+        return self.proc.wait(timeout=timeout_s)
+
+
+def start_up(tmp: Path, grace_s: float = 5.0) -> UpProcess:
+    repo = copy_repository(tmp / "models")
+    port = free_port()
+    env = dict(os.environ)
+    env.pop("TIERMESH_REDIS_URL", None)
+    env.update(
+        TIERMESH_TRACE_DIR=str(tmp / "traces"),
+        TIERMESH_LOG_FORMAT="json",
+        TIERMESH_HEARTBEAT_TTL_MS="30000",
+    )
+    log = tmp / "up.log"
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "tiermesh.cli.main",
+            "up",
+            "--port",
+            str(port),
+            "--data-dir",
+            str(tmp / "data"),
+            "--repository",
+            str(repo),
+            "--grace",
+            str(grace_s),
+        ],
+        env=env,
+        stdout=log.open("wb"),
+        stderr=subprocess.STDOUT,
+    )
+    up = UpProcess(proc, f"127.0.0.1:{port}", tmp / "traces", log)
+    try:
+        wait_healthy(Service("gateway", proc, up.url), timeout_s=90)
+    except Exception:
+        proc.kill()
+        proc.wait()
+        raise AssertionError(f"tiermesh up did not start:\n{log.read_text()[-4000:]}") from None
+    return up
+
+
+@pytest.fixture(scope="module")
+def mesh_up(tmp_path_factory: pytest.TempPathFactory) -> Iterator[UpProcess]:
+    up = start_up(tmp_path_factory.mktemp("up"))
+    try:
+        yield up
+    finally:
+        if up.proc.poll() is None:
+            up.interrupt()

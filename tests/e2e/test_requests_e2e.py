@@ -1,0 +1,247 @@
+"""The whole mesh as separate processes, called through tritonclient unmodified."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import struct
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from typing import Any
+
+import grpc
+import numpy as np
+import onnxruntime as ort
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.grpc.aio as aioclient
+from tritonclient.grpc import service_pb2, service_pb2_grpc
+from tritonclient.utils import InferenceServerException
+
+from tests.e2e.conftest import UpProcess
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+
+
+def reference(up: UpProcess, x: np.ndarray) -> np.ndarray:
+    """The same model run by onnxruntime directly, the mesh's expected answer."""
+    path = up.trace_dir.parent / "models" / "mlp" / "1" / "model.onnx"
+    sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    return np.asarray(sess.run(["OUTPUT0"], {"INPUT0": x})[0])
+
+
+def mlp_input(x: np.ndarray) -> grpcclient.InferInput:
+    inp = grpcclient.InferInput("INPUT0", list(x.shape), "FP32")
+    inp.set_data_from_numpy(x)
+    return inp
+
+
+@contextmanager
+def worker_paused(up: UpProcess) -> Iterator[None]:
+    """SIGSTOP the worker process: entries wait in the stream, as behind a busy worker."""
+    pid = up.children()["worker"]
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        os.kill(pid, signal.SIGCONT)
+
+
+def test_health_metadata_and_config(mesh_up: UpProcess) -> None:
+    client = grpcclient.InferenceServerClient(mesh_up.url)
+    assert client.is_server_live()
+    assert client.is_server_ready()
+    assert client.is_model_ready("mlp")
+    assert not client.is_model_ready("nope")
+    meta = client.get_model_metadata("mlp", as_json=True)
+    assert meta["inputs"] == [{"name": "INPUT0", "datatype": "FP32", "shape": ["-1", "4"]}]
+    assert meta["outputs"][0]["shape"] == ["-1", "3"]
+    config = client.get_model_config("mlp", as_json=True)["config"]
+    assert config["max_batch_size"] == 32
+    assert config["input"][0]["data_type"] == "TYPE_FP32"
+    assert client.get_server_metadata(as_json=True)["name"] == "tiermesh"
+
+
+@pytest.mark.parametrize("rows", [1, 5, 32])
+def test_results_equal_onnxruntime(mesh_up: UpProcess, rows: int) -> None:
+    x = np.random.default_rng(rows).standard_normal((rows, 4)).astype(np.float32)
+    client = grpcclient.InferenceServerClient(mesh_up.url)
+    result = client.infer("mlp", [mlp_input(x)])
+    np.testing.assert_allclose(result.as_numpy("OUTPUT0"), reference(mesh_up, x), rtol=1e-6)
+    params = result.get_response(as_json=True)["parameters"]
+    assert "tiermesh.compute_us" in params
+
+
+def test_text_round_trip(mesh_up: UpProcess) -> None:
+    client = grpcclient.InferenceServerClient(mesh_up.url)
+    text = np.array([["héllo wörld"], ["二"]], dtype=np.object_)
+    inp = grpcclient.InferInput("TEXT", [2, 1], "BYTES")
+    inp.set_data_from_numpy(text)
+    out = client.infer("echo", [inp]).as_numpy("ECHO")
+    assert [[v.decode() for v in row] for row in out] == [["héllo wörld"], ["二"]]
+
+
+def test_200_concurrent_requests_answered_once_without_cross_talk(mesh_up: UpProcess) -> None:
+    rng = np.random.default_rng(7)
+    inputs = [rng.standard_normal((1 + i % 3, 4)).astype(np.float32) for i in range(200)]
+    expected = [reference(mesh_up, x) for x in inputs]
+
+    async def main() -> list[Any]:
+        client = aioclient.InferenceServerClient(mesh_up.url)
+        try:
+            calls = []
+            for i, x in enumerate(inputs):
+                inp = aioclient.InferInput("INPUT0", list(x.shape), "FP32")
+                inp.set_data_from_numpy(x)
+                calls.append(client.infer("mlp", [inp], request_id=f"r{i}"))
+            return list(await asyncio.gather(*calls))
+        finally:
+            await client.close()
+
+    results = asyncio.run(main())
+    assert [r.get_response().id for r in results] == [f"r{i}" for i in range(200)]
+    for result, want in zip(results, expected, strict=True):
+        np.testing.assert_allclose(result.as_numpy("OUTPUT0"), want, rtol=1e-6)
+    batch_sizes = [r.get_response().parameters["tiermesh.batch_size"].int64_param for r in results]
+    assert max(batch_sizes) > 3, "concurrent requests should have been batched together"
+
+
+def _raw_request(model: str, name: str, datatype: str, shape: list[int], raw: bytes) -> Any:
+    req = service_pb2.ModelInferRequest(model_name=model)
+    req.inputs.add(name=name, datatype=datatype, shape=shape)
+    req.raw_input_contents.append(raw)
+    return req
+
+
+FOUR = np.ones((1, 4), dtype=np.float32).tobytes()
+MALFORMED = {
+    "shape": (_raw_request("mlp", "INPUT0", "FP32", [1, 4, 1], FOUR), "rank"),
+    "dims": (_raw_request("mlp", "INPUT0", "FP32", [4, 1], FOUR), "dimension 1"),
+    "dtype": (_raw_request("mlp", "INPUT0", "FP64", [1, 4], FOUR * 2), "datatype FP64"),
+    "byte size": (_raw_request("mlp", "INPUT0", "FP32", [1, 4], FOUR[:-1]), "byte size 15"),
+    "batch": (
+        _raw_request("mlp", "INPUT0", "FP32", [33, 4], FOUR * 33),
+        "exceeds max_batch_size 32",
+    ),
+    "input name": (_raw_request("mlp", "INPUT9", "FP32", [1, 4], FOUR), "unknown input"),
+    "bytes framing": (
+        _raw_request("echo", "TEXT", "BYTES", [1, 1], struct.pack("<I", 10) + b"abc"),
+        "BYTES framing",
+    ),
+    "utf-8": (
+        _raw_request("echo", "TEXT", "BYTES", [1, 1], struct.pack("<I", 2) + b"\xff\xfe"),
+        "UTF-8",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(MALFORMED))
+def test_malformed_requests_are_invalid_argument(mesh_up: UpProcess, case: str) -> None:
+    request, words = MALFORMED[case]
+    with grpc.insecure_channel(mesh_up.url) as channel:
+        stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+        with pytest.raises(grpc.RpcError) as info:
+            stub.ModelInfer(request, timeout=10)
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert words in info.value.details()
+
+
+def test_unknown_model_is_not_found(mesh_up: UpProcess) -> None:
+    client = grpcclient.InferenceServerClient(mesh_up.url)
+    with pytest.raises(InferenceServerException) as info:
+        client.infer("no-such-model", [mlp_input(np.ones((1, 4), np.float32))])
+    assert info.value.status() == "StatusCode.NOT_FOUND"
+    with pytest.raises(InferenceServerException) as info:
+        client.get_model_metadata("mlp", model_version="7")
+    assert info.value.status() == "StatusCode.NOT_FOUND"
+
+
+def test_passed_timeout_is_deadline_exceeded_before_the_queue(mesh_up: UpProcess) -> None:
+    client = grpcclient.InferenceServerClient(mesh_up.url)
+    with pytest.raises(InferenceServerException) as info:
+        client.infer("mlp", [mlp_input(np.ones((1, 4), np.float32))], timeout=1)
+    assert info.value.status() == "StatusCode.DEADLINE_EXCEEDED"
+
+
+def _spans_named(up: UpProcess, name: str, key: str, value: str) -> list[dict[str, Any]]:
+    return [s for s in up.spans() if s["name"] == name and s["attributes"].get(key) == value]
+
+
+def test_request_expired_in_queue_is_never_computed(mesh_up: UpProcess) -> None:
+    client = grpcclient.InferenceServerClient(mesh_up.url)
+    x = np.ones((1, 4), np.float32)
+    with worker_paused(mesh_up):
+        with pytest.raises(InferenceServerException) as info:
+            client.infer("mlp", [mlp_input(x)], timeout=300_000, request_id="expires")
+    assert info.value.status() == "StatusCode.DEADLINE_EXCEEDED"
+    gateway_span = _spans_named(
+        mesh_up,
+        "/inference.GRPCInferenceService/ModelInfer",
+        "tiermesh.client_request_id",
+        "expires",
+    )
+    request_id = gateway_span[0]["attributes"]["tiermesh.request_id"]
+    # The worker, resumed, reads the entry and drops it: wait until it says so.
+    deadline = time.monotonic() + 30
+    while not _spans_named(mesh_up, "expired", "tiermesh.request_id", request_id):
+        assert time.monotonic() < deadline, "worker never dropped the expired request"
+        client.infer("mlp", [mlp_input(x)])  # one round trip lets the worker move on
+    assert not _spans_named(mesh_up, "compute", "tiermesh.request_id", request_id)
+
+
+def test_full_queue_is_resource_exhausted_quickly(mesh_up: UpProcess) -> None:
+    x = np.ones((1, 4), np.float32)
+    client = grpcclient.InferenceServerClient(mesh_up.url)
+    # The pool outlives the pause: its exit waits for answers that need the worker.
+    with ThreadPoolExecutor(2) as pool, worker_paused(mesh_up):
+        # mlp_bounded has queue_bound 2: two requests wait in the stream...
+        waiting = [pool.submit(client.infer, "mlp_bounded", [mlp_input(x)]) for _ in range(2)]
+        with grpc.insecure_channel(mesh_up.url) as channel:
+            stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+            request = _raw_request("mlp_bounded", "INPUT0", "FP32", [1, 4], x.tobytes())
+            deadline = time.monotonic() + 20
+            while True:  # ...until both are in, the third is refused
+                started = time.monotonic()
+                try:
+                    stub.ModelInfer(request, timeout=0.5)
+                except grpc.RpcError as err:
+                    if err.code() == grpc.StatusCode.RESOURCE_EXHAUSTED:
+                        elapsed = time.monotonic() - started
+                        details = err.details()
+                        trailers = dict(err.trailing_metadata() or ())
+                        break
+                    assert err.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+                assert time.monotonic() < deadline, "queue bound was never reached"
+    assert elapsed < 0.5
+    assert "full" in details
+    assert int(trailers["retry-after-ms"]) > 0
+    for fut in waiting:  # accepted before the bound: answered once the worker resumes
+        np.testing.assert_allclose(
+            fut.result(timeout=30).as_numpy("OUTPUT0"), reference(mesh_up, x), rtol=1e-6
+        )
+
+
+def test_one_trace_spans_all_four_services(mesh_up: UpProcess) -> None:
+    client = grpcclient.InferenceServerClient(mesh_up.url)
+    client.infer("mlp", [mlp_input(np.ones((1, 4), np.float32))], request_id="traced")
+    root = _spans_named(
+        mesh_up,
+        "/inference.GRPCInferenceService/ModelInfer",
+        "tiermesh.client_request_id",
+        "traced",
+    )[0]
+    trace_id = root["context"]["trace_id"]
+    services = {
+        s["resource"]["attributes"]["service.name"]
+        for s in mesh_up.spans()
+        if s["context"]["trace_id"] == trace_id
+    }
+    assert services == {
+        "tiermesh-gateway",
+        "tiermesh-router",
+        "tiermesh-worker",
+        "tiermesh-postprocess",
+    }

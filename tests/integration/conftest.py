@@ -1,0 +1,113 @@
+"""The four services in this process, on port 0, against the real redis-server, every
+span captured in memory."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+from tiermesh.core.settings import (
+    GatewaySettings,
+    PostprocessSettings,
+    RouterSettings,
+    WorkerSettings,
+)
+from tiermesh.core.telemetry import Telemetry
+from tiermesh.gateway.__main__ import serve as serve_gateway
+from tiermesh.postprocess.__main__ import serve as serve_postprocess
+from tiermesh.router.__main__ import serve as serve_router
+from tiermesh.worker.__main__ import serve as serve_worker
+
+
+@dataclass
+class InProcessMesh:
+    gateway: str
+    exporter: InMemorySpanExporter
+    stops: list[tuple[asyncio.Event, asyncio.Task[None]]] = field(default_factory=list)
+
+    async def close(self) -> None:
+        """Stop in drain order (gateway first), awaiting each service's task."""
+        for stop, task in reversed(self.stops):
+            stop.set()
+            await asyncio.wait_for(task, 30)
+
+
+ServeFn = Callable[..., Awaitable[None]]
+
+
+async def _start(
+    mesh: InProcessMesh, name: str, serve: ServeFn, settings: Any, exporter: InMemorySpanExporter
+) -> dict[str, int]:
+    telemetry = Telemetry(name)
+    telemetry.provider.add_span_processor(SimpleSpanProcessor(exporter))
+    ready: asyncio.Future[dict[str, int]] = asyncio.get_running_loop().create_future()
+    stop = asyncio.Event()
+    task = asyncio.create_task(serve(settings, stop, telemetry, ready.set_result), name=name)
+    mesh.stops.append((stop, task))
+    done, _ = await asyncio.wait({ready, task}, timeout=30, return_when=asyncio.FIRST_COMPLETED)
+    if task in done:
+        task.result()  # raises what made it exit
+    assert ready in done, f"{name} did not become ready"
+    return ready.result()
+
+
+async def start_mesh(redis_url: str, repo: Path, **worker_overrides: Any) -> InProcessMesh:
+    exporter = InMemorySpanExporter()
+    mesh = InProcessMesh(gateway="", exporter=exporter)
+    common = {"redis_url": redis_url, "model_repository": repo, "shutdown_grace_s": 5}
+    try:
+        post = await _start(
+            mesh,
+            "postprocess",
+            serve_postprocess,
+            PostprocessSettings(**common, postprocess_port=0),
+            exporter,
+        )
+        router = await _start(
+            mesh, "router", serve_router, RouterSettings(**common, router_port=0), exporter
+        )
+        await _start(
+            mesh,
+            "worker",
+            serve_worker,
+            WorkerSettings(
+                **common,
+                worker_health_port=0,
+                postprocess_address=f"127.0.0.1:{post['port']}",
+                **worker_overrides,
+            ),
+            exporter,
+        )
+        gw = await _start(
+            mesh,
+            "gateway",
+            serve_gateway,
+            GatewaySettings(
+                **common,
+                gateway_port=0,
+                delivery_port=0,
+                router_address=f"127.0.0.1:{router['port']}",
+            ),
+            exporter,
+        )
+    except BaseException:
+        await mesh.close()
+        raise
+    mesh.gateway = f"127.0.0.1:{gw['port']}"
+    return mesh
+
+
+@pytest.fixture
+async def mesh(redis_url: str, model_repo: Path) -> AsyncIterator[InProcessMesh]:
+    m = await start_mesh(redis_url, model_repo)
+    try:
+        yield m
+    finally:
+        await m.close()

@@ -1,0 +1,212 @@
+"""Pure routing and batch-formation decisions, and the work-stream names they produce."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from tiermesh.core.jobs import Job
+from tiermesh.core.keys import StreamKey, stream_keys
+from tiermesh.core.repository import ModelConfig, parse_config
+from tiermesh.core.tensors import TensorData
+from tiermesh.router.policy import DEFAULT_TIER, bucket_for, choose_stream, job_length
+from tiermesh.worker.batching import (
+    QueuedJob,
+    pick_stream,
+    split_expired,
+    take_count,
+    wait_more_ms,
+)
+
+
+def _t(name: str, *shape: int) -> TensorData:
+    return TensorData(name, "INT64", shape, b"")  # decisions never look at the bytes
+
+
+def _job(*inputs: TensorData, priority: int = 0, deadline_ns: int = 0) -> Job:
+    return Job("r", "m", inputs, "gw:1", deadline_ns=deadline_ns, priority=priority)
+
+
+def _cfg(**over: Any) -> ModelConfig:
+    raw = {
+        "name": "bert",
+        "max_batch_size": 32,
+        "inputs": [{"name": "IDS", "datatype": "INT64", "dims": [-1]}],
+        "outputs": [{"name": "EMB", "datatype": "FP32", "dims": [8]}],
+        "versions": {"1": {"model.onnx": "0" * 64}},
+        "priority_levels": 3,
+        "default_priority": 2,
+        "length_buckets": [16, 64, 256],
+        **over,
+    }
+    return parse_config(raw, "test")
+
+
+# -- router policy -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("length", "bucket"),
+    [(0, 0), (1, 0), (16, 0), (17, 1), (64, 1), (65, 2), (256, 2), (257, 2), (10_000, 2)],
+)
+def test_bucket_for_edges(length: int, bucket: int) -> None:
+    assert bucket_for(length, (16, 64, 256)) == bucket
+
+
+@pytest.mark.parametrize("length", [0, 1, 10**9])
+def test_bucket_for_no_bounds_is_one_bucket(length: int) -> None:
+    assert bucket_for(length, ()) == 0
+
+
+def test_bucket_for_single_bound_catches_all() -> None:
+    assert bucket_for(5, (8,)) == 0
+    assert bucket_for(50, (8,)) == 0
+
+
+@pytest.mark.parametrize(
+    ("inputs", "length"),
+    [
+        ((_t("IDS", 2, 40),), 40),
+        ((_t("IDS", 2, 40), _t("MASK", 2, 70)), 70),
+        ((_t("IMG", 1, 3, 224, 100),), 224),
+        ((_t("X", 8),), 1),  # no non-batch dimension
+        ((), 1),
+    ],
+)
+def test_job_length(inputs: tuple[TensorData, ...], length: int) -> None:
+    assert job_length(_job(*inputs)) == length
+
+
+@pytest.mark.parametrize(
+    ("priority", "expected"),
+    [(0, 2), (1, 1), (3, 3), (9, 3), (-4, 1)],
+)
+def test_choose_stream_priority(priority: int, expected: int) -> None:
+    key = choose_stream(_cfg(), _job(_t("IDS", 1, 10), priority=priority))
+    assert key.priority == expected
+
+
+def test_choose_stream_key() -> None:
+    key = choose_stream(_cfg(), _job(_t("IDS", 4, 100)), tier="edge")
+    assert key == StreamKey("bert", "edge", 2, 2)
+    assert choose_stream(_cfg(), _job(_t("IDS", 1, 3))).tier == DEFAULT_TIER
+
+
+def test_choose_stream_without_buckets() -> None:
+    key = choose_stream(_cfg(length_buckets=[]), _job(_t("IDS", 1, 5000)))
+    assert key.bucket == 0
+
+
+# -- worker batching -----------------------------------------------------------------------
+
+
+def _k(priority: int, bucket: int, model: str = "m") -> StreamKey:
+    return StreamKey(model, "center", priority, bucket)
+
+
+def test_pick_stream_none_when_empty() -> None:
+    assert pick_stream({}) is None
+    assert pick_stream({_k(1, 0): 0, _k(2, 1): 0}) is None
+
+
+def test_pick_stream_highest_priority_then_shortest_bucket() -> None:
+    buffered = {_k(2, 0): 5, _k(1, 2): 1, _k(1, 1): 3, _k(1, 0): 0}
+    assert pick_stream(buffered) == _k(1, 1)
+    assert pick_stream({_k(2, 1): 1, _k(2, 0): 9}) == _k(2, 0)
+    assert pick_stream({_k(1, 0, "b"): 1, _k(1, 0, "a"): 1}) == _k(1, 0, "a")
+
+
+MS = 1_000_000
+
+
+@pytest.mark.parametrize(
+    ("waited_ms", "rows", "expected"),
+    [(0.0, 1, 5.0), (2.0, 4, 3.0), (5.0, 4, 0.0), (7.5, 4, -2.5), (0.0, 32, 0.0), (0, 40, 0.0)],
+)
+def test_wait_more_ms(waited_ms: float, rows: int, expected: float) -> None:
+    first = 1_000 * MS
+    now = first + int(waited_ms * MS)
+    assert wait_more_ms(first, now, 5.0, rows, 32) == pytest.approx(expected)
+
+
+@pytest.mark.parametrize(
+    ("rows", "count"),
+    [
+        ([], 0),
+        ([1], 1),
+        ([32], 1),  # exactly max still runs
+        ([40], 1),  # over max alone still runs (validation caps it)
+        ([32, 1], 1),
+        ([16, 16, 1], 2),
+        ([10, 10, 10], 3),
+        ([31, 1, 1], 2),
+        ([1, 32], 1),
+    ],
+)
+def test_take_count(rows: list[int], count: int) -> None:
+    assert take_count(rows, 32) == count
+
+
+def _q(deadline_ns: int, entry: str) -> QueuedJob:
+    return QueuedJob(_k(1, 0), entry, _job(_t("IDS", 1, 2), deadline_ns=deadline_ns), 0)
+
+
+def test_split_expired() -> None:
+    now = 5_000
+    batch = [_q(0, "none"), _q(4_999, "past"), _q(5_000, "now"), _q(5_001, "future")]
+    live, expired = split_expired(batch, now)
+    assert [q.entry_id for q in live] == ["none", "future"]
+    assert [q.entry_id for q in expired] == ["past", "now"]
+
+
+def test_split_expired_deadline_zero_never_expires() -> None:
+    live, expired = split_expired([_q(0, "a")], 10**19)
+    assert (len(live), len(expired)) == (1, 0)
+
+
+# -- stream keys ---------------------------------------------------------------------------
+
+
+def test_stream_key_name_format() -> None:
+    assert StreamKey("mlp", "edge", 1, 0).name == "tm:q:mlp:edge:p1:b0"
+    assert StreamKey("bert-base", "center", 2, 13).name == "tm:q:bert-base:center:p2:b13"
+
+
+@pytest.mark.parametrize(
+    "key",
+    [StreamKey("mlp", "edge", 1, 0), StreamKey("a_b.c", "center", 10, 99)],
+)
+def test_stream_key_parse_round_trip(key: StreamKey) -> None:
+    assert StreamKey.parse(key.name) == key
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "tm:workers:mlp:edge",
+        "xx:q:mlp:edge:p1:b0",
+        "tm:x:mlp:edge:p1:b0",
+        "tm:q:mlp:edge:1:b0",
+        "tm:q:mlp:edge:p1:0",
+        "tm:q:mlp:edge:p1:b0:extra",
+        "tm:q:mlp:edge:px:b0",
+        "tm:q:mlp:edge:p1:b",
+        "",
+    ],
+)
+def test_stream_key_parse_rejects_foreign(name: str) -> None:
+    with pytest.raises(ValueError):
+        StreamKey.parse(name)
+
+
+def test_stream_keys_highest_priority_first() -> None:
+    keys = stream_keys("m", "edge", 2, 2)
+    assert [(k.priority, k.bucket) for k in keys] == [(1, 0), (1, 1), (2, 0), (2, 1)]
+    assert len({k.name for k in keys}) == 4
+
+
+def test_job_length_counts_every_dimension_when_the_model_does_not_batch() -> None:
+    job = _job(_t("IDS", 300, 4))
+    assert job_length(job, batched=False) == 300
+    assert job_length(job, batched=True) == 4
