@@ -1,0 +1,44 @@
+"""Bounded, atomic admission onto a work stream against a real redis-server."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import redis.asyncio as aioredis
+
+from tiermesh.core import keys
+from tiermesh.core.keys import StreamKey
+from tiermesh.router.admission import Admitter
+from tiermesh.worker.streams import StreamClient
+
+pytestmark = pytest.mark.integration
+STREAM = StreamKey("m", "center", 1, 0)
+
+
+async def test_no_live_worker_is_refused(redis_url: str) -> None:
+    redis = aioredis.Redis.from_url(redis_url)
+    admitter = Admitter(redis)
+    assert (await admitter.admit(STREAM, 10, b"job", {})).outcome == "noworker"
+    # A heartbeat that has expired does not count either.
+    await redis.zadd(keys.workers_key("m", "center"), {"w-old": int(time.time() * 1000) - 1})
+    assert (await admitter.admit(STREAM, 10, b"job", {})).outcome == "noworker"
+    assert await redis.xlen(STREAM.name) == 0
+    await redis.aclose()
+
+
+async def test_queue_bound_refuses_without_trimming(redis_url: str) -> None:
+    redis = aioredis.Redis.from_url(redis_url)
+    await StreamClient(redis, "w1").heartbeat(["m"], "center", ttl_ms=60_000)
+    admitter = Admitter(redis)
+    tp = {"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"}
+    outcomes = [await admitter.admit(STREAM, 3, f"job{i}".encode(), tp) for i in range(5)]
+    assert [o.outcome for o in outcomes] == ["ok", "ok", "ok", "full", "full"]
+    assert outcomes[3].detail == "3"
+    entries = await redis.xrange(STREAM.name)
+    assert [e[1][keys.JOB_FIELD.encode()] for e in entries] == [b"job0", b"job1", b"job2"]
+    assert entries[0][1][keys.TRACEPARENT_FIELD.encode()] == tp["traceparent"].encode()
+    # Work handed off is deleted, which makes room again.
+    await redis.xdel(STREAM.name, entries[0][0])
+    assert (await admitter.admit(STREAM, 3, b"job5", tp)).outcome == "ok"
+    await redis.aclose()

@@ -1,0 +1,154 @@
+"""The batcher-worker against real Redis, a real postprocess and a real Delivery server."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+import numpy as np
+import pytest
+import redis.asyncio as aioredis
+
+from tiermesh.core import keys
+from tiermesh.core.jobs import Job
+from tiermesh.core.keys import StreamKey
+from tiermesh.core.repository import ModelRepository
+from tiermesh.core.server import make_channel, make_server
+from tiermesh.core.telemetry import Telemetry
+from tiermesh.core.tensors import from_numpy
+from tiermesh.core.wire import encode_job
+from tiermesh.gateway.pending import PendingRequests
+from tiermesh.gateway.servicer import DeliveryServicer
+from tiermesh.postprocess.gateways import GatewayClients
+from tiermesh.postprocess.servicer import PostprocessServicer
+from tiermesh.postprocess.steps import Steps
+from tiermesh.up.processes import free_port
+from tiermesh.v1 import delivery_pb2_grpc, postprocess_pb2_grpc
+from tiermesh.worker.handoff import PostprocessClient
+from tiermesh.worker.loop import Worker
+from tiermesh.worker.runner import ModelRunner
+from tiermesh.worker.streams import StreamClient
+
+pytestmark = pytest.mark.integration
+STREAM = StreamKey("mlp", "center", 2, 0)
+
+
+@dataclass
+class Downstream:
+    pending: PendingRequests
+    delivery_address: str
+    postprocess_address: str
+
+
+@pytest.fixture
+async def downstream() -> AsyncIterator[Downstream]:
+    """A real postprocess server delivering to a real Delivery server, both on port 0."""
+    telemetry = Telemetry("test")
+    pending = PendingRequests()
+    delivery = make_server(telemetry)
+    delivery_pb2_grpc.add_DeliveryServicer_to_server(DeliveryServicer(pending, telemetry), delivery)
+    dport = delivery.add_insecure_port("127.0.0.1:0")
+    gateways = GatewayClients(telemetry, 5)
+    post = make_server(telemetry)
+    postprocess_pb2_grpc.add_PostprocessServicer_to_server(
+        PostprocessServicer(Steps(), gateways, telemetry), post
+    )
+    pport = post.add_insecure_port("127.0.0.1:0")
+    await delivery.start()
+    await post.start()
+    try:
+        yield Downstream(pending, f"127.0.0.1:{dport}", f"127.0.0.1:{pport}")
+    finally:
+        await post.stop(None)
+        await delivery.stop(None)
+        await gateways.close()
+
+
+def make_worker(redis: aioredis.Redis, repo_path: Path, postprocess: str) -> Worker:
+    telemetry = Telemetry("worker-test")
+    repo = ModelRepository(repo_path)
+    cfg = repo.load()["mlp"]
+    return Worker(
+        tier="center",
+        configs={"mlp": cfg},
+        runners={"mlp": ModelRunner(cfg, repo.checked_file("mlp"))},
+        streams=StreamClient(redis, "w1"),
+        handoff=PostprocessClient(make_channel(postprocess, telemetry), timeout_s=1),
+        telemetry=telemetry,
+        poll_block_ms=50,
+    )
+
+
+def job(request_id: str, gateway: str, deadline_ns: int, x: np.ndarray) -> bytes:
+    return encode_job(
+        Job(
+            request_id=request_id,
+            model="mlp",
+            inputs=(from_numpy("INPUT0", x, "FP32"),),
+            gateway=gateway,
+            deadline_ns=deadline_ns,
+            priority=STREAM.priority,
+            tier=STREAM.tier,
+        )
+    )
+
+
+async def test_expired_jobs_are_answered_but_never_computed(
+    redis_url: str, model_repo: Path, downstream: Downstream
+) -> None:
+    redis = aioredis.Redis.from_url(redis_url)
+    worker = make_worker(redis, model_repo, downstream.postprocess_address)
+    old = downstream.pending.register("old")
+    new = downstream.pending.register("new")
+    now = time.time_ns()
+    x = np.ones((1, 4), np.float32)
+    for rid, deadline in (("old", now - 1), ("new", now + 30 * 10**9)):
+        await redis.xadd(
+            STREAM.name, {keys.JOB_FIELD: job(rid, downstream.delivery_address, deadline, x)}
+        )
+    task = asyncio.create_task(worker.run())
+    try:
+        old_result = await asyncio.wait_for(old, 10)
+        new_result = await asyncio.wait_for(new, 10)
+    finally:
+        worker.stop()
+        await asyncio.wait_for(task, 10)
+    assert old_result.code == grpc.StatusCode.DEADLINE_EXCEEDED
+    assert old_result.outputs == ()
+    assert new_result.code == grpc.StatusCode.OK
+    assert new_result.outputs[0].shape == (1, 3)
+    assert worker.computed_rows == 1 and worker.expired == 1
+    assert await redis.xlen(STREAM.name) == 0  # acknowledged and deleted after hand-off
+    await redis.aclose()
+
+
+async def test_entries_stay_pending_when_the_hand_off_fails(
+    redis_url: str, model_repo: Path
+) -> None:
+    redis = aioredis.Redis.from_url(redis_url)
+    nobody = f"127.0.0.1:{free_port()}"  # no postprocess listens here
+    worker = make_worker(redis, model_repo, nobody)
+    await redis.xadd(
+        STREAM.name,
+        {
+            keys.JOB_FIELD: job(
+                "r1", nobody, time.time_ns() + 60 * 10**9, np.ones((1, 4), np.float32)
+            )
+        },
+    )
+    await StreamClient(redis, "w1").ensure_groups([STREAM])
+    task = asyncio.create_task(worker.run())
+    deadline = time.monotonic() + 10
+    while (await redis.xpending(STREAM.name, keys.GROUP))["pending"] == 0:  # poll, bounded
+        assert time.monotonic() < deadline, "worker never read the entry"
+        await asyncio.sleep(0.01)
+    worker.stop()  # finishes the batch in hand: retries the hand-off, then gives up
+    await asyncio.wait_for(task, 30)
+    assert worker.computed_rows == 1
+    assert await redis.xlen(STREAM.name) == 1
+    assert (await redis.xpending(STREAM.name, keys.GROUP))["pending"] == 1
+    await redis.aclose()
