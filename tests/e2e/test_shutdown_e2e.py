@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import threading
 from pathlib import Path
 
@@ -69,11 +70,20 @@ def test_ctrl_c_under_load_loses_nothing_and_leaves_no_process(tmp_path: Path) -
     assert not loader.is_alive()
 
     statuses = {status for status, _ in outcomes}
-    # Accepted requests are answered correctly; the rest are refused at intake.
-    assert statuses <= {"OK", str(grpc.StatusCode.UNAVAILABLE)}, statuses
+    # Refused at intake: UNAVAILABLE from the draining gateway or a closed port, or CANCELLED
+    # by gRPC itself for a call that raced the server's stop and never reached a handler.
+    assert statuses <= {"OK", str(grpc.StatusCode.UNAVAILABLE), str(grpc.StatusCode.CANCELLED)}
     assert all(correct for status, correct in outcomes if status == "OK")
     assert ok_after_interrupt, "requests in flight at Ctrl-C were not answered"
+    # Every request the gateway accepted was answered, and the client got each answer.
+    stopped = next(
+        json.loads(line) for line in up.log.read_text().splitlines() if '"gateway stopped"' in line
+    )
+    assert stopped["accepted"] == stopped["answered"] == statuses_ok(outcomes)
+    assert stopped["late_results"] == 0
     for name, pid in children.items():
         assert not Path(f"/proc/{pid}").exists(), f"{name} (pid {pid}) is still running"
-    log = up.log.read_text()
-    assert "late_results" in log and "drain grace passed" not in log
+
+
+def statuses_ok(outcomes: list[tuple[str, bool]]) -> int:
+    return sum(1 for status, _ in outcomes if status == "OK")

@@ -72,12 +72,19 @@ async def serve(
             await asyncio.wait_for(pending.wait_empty(), settings.shutdown_grace_s)
         except TimeoutError:
             log.warning("drain grace passed with requests pending", pending=len(pending))
-        await public.stop(grace=1.0)
+        # Handlers still finishing (answers being sent, refusals of late arrivals) get the
+        # grace too; stop() returns as soon as they are done.
+        await public.stop(grace=max(1.0, settings.shutdown_grace_s))
         await internal.stop(grace=1.0)
         await router_channel.close()
         await redis.aclose()
         telemetry.shutdown()
-        log.info("gateway stopped", late_results=pending.late)
+        log.info(
+            "gateway stopped",
+            accepted=inference.accepted,
+            answered=inference.answered,
+            late_results=pending.late,
+        )
 
 
 async def _main() -> None:

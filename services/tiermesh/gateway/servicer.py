@@ -52,6 +52,9 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
         self._pending = pending
         self._clock_ns = clock_ns
         self.draining = False
+        # Requests placed on a queue, and those of them whose result reached the caller.
+        self.accepted = 0
+        self.answered = 0
 
     @grpc_method
     async def ServerLive(self, request, context):  # type: ignore[no-untyped-def]
@@ -123,8 +126,11 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
         future = self._pending.register(job.request_id)
         try:
             await self._router.route(job, self._remaining_s(job))
+            self.accepted += 1
             try:
-                return await asyncio.wait_for(future, self._remaining_s(job))
+                result = await asyncio.wait_for(future, self._remaining_s(job))
+                self.answered += 1
+                return result
             except TimeoutError:
                 raise deadline_exceeded("deadline exceeded while waiting for the result") from None
         finally:
