@@ -372,6 +372,17 @@ def render(summary: dict[str, Any], config: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def without_nan(value: Any) -> Any:
+    """NaN (a case with no answers) as null, so the file is strict JSON."""
+    if isinstance(value, float) and value != value:
+        return None
+    if isinstance(value, dict):
+        return {k: without_nan(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [without_nan(v) for v in value]
+    return value
+
+
 # --- entry point ---------------------------------------------------------------------
 
 
@@ -492,7 +503,8 @@ async def run(args: argparse.Namespace) -> int:
     summary = summarize(rounds, args.concurrency, cfg.max_batch_size)
     print(render(summary, config))
     if args.json is not None:
-        args.json.write_text(json.dumps({"config": config, **summary}, indent=2) + "\n")
+        doc = without_nan({"config": config, **summary})
+        args.json.write_text(json.dumps(doc, indent=2, allow_nan=False) + "\n")
         log(f"wrote {args.json}")
     return 0
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -31,7 +31,7 @@ from tiermesh.v1 import delivery_pb2_grpc, postprocess_pb2_grpc
 from tiermesh.worker.handoff import PostprocessClient
 from tiermesh.worker.loop import Worker
 from tiermesh.worker.runner import ModelRunner
-from tiermesh.worker.streams import StreamClient
+from tiermesh.worker.streams import Entry, StreamClient
 
 pytestmark = pytest.mark.integration
 STREAM = StreamKey("mlp", "center", 2, 0)
@@ -68,7 +68,23 @@ async def downstream() -> AsyncIterator[Downstream]:
         await gateways.close()
 
 
-def make_worker(redis: aioredis.Redis, repo_path: Path, postprocess: str) -> Worker:
+class RecordingStreams(StreamClient):
+    """The real StreamClient, noting the BLOCK of each read."""
+
+    def __init__(self, redis: aioredis.Redis, consumer: str) -> None:
+        super().__init__(redis, consumer)
+        self.reads: list[tuple[int, int | None]] = []
+
+    async def read(
+        self, streams: Sequence[StreamKey], count: int, block_ms: int | None, pending: bool = False
+    ) -> list[Entry]:
+        self.reads.append((len(streams), block_ms))
+        return await super().read(streams, count, block_ms, pending)
+
+
+def make_worker(
+    redis: aioredis.Redis, repo_path: Path, postprocess: str, streams: StreamClient | None = None
+) -> Worker:
     telemetry = Telemetry("worker-test")
     repo = ModelRepository(repo_path)
     cfg = repo.load()["mlp"]
@@ -76,7 +92,7 @@ def make_worker(redis: aioredis.Redis, repo_path: Path, postprocess: str) -> Wor
         tier="center",
         configs={"mlp": cfg},
         runners={"mlp": ModelRunner(cfg, repo.checked_file("mlp"))},
-        streams=StreamClient(redis, "w1"),
+        streams=streams or StreamClient(redis, "w1"),
         handoff=PostprocessClient(make_channel(postprocess, telemetry), timeout_s=1),
         telemetry=telemetry,
         poll_block_ms=50,
@@ -151,4 +167,33 @@ async def test_entries_stay_pending_when_the_hand_off_fails(
     assert worker.computed_rows == 1
     assert await redis.xlen(STREAM.name) == 1
     assert (await redis.xpending(STREAM.name, keys.GROUP))["pending"] == 1
+    await redis.aclose()
+
+
+async def test_batch_wait_never_blocks_in_redis(
+    redis_url: str, model_repo: Path, downstream: Downstream
+) -> None:
+    """Redis ends a blocked read only on its 100 ms server tick: a 2 ms batch wait that
+    blocked in XREADGROUP would last 100 ms. Filling a batch must poll instead."""
+    redis = aioredis.Redis.from_url(redis_url)
+    streams = RecordingStreams(redis, "w1")
+    worker = make_worker(redis, model_repo, downstream.postprocess_address, streams)
+    lone = downstream.pending.register("lone")
+    entry = job(
+        "lone",
+        downstream.delivery_address,
+        time.time_ns() + 30 * 10**9,
+        np.ones((1, 4), np.float32),
+    )
+    await redis.xadd(STREAM.name, {keys.JOB_FIELD: entry})
+    task = asyncio.create_task(worker.run())
+    try:
+        result = await asyncio.wait_for(lone, 10)
+    finally:
+        worker.stop()
+        await asyncio.wait_for(task, 10)
+    assert result.code == grpc.StatusCode.OK
+    fills = [block for n, block in streams.reads if n == 1]
+    assert fills, "a lone request should have waited for company"
+    assert all(block is None for block in fills)
     await redis.aclose()

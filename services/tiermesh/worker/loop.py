@@ -4,8 +4,8 @@ runner.py, Redis in streams.py and the hand-off in handoff.py."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
-import math
 import time
 from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
@@ -35,6 +35,8 @@ from tiermesh.worker.streams import Entry, StreamClient
 
 log = structlog.get_logger("tiermesh.worker")
 HANDOFF_ATTEMPTS = 5
+# How often a batch that is not yet full looks for more entries while it waits.
+FILL_POLL_MS = 0.5
 
 
 class Worker:
@@ -108,11 +110,16 @@ class Worker:
             return await self._streams.read(self._keys, count, self._poll_block_ms)
         except (aioredis.RedisError, OSError) as exc:
             log.warning("redis read failed; retrying", error=str(exc))
-            await asyncio.wait([asyncio.ensure_future(self._stopping.wait())], timeout=1.0)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stopping.wait(), 1.0)
             return []
 
     async def _fill(self, key: StreamKey) -> None:
-        """Wait for more entries of this stream until the batch is full or its wait is up."""
+        """Wait for more entries of this stream until the batch is full or its wait is up.
+
+        Redis times out a blocked read only on its server tick (100 ms at the default
+        hz 10), far coarser than a batch wait of a few ms, so this polls without BLOCK.
+        """
         cfg = self._configs[key.model]
         max_rows = max(cfg.max_batch_size, 1)
         while not self._stopping.is_set():
@@ -124,10 +131,13 @@ class Worker:
             if wait <= 0:
                 return
             try:
-                more = await self._streams.read([key], max_rows - rows, max(1, math.ceil(wait)))
+                more = await self._streams.read([key], max_rows - rows, None)
             except (aioredis.RedisError, OSError):
                 return
-            await self._collect(more)
+            if more:
+                await self._collect(more)
+            else:
+                await asyncio.sleep(min(wait, FILL_POLL_MS) / 1000)
 
     async def _collect(self, entries: Sequence[Entry]) -> None:
         now = self._clock_ns()
