@@ -42,4 +42,7 @@ async def test_one_trace_spans_every_service(mesh: InProcessMesh) -> None:
     assert {"queue wait", "compute", "postprocess", "deliver"} <= names
     # The batch's CONSUMER span lives in its own trace and links to this request.
     consumers = [s for s in spans if s.kind == SpanKind.CONSUMER]
-    assert any(link.context.trace_id == trace_id for c in consumers for link in c.links)
+    batch = next(c for c in consumers if any(ln.context.trace_id == trace_id for ln in c.links))
+    # ...and the request's compute span links back to that batch.
+    compute = next(s for s in in_trace if s.name == "compute")
+    assert [ln.context.span_id for ln in compute.links] == [batch.context.span_id]

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import IO, Any
+from typing import IO
 
 from opentelemetry import context as otel_context
 from opentelemetry import propagate, trace
@@ -80,7 +80,3 @@ def extract(carrier: Mapping[str, str]) -> otel_context.Context:
 
 def span_context_of(carrier: Mapping[str, str]) -> trace.SpanContext:
     return trace.get_current_span(extract(carrier)).get_span_context()
-
-
-def trace_id_hex(span: Any) -> str:
-    return format(span.get_span_context().trace_id, "032x")

@@ -33,23 +33,6 @@ _FIXED: dict[str, np.dtype[np.generic]] = {
 BYTES = "BYTES"
 DATATYPES = frozenset([*_FIXED, BYTES])
 
-# onnxruntime's type strings for the same types.
-_ORT_TYPES = {
-    "tensor(bool)": "BOOL",
-    "tensor(uint8)": "UINT8",
-    "tensor(uint16)": "UINT16",
-    "tensor(uint32)": "UINT32",
-    "tensor(uint64)": "UINT64",
-    "tensor(int8)": "INT8",
-    "tensor(int16)": "INT16",
-    "tensor(int32)": "INT32",
-    "tensor(int64)": "INT64",
-    "tensor(float16)": "FP16",
-    "tensor(float)": "FP32",
-    "tensor(double)": "FP64",
-    "tensor(string)": BYTES,
-}
-
 _LEN = struct.Struct("<I")
 
 
@@ -65,13 +48,6 @@ class TensorData:
     @property
     def batch(self) -> int:
         return self.shape[0] if self.shape else 1
-
-
-def datatype_from_ort(ort_type: str) -> str:
-    try:
-        return _ORT_TYPES[ort_type]
-    except KeyError:
-        raise ValueError(f"unsupported onnxruntime type {ort_type}") from None
 
 
 def element_count(shape: Sequence[int]) -> int:

@@ -98,7 +98,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
             request_id=uuid.uuid4().hex,
             client_request_id=req.client_request_id,
             model=cfg.name,
-            version=cfg.version(req.version).version,  # type: ignore[union-attr]
+            version=req.version or cfg.latest.version,
             inputs=req.inputs,
             gateway=self._delivery_address,
             priority=priority_level(cfg, req.priority),

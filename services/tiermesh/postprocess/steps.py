@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 
+import grpc
+
 from tiermesh.core.jobs import JobResult
 
 Step = Callable[[JobResult], JobResult]
@@ -21,6 +23,6 @@ class Steps:
 
     def apply(self, result: JobResult) -> JobResult:
         """Failed results pass through untouched; the caller only gets their status."""
-        if result.code.value[0] != 0:
+        if result.code != grpc.StatusCode.OK:
             return result
         return self._steps.get(result.model, identity)(result)

@@ -197,11 +197,12 @@ class Worker:
                 span.record_exception(exc)
                 outputs, error = [], "model execution failed"
             end = self._clock_ns()
+            batch_context = span.get_span_context()
         rows = sum(q.job.rows for q in live)
         if error is None:
             self.computed_rows += rows
         for i, q in enumerate(live):
-            self._request_spans(q, start, end, rows)
+            self._request_spans(q, start, end, rows, batch_context)
             timing = q.job.timing.with_(batch_start_ns=start, batch_end_ns=end)
             if error is None:
                 results.append(
@@ -215,7 +216,9 @@ class Worker:
                 )
         return results
 
-    def _request_spans(self, q: QueuedJob, start: int, end: int, rows: int) -> None:
+    def _request_spans(
+        self, q: QueuedJob, start: int, end: int, rows: int, batch: trace.SpanContext
+    ) -> None:
         """Per request, on its own trace: the wait in the queue and its share of compute."""
         ctx = extract(q.job.trace_context)
         if q.job.timing.routed_ns:
@@ -232,7 +235,7 @@ class Worker:
                 "tiermesh.batch_rows": rows,
                 "tiermesh.model": q.job.model,
             },
-            links=[Link(trace.get_current_span().get_span_context())],
+            links=[Link(batch)],
         )
         compute.end(end_time=end)
 
