@@ -166,6 +166,16 @@ def test_passed_timeout_is_deadline_exceeded_before_the_queue(mesh_up: UpProcess
     assert info.value.status() == "StatusCode.DEADLINE_EXCEEDED"
 
 
+def _eventually_spans(up: UpProcess, name: str, key: str, value: str) -> list[dict[str, Any]]:
+    """Spans are written when they end, which may be just after the caller got its answer:
+    poll the span files, bounded."""
+    deadline = time.monotonic() + 10
+    while not (found := _spans_named(up, name, key, value)):
+        assert time.monotonic() < deadline, f"no span {name} with {key}={value}"
+        time.sleep(0.05)
+    return found
+
+
 def _spans_named(up: UpProcess, name: str, key: str, value: str) -> list[dict[str, Any]]:
     return [s for s in up.spans() if s["name"] == name and s["attributes"].get(key) == value]
 
@@ -177,7 +187,7 @@ def test_request_expired_in_queue_is_never_computed(mesh_up: UpProcess) -> None:
         with pytest.raises(InferenceServerException) as info:
             client.infer("mlp", [mlp_input(x)], timeout=300_000, request_id="expires")
     assert info.value.status() == "StatusCode.DEADLINE_EXCEEDED"
-    gateway_span = _spans_named(
+    gateway_span = _eventually_spans(
         mesh_up,
         "/inference.GRPCInferenceService/ModelInfer",
         "tiermesh.client_request_id",
@@ -227,7 +237,7 @@ def test_full_queue_is_resource_exhausted_quickly(mesh_up: UpProcess) -> None:
 def test_one_trace_spans_all_four_services(mesh_up: UpProcess) -> None:
     client = grpcclient.InferenceServerClient(mesh_up.url)
     client.infer("mlp", [mlp_input(np.ones((1, 4), np.float32))], request_id="traced")
-    root = _spans_named(
+    root = _eventually_spans(
         mesh_up,
         "/inference.GRPCInferenceService/ModelInfer",
         "tiermesh.client_request_id",

@@ -89,7 +89,7 @@ def test_choose_stream_priority(priority: int, expected: int) -> None:
 
 def test_choose_stream_key() -> None:
     key = choose_stream(_cfg(), _job(_t("IDS", 4, 100)), tier="edge")
-    assert key == StreamKey("bert", "edge", 2, 2)
+    assert key == StreamKey("bert.fp32", "edge", 2, 2)
     assert choose_stream(_cfg(), _job(_t("IDS", 1, 3))).tier == DEFAULT_TIER
 
 

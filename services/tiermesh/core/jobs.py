@@ -56,6 +56,7 @@ class Job:
     requested_outputs: tuple[str, ...] = ()
     timing: Timing = field(default_factory=Timing)
     trace_context: Mapping[str, str] = field(default_factory=dict)
+    annotations: Mapping[str, str] = field(default_factory=dict)
 
     @property
     def rows(self) -> int:
@@ -73,12 +74,15 @@ class JobResult:
     outputs: tuple[TensorData, ...] = ()
     client_request_id: str = ""
     version: str = ""
+    variant: str = ""
     tier: str = ""
     priority: int = 0
     bucket: int = 0
     batch_size: int = 0
     timing: Timing = field(default_factory=Timing)
     trace_context: Mapping[str, str] = field(default_factory=dict)
+    annotations: Mapping[str, str] = field(default_factory=dict)
+    aux: tuple[TensorData, ...] = ()
 
     @classmethod
     def for_job(cls, job: Job, **fields: object) -> JobResult:
@@ -88,12 +92,14 @@ class JobResult:
             client_request_id=job.client_request_id,
             model=job.model,
             version=job.version,
+            variant=job.variant,
             gateway=job.gateway,
             tier=job.tier,
             priority=job.priority,
             bucket=job.bucket,
             timing=job.timing,
             trace_context=job.trace_context,
+            annotations=job.annotations,
         )
         base.update(fields)
         return cls(**base)  # type: ignore[arg-type]

@@ -1,6 +1,7 @@
 """Every Redis key and stream name of the mesh. Nothing else spells them.
 
-Work streams: ``tm:q:{model}:{tier}:p{priority}:b{bucket}``, one consumer group per stream.
+Work streams: ``tm:q:{model}:{tier}:p{priority}:b{bucket}``, one consumer group per stream,
+where ``{model}`` is a compute unit, ``{name}.{variant}`` (``minilm-l6.int8``).
 """
 
 from __future__ import annotations
@@ -47,3 +48,14 @@ def stream_keys(model: str, tier: str, priority_levels: int, buckets: int) -> li
     return [
         StreamKey(model, tier, p, b) for p in range(1, priority_levels + 1) for b in range(buckets)
     ]
+
+
+def compute_unit(model: str, variant: str) -> str:
+    """What one work stream carries and one session runs: a model's variant ("mlp.fp32").
+    Model and variant names hold no dots (the repository checks), so this splits back."""
+    return f"{model}.{variant}"
+
+
+def split_unit(unit: str) -> tuple[str, str]:
+    model, _, variant = unit.rpartition(".")
+    return model, variant

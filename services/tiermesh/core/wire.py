@@ -60,6 +60,7 @@ def job_to_proto(job: Job) -> job_pb2.Job:
         requested_outputs=job.requested_outputs,
         timing=timing_to_proto(job.timing),
         trace_context=dict(job.trace_context),
+        annotations=dict(job.annotations),
     )
 
 
@@ -80,6 +81,7 @@ def job_from_proto(msg: job_pb2.Job) -> Job:
         requested_outputs=tuple(msg.requested_outputs),
         timing=timing_from_proto(msg.timing),
         trace_context=dict(msg.trace_context),
+        annotations=dict(msg.annotations),
     )
 
 
@@ -109,6 +111,9 @@ def result_to_proto(r: JobResult) -> job_pb2.Result:
         priority=r.priority,
         bucket=r.bucket,
         batch_size=r.batch_size,
+        annotations=dict(r.annotations),
+        aux=[tensor_to_proto(t) for t in r.aux],
+        variant=r.variant,
     )
 
 
@@ -128,4 +133,7 @@ def result_from_proto(msg: job_pb2.Result) -> JobResult:
         priority=msg.priority,
         bucket=msg.bucket,
         batch_size=msg.batch_size,
+        annotations=dict(msg.annotations),
+        aux=tuple(tensor_from_proto(t) for t in msg.aux),
+        variant=msg.variant,
     )

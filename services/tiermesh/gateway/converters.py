@@ -37,6 +37,15 @@ def _param_int(params: object, key: str) -> int | None:
     raise invalid(f"parameter '{key}' must be an integer, got {which}")
 
 
+def _param_str(params: object, key: str) -> str:
+    p = params[key] if key in params else None  # type: ignore[operator,index]
+    if p is None:
+        return ""
+    if p.WhichOneof("parameter_choice") != "string_param":
+        raise invalid(f"parameter '{key}' must be a string")
+    return str(p.string_param)
+
+
 def _typed_contents(t: service_pb2.ModelInferRequest.InferInputTensor) -> bytes:
     contents = t.contents
     if t.datatype == BYTES:
@@ -69,6 +78,7 @@ def infer_request(msg: service_pb2.ModelInferRequest) -> InferRequest:
         requested_outputs=tuple(o.name for o in msg.outputs),
         priority=priority,
         timeout_us=_param_int(msg.parameters, "timeout"),
+        variant=_param_str(msg.parameters, "variant"),
     )
 
 
@@ -83,6 +93,10 @@ def infer_response(result: JobResult) -> service_pb2.ModelInferResponse:
         resp.parameters[f"tiermesh.{key}"].int64_param = value
     resp.parameters["tiermesh.tier"].string_param = result.tier
     resp.parameters["tiermesh.batch_size"].int64_param = result.batch_size
+    if result.variant:
+        resp.parameters["tiermesh.variant"].string_param = result.variant
+    if "truncated" in result.annotations:
+        resp.parameters["tiermesh.truncated"].bool_param = result.annotations["truncated"] == "true"
     return resp
 
 

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from tiermesh.core.errors import invalid, not_found
 from tiermesh.core.repository import ModelConfig, ModelRepository
-from tiermesh.core.tensors import TensorData, validate_raw
+from tiermesh.core.tensors import BYTES, TensorData, element_count, split_bytes, validate_raw
 
 
 @dataclass(frozen=True, slots=True)
@@ -23,6 +23,8 @@ class InferRequest:
     priority: int = 0
     # tritonclient's `timeout` parameter, microseconds; None when absent.
     timeout_us: int | None = None
+    # The `variant` request parameter (fp32, int8, ...); "" = the model's default.
+    variant: str = ""
 
 
 def find_model(repo: ModelRepository, name: str, version: str) -> ModelConfig:
@@ -83,6 +85,7 @@ def validate(cfg: ModelConfig, req: InferRequest) -> None:
             )
         _check_shape(cfg, t, spec.dims)
         validate_raw(t.name, t.datatype, t.shape, t.raw)
+        _check_limits(cfg, t, spec.dims)
     missing = [i.name for i in cfg.inputs if i.name not in seen]
     if missing:
         raise invalid(f"missing input(s) {', '.join(missing)} for model '{cfg.name}'")
@@ -92,6 +95,36 @@ def validate(cfg: ModelConfig, req: InferRequest) -> None:
     for name in req.requested_outputs:
         if name not in outputs:
             raise invalid(f"unknown output '{name}' for model '{cfg.name}'")
+
+
+def _check_limits(cfg: ModelConfig, t: TensorData, dims: tuple[int, ...]) -> None:
+    """Per-model limits: text byte size, and the longest sequence a model can take."""
+    if cfg.tokenize is not None and t.datatype == BYTES:
+        limit = cfg.tokenize.max_text_bytes
+        for i, item in enumerate(split_bytes(t.raw, element_count(t.shape), t.name)):
+            if len(item) > limit:
+                raise invalid(
+                    f"input '{t.name}': text element {i} is {len(item)} bytes, over the "
+                    f"limit of {limit}"
+                )
+    if cfg.max_sequence:
+        offset = 1 if cfg.max_batch_size > 0 else 0
+        for i, want in enumerate(dims):
+            if want == -1 and t.shape[i + offset] > cfg.max_sequence:
+                raise invalid(
+                    f"input '{t.name}': dimension {i + offset} is {t.shape[i + offset]}, "
+                    f"longer than the model's {cfg.max_sequence}"
+                )
+
+
+def variant_of(cfg: ModelConfig, requested: str) -> str:
+    """The variant to run: the requested one, or the model's default."""
+    if not requested:
+        return cfg.default_variant
+    if requested not in cfg.variants:
+        known = ", ".join(sorted(cfg.variants))
+        raise invalid(f"model '{cfg.name}' has no variant '{requested}' (variants: {known})")
+    return requested
 
 
 def priority_level(cfg: ModelConfig, requested: int) -> int:

@@ -18,13 +18,20 @@ from tritonclient.grpc import service_pb2, service_pb2_grpc
 from tiermesh.core.errors import MeshError, deadline_exceeded, unavailable
 from tiermesh.core.grpc_errors import grpc_method
 from tiermesh.core.jobs import Job, JobResult, Timing
+from tiermesh.core.keys import compute_unit
 from tiermesh.core.repository import ModelRepository
 from tiermesh.core.settings import GatewaySettings
 from tiermesh.core.telemetry import Telemetry, extract, inject_current
 from tiermesh.core.wire import result_from_proto
 from tiermesh.gateway import converters
 from tiermesh.gateway.pending import PendingRequests
-from tiermesh.gateway.requests import effective_deadline_ns, find_model, priority_level, validate
+from tiermesh.gateway.requests import (
+    effective_deadline_ns,
+    find_model,
+    priority_level,
+    validate,
+    variant_of,
+)
 from tiermesh.gateway.upstream import Liveness, RouterClient
 from tiermesh.v1 import delivery_pb2, delivery_pb2_grpc
 
@@ -70,7 +77,8 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
         cfg = self._repo.get(request.name)
         if cfg is None or cfg.version(request.version) is None or self.draining:
             return service_pb2.ModelReadyResponse(ready=False)
-        return service_pb2.ModelReadyResponse(ready=await self._liveness.workers(cfg.name) > 0)
+        unit = compute_unit(cfg.queue_model, cfg.default_variant)
+        return service_pb2.ModelReadyResponse(ready=await self._liveness.workers(unit) > 0)
 
     @grpc_method
     async def ServerMetadata(self, request, context):  # type: ignore[no-untyped-def]
@@ -102,6 +110,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
             inputs=req.inputs,
             gateway=self._delivery_address,
             priority=priority_level(cfg, req.priority),
+            variant=variant_of(cfg, req.variant),
             deadline_ns=effective_deadline_ns(
                 received_ns,
                 context.time_remaining(),

@@ -45,11 +45,12 @@ class Liveness:
         except (aioredis.RedisError, OSError):
             return False
 
-    async def workers(self, model: str) -> int:
+    async def workers(self, unit: str) -> int:
+        """Live workers of a compute unit ("mlp.fp32") over all tiers."""
         now_ms = int(time.time() * 1000)
         try:
             counts = [
-                await self._redis.zcount(keys.workers_key(model, tier), now_ms, "+inf")
+                await self._redis.zcount(keys.workers_key(unit, tier), now_ms, "+inf")
                 for tier in TIERS
             ]
         except (aioredis.RedisError, OSError) as exc:

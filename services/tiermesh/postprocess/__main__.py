@@ -7,6 +7,7 @@ import asyncio
 import structlog
 
 from tiermesh.core.logging import configure_logging
+from tiermesh.core.repository import ModelRepository
 from tiermesh.core.server import (
     ReadyCallback,
     add_health,
@@ -32,10 +33,11 @@ async def serve(
     ready: ReadyCallback | None = None,
 ) -> None:
     telemetry = telemetry or Telemetry("postprocess", settings.trace_dir)
+    repo = ModelRepository(settings.model_repository)
     gateways = GatewayClients(telemetry, settings.delivery_timeout_ms / 1000)
     server = make_server(telemetry)
     postprocess_pb2_grpc.add_PostprocessServicer_to_server(
-        PostprocessServicer(Steps(), gateways, telemetry), server
+        PostprocessServicer(Steps.for_models(repo.load()), gateways, telemetry), server
     )
     health = add_health(server)
     port = bind(server, settings.postprocess_host, settings.postprocess_port)

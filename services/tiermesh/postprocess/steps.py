@@ -5,8 +5,11 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 
 import grpc
+import numpy as np
 
 from tiermesh.core.jobs import JobResult
+from tiermesh.core.model_config import ModelConfig, PoolSpec
+from tiermesh.core.tensors import from_numpy, to_numpy
 
 Step = Callable[[JobResult], JobResult]
 
@@ -15,11 +18,34 @@ def identity(result: JobResult) -> JobResult:
     return result
 
 
+def mean_pool_l2(spec: PoolSpec) -> Step:
+    """Sentence embeddings: the mean of the token vectors the mask keeps, L2-normalised.
+    The mask travels as aux (padded like the batch ran it), the token vectors as output."""
+
+    def step(result: JobResult) -> JobResult:
+        tokens = to_numpy(next(o for o in result.outputs if o.name == spec.source))
+        mask = to_numpy(next(t for t in result.aux if t.name == spec.mask))
+        weights = mask.astype(np.float32)[:, :, None]
+        summed = (tokens.astype(np.float32) * weights).sum(axis=1)
+        counts = np.clip(weights.sum(axis=1), 1e-9, None)
+        pooled = summed / counts
+        norms = np.clip(np.linalg.norm(pooled, axis=1, keepdims=True), 1e-12, None)
+        out = from_numpy(spec.output, (pooled / norms).astype(np.float32), "FP32")
+        return result.with_(outputs=(out,), aux=())
+
+    return step
+
+
 class Steps:
     """The output step of each model; models without one pass through unchanged."""
 
     def __init__(self, steps: Mapping[str, Step] | None = None) -> None:
         self._steps = dict(steps or {})
+
+    @classmethod
+    def for_models(cls, configs: Mapping[str, ModelConfig]) -> Steps:
+        """Built once at postprocess start from the model repository."""
+        return cls({name: mean_pool_l2(c.pool) for name, c in configs.items() if c.pool})
 
     def apply(self, result: JobResult) -> JobResult:
         """Failed results pass through untouched; the caller only gets their status."""

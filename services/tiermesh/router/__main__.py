@@ -21,6 +21,7 @@ from tiermesh.core.settings import RouterSettings
 from tiermesh.core.telemetry import Telemetry
 from tiermesh.router.admission import Admitter
 from tiermesh.router.servicer import RouterServicer
+from tiermesh.router.text import TextEncoder
 from tiermesh.v1 import router_pb2_grpc
 
 log = structlog.get_logger("tiermesh.router")
@@ -37,8 +38,15 @@ async def serve(
     repo.load()
     redis = aioredis.Redis.from_url(settings.redis_url)
     server = make_server(telemetry)
+    encoders = {
+        name: TextEncoder(
+            repo.checked_folder(name) / cfg.tokenize.tokenizer_file, cfg.tokenize.max_length
+        )
+        for name, cfg in repo.configs.items()
+        if cfg.tokenize is not None
+    }
     router_pb2_grpc.add_RouterServicer_to_server(
-        RouterServicer(settings, repo, Admitter(redis), telemetry), server
+        RouterServicer(settings, repo, Admitter(redis), encoders, telemetry), server
     )
     health = add_health(server)
     port = bind(server, settings.router_host, settings.router_port)

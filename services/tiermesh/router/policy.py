@@ -5,7 +5,7 @@ from __future__ import annotations
 import bisect
 
 from tiermesh.core.jobs import Job
-from tiermesh.core.keys import StreamKey
+from tiermesh.core.keys import StreamKey, compute_unit
 from tiermesh.core.repository import ModelConfig
 
 DEFAULT_TIER = "center"
@@ -27,11 +27,8 @@ def bucket_for(length: int, bounds: tuple[int, ...]) -> int:
 
 
 def choose_stream(cfg: ModelConfig, job: Job, tier: str = DEFAULT_TIER) -> StreamKey:
-    """The stream of (model, tier, priority, length bucket) for a validated job."""
+    """The stream of (compute unit, tier, priority, length bucket) for a validated job."""
     priority = min(max(job.priority or cfg.default_priority, 1), cfg.priority_levels)
-    return StreamKey(
-        cfg.name,
-        tier,
-        priority,
-        bucket_for(job_length(job, cfg.max_batch_size > 0), cfg.length_buckets),
-    )
+    length = job_length(job, batched=cfg.max_batch_size > 0)
+    unit = compute_unit(cfg.queue_model, job.variant or cfg.default_variant)
+    return StreamKey(unit, tier, priority, bucket_for(length, cfg.length_buckets))

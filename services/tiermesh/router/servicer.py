@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 import redis.asyncio as aioredis
 import structlog
@@ -13,12 +13,14 @@ from opentelemetry.trace import SpanKind
 
 from tiermesh.core.errors import deadline_exceeded, exhausted, not_found, unavailable
 from tiermesh.core.grpc_errors import grpc_method
+from tiermesh.core.jobs import Job
 from tiermesh.core.repository import ModelRepository
 from tiermesh.core.settings import RouterSettings
 from tiermesh.core.telemetry import Telemetry, inject_current
 from tiermesh.core.wire import encode_job, job_from_proto
 from tiermesh.router.admission import Admitter
 from tiermesh.router.policy import choose_stream
+from tiermesh.router.text import TextEncoder
 from tiermesh.v1 import router_pb2, router_pb2_grpc
 
 log = structlog.get_logger("tiermesh.router")
@@ -30,12 +32,14 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
         settings: RouterSettings,
         repo: ModelRepository,
         admitter: Admitter,
+        encoders: Mapping[str, TextEncoder],
         telemetry: Telemetry,
         clock_ns: Callable[[], int] = time.time_ns,
     ) -> None:
         self._settings = settings
         self._repo = repo
         self._admitter = admitter
+        self._encoders = encoders
         self._tracer = telemetry.tracer
         self._clock_ns = clock_ns
 
@@ -49,6 +53,8 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
         now = self._clock_ns()
         if job.deadline_ns and now >= job.deadline_ns:
             raise deadline_exceeded("deadline passed before the request was queued")
+        if cfg.tokenize is not None:
+            job = self._tokenize(cfg.name, job)
         stream = choose_stream(cfg, job)
         with self._tracer.start_as_current_span(
             f"{stream.name} publish", kind=SpanKind.PRODUCER
@@ -83,3 +89,12 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
                 self._settings.retry_after_ms,
             )
         return router_pb2.RouteReply(stream=stream.name, entry_id=admission.detail)
+
+    def _tokenize(self, model: str, job: Job) -> Job:
+        """Text in, token ids and attention mask out; `truncated` goes back to the caller."""
+        with self._tracer.start_as_current_span("tokenize") as span:
+            (ids, mask), truncated = self._encoders[model].encode_tensor(job.inputs[0])
+            span.set_attribute("tiermesh.tokens", ids.shape[1])
+            span.set_attribute("tiermesh.truncated", truncated)
+        annotations = {**job.annotations, "truncated": "true" if truncated else "false"}
+        return dataclasses.replace(job, inputs=(ids, mask), annotations=annotations)

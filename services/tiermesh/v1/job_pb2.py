@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from tiermesh.v1 import tensor_pb2 as tiermesh_dot_v1_dot_tensor__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x15tiermesh/v1/job.proto\x12\x0btiermesh.v1\x1a\x18tiermesh/v1/tensor.proto\"\xa3\x01\n\x06Timing\x12\x13\n\x0breceived_ns\x18\x01 \x01(\x03\x12\x11\n\trouted_ns\x18\x02 \x01(\x03\x12\x13\n\x0b\x64\x65queued_ns\x18\x03 \x01(\x03\x12\x16\n\x0e\x62\x61tch_start_ns\x18\x04 \x01(\x03\x12\x14\n\x0c\x62\x61tch_end_ns\x18\x05 \x01(\x03\x12\x18\n\x10postprocessed_ns\x18\x06 \x01(\x03\x12\x14\n\x0c\x64\x65livered_ns\x18\x07 \x01(\x03\"\xa0\x03\n\x03Job\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x19\n\x11\x63lient_request_id\x18\x02 \x01(\t\x12\x0e\n\x06tenant\x18\x03 \x01(\t\x12\r\n\x05model\x18\x04 \x01(\t\x12\x0f\n\x07version\x18\x05 \x01(\t\x12\x0f\n\x07variant\x18\x06 \x01(\t\x12\x10\n\x08priority\x18\x07 \x01(\r\x12\x0e\n\x06\x62ucket\x18\x08 \x01(\r\x12\x0c\n\x04tier\x18\t \x01(\t\x12\x13\n\x0b\x64\x65\x61\x64line_ns\x18\n \x01(\x03\x12\x0f\n\x07gateway\x18\x0b \x01(\t\x12#\n\x06inputs\x18\x0c \x03(\x0b\x32\x13.tiermesh.v1.Tensor\x12\x19\n\x11requested_outputs\x18\r \x03(\t\x12#\n\x06timing\x18\x0e \x01(\x0b\x32\x13.tiermesh.v1.Timing\x12\x39\n\rtrace_context\x18\x0f \x03(\x0b\x32\".tiermesh.v1.Job.TraceContextEntry\x1a\x33\n\x11TraceContextEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\x89\x03\n\x06Result\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x19\n\x11\x63lient_request_id\x18\x02 \x01(\t\x12\r\n\x05model\x18\x03 \x01(\t\x12\x0f\n\x07version\x18\x04 \x01(\t\x12\x0f\n\x07gateway\x18\x05 \x01(\t\x12\x0c\n\x04\x63ode\x18\x06 \x01(\x05\x12\x0f\n\x07message\x18\x07 \x01(\t\x12$\n\x07outputs\x18\x08 \x03(\x0b\x32\x13.tiermesh.v1.Tensor\x12#\n\x06timing\x18\t \x01(\x0b\x32\x13.tiermesh.v1.Timing\x12<\n\rtrace_context\x18\n \x03(\x0b\x32%.tiermesh.v1.Result.TraceContextEntry\x12\x0c\n\x04tier\x18\x0b \x01(\t\x12\x10\n\x08priority\x18\x0c \x01(\r\x12\x0e\n\x06\x62ucket\x18\r \x01(\r\x12\x12\n\nbatch_size\x18\x0e \x01(\r\x1a\x33\n\x11TraceContextEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x15tiermesh/v1/job.proto\x12\x0btiermesh.v1\x1a\x18tiermesh/v1/tensor.proto\"\xa3\x01\n\x06Timing\x12\x13\n\x0breceived_ns\x18\x01 \x01(\x03\x12\x11\n\trouted_ns\x18\x02 \x01(\x03\x12\x13\n\x0b\x64\x65queued_ns\x18\x03 \x01(\x03\x12\x16\n\x0e\x62\x61tch_start_ns\x18\x04 \x01(\x03\x12\x14\n\x0c\x62\x61tch_end_ns\x18\x05 \x01(\x03\x12\x18\n\x10postprocessed_ns\x18\x06 \x01(\x03\x12\x14\n\x0c\x64\x65livered_ns\x18\x07 \x01(\x03\"\x8c\x04\n\x03Job\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x19\n\x11\x63lient_request_id\x18\x02 \x01(\t\x12\x0e\n\x06tenant\x18\x03 \x01(\t\x12\r\n\x05model\x18\x04 \x01(\t\x12\x0f\n\x07version\x18\x05 \x01(\t\x12\x0f\n\x07variant\x18\x06 \x01(\t\x12\x10\n\x08priority\x18\x07 \x01(\r\x12\x0e\n\x06\x62ucket\x18\x08 \x01(\r\x12\x0c\n\x04tier\x18\t \x01(\t\x12\x13\n\x0b\x64\x65\x61\x64line_ns\x18\n \x01(\x03\x12\x0f\n\x07gateway\x18\x0b \x01(\t\x12#\n\x06inputs\x18\x0c \x03(\x0b\x32\x13.tiermesh.v1.Tensor\x12\x19\n\x11requested_outputs\x18\r \x03(\t\x12#\n\x06timing\x18\x0e \x01(\x0b\x32\x13.tiermesh.v1.Timing\x12\x39\n\rtrace_context\x18\x0f \x03(\x0b\x32\".tiermesh.v1.Job.TraceContextEntry\x12\x36\n\x0b\x61nnotations\x18\x10 \x03(\x0b\x32!.tiermesh.v1.Job.AnnotationsEntry\x1a\x33\n\x11TraceContextEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x1a\x32\n\x10\x41nnotationsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\xab\x04\n\x06Result\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x19\n\x11\x63lient_request_id\x18\x02 \x01(\t\x12\r\n\x05model\x18\x03 \x01(\t\x12\x0f\n\x07version\x18\x04 \x01(\t\x12\x0f\n\x07gateway\x18\x05 \x01(\t\x12\x0c\n\x04\x63ode\x18\x06 \x01(\x05\x12\x0f\n\x07message\x18\x07 \x01(\t\x12$\n\x07outputs\x18\x08 \x03(\x0b\x32\x13.tiermesh.v1.Tensor\x12#\n\x06timing\x18\t \x01(\x0b\x32\x13.tiermesh.v1.Timing\x12<\n\rtrace_context\x18\n \x03(\x0b\x32%.tiermesh.v1.Result.TraceContextEntry\x12\x0c\n\x04tier\x18\x0b \x01(\t\x12\x10\n\x08priority\x18\x0c \x01(\r\x12\x0e\n\x06\x62ucket\x18\r \x01(\r\x12\x12\n\nbatch_size\x18\x0e \x01(\r\x12\x39\n\x0b\x61nnotations\x18\x0f \x03(\x0b\x32$.tiermesh.v1.Result.AnnotationsEntry\x12 \n\x03\x61ux\x18\x10 \x03(\x0b\x32\x13.tiermesh.v1.Tensor\x12\x0f\n\x07variant\x18\x11 \x01(\t\x1a\x33\n\x11TraceContextEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x1a\x32\n\x10\x41nnotationsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -34,16 +34,24 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_JOB_TRACECONTEXTENTRY']._loaded_options = None
   _globals['_JOB_TRACECONTEXTENTRY']._serialized_options = b'8\001'
+  _globals['_JOB_ANNOTATIONSENTRY']._loaded_options = None
+  _globals['_JOB_ANNOTATIONSENTRY']._serialized_options = b'8\001'
   _globals['_RESULT_TRACECONTEXTENTRY']._loaded_options = None
   _globals['_RESULT_TRACECONTEXTENTRY']._serialized_options = b'8\001'
+  _globals['_RESULT_ANNOTATIONSENTRY']._loaded_options = None
+  _globals['_RESULT_ANNOTATIONSENTRY']._serialized_options = b'8\001'
   _globals['_TIMING']._serialized_start=65
   _globals['_TIMING']._serialized_end=228
   _globals['_JOB']._serialized_start=231
-  _globals['_JOB']._serialized_end=647
-  _globals['_JOB_TRACECONTEXTENTRY']._serialized_start=596
-  _globals['_JOB_TRACECONTEXTENTRY']._serialized_end=647
-  _globals['_RESULT']._serialized_start=650
-  _globals['_RESULT']._serialized_end=1043
-  _globals['_RESULT_TRACECONTEXTENTRY']._serialized_start=596
-  _globals['_RESULT_TRACECONTEXTENTRY']._serialized_end=647
+  _globals['_JOB']._serialized_end=755
+  _globals['_JOB_TRACECONTEXTENTRY']._serialized_start=652
+  _globals['_JOB_TRACECONTEXTENTRY']._serialized_end=703
+  _globals['_JOB_ANNOTATIONSENTRY']._serialized_start=705
+  _globals['_JOB_ANNOTATIONSENTRY']._serialized_end=755
+  _globals['_RESULT']._serialized_start=758
+  _globals['_RESULT']._serialized_end=1313
+  _globals['_RESULT_TRACECONTEXTENTRY']._serialized_start=652
+  _globals['_RESULT_TRACECONTEXTENTRY']._serialized_end=703
+  _globals['_RESULT_ANNOTATIONSENTRY']._serialized_start=705
+  _globals['_RESULT_ANNOTATIONSENTRY']._serialized_end=755
 # @@protoc_insertion_point(module_scope)

@@ -9,6 +9,7 @@ import socket
 import redis.asyncio as aioredis
 import structlog
 
+from tiermesh.core.keys import compute_unit, split_unit
 from tiermesh.core.logging import configure_logging
 from tiermesh.core.repository import ModelRepository, RepositoryError
 from tiermesh.core.server import (
@@ -39,14 +40,18 @@ async def serve(
     telemetry = telemetry or Telemetry("worker", settings.trace_dir)
     repo = ModelRepository(settings.model_repository)
     configs = repo.load()
-    names = settings.model_names or sorted(configs)
-    unknown = [n for n in names if n not in configs]
+    names = settings.model_names or sorted(n for n, c in configs.items() if not c.companion_of)
+    unknown = [n for n in names if n not in configs or configs[n].companion_of]
     if unknown:
         raise RepositoryError(f"worker asked to serve unknown model(s): {', '.join(unknown)}")
-    served = {n: configs[n] for n in names}
+    served = {
+        compute_unit(n, variant): configs[n] for n in names for variant in configs[n].variants
+    }
     runners = {
-        n: ModelRunner(cfg, repo.checked_file(n), settings.intra_op_threads)
-        for n, cfg in served.items()
+        unit: ModelRunner(
+            cfg, repo.checked_file(cfg.name, variant=split_unit(unit)[1]), settings.intra_op_threads
+        )
+        for unit, cfg in served.items()
     }
     redis = aioredis.Redis.from_url(settings.redis_url)
     channel = make_channel(settings.postprocess_address, telemetry)
@@ -67,6 +72,11 @@ async def serve(
     port = bind(server, settings.worker_host, settings.worker_health_port)
     await server.start()
     loop_task = asyncio.create_task(worker.run(), name="worker-loop")
+    started = asyncio.create_task(worker.started.wait(), name="worker-started")
+    await asyncio.wait({loop_task, started}, return_when=asyncio.FIRST_COMPLETED)
+    if loop_task.done():
+        started.cancel()
+        await loop_task  # raises why the worker could not start
     await set_serving(health, True)
     log.info("worker serving", models=names, tier=settings.worker_tier, health_port=port)
     if ready is not None:

@@ -17,10 +17,11 @@ from opentelemetry import trace
 from opentelemetry.trace import Link, SpanKind
 
 from tiermesh.core import keys
-from tiermesh.core.jobs import JobResult
+from tiermesh.core.jobs import Job, JobResult
 from tiermesh.core.keys import StreamKey
 from tiermesh.core.repository import ModelConfig
 from tiermesh.core.telemetry import Telemetry, extract, span_context_of
+from tiermesh.core.tensors import TensorData
 from tiermesh.core.wire import decode_job
 from tiermesh.worker.batching import (
     QueuedJob,
@@ -48,7 +49,7 @@ class Worker:
         *,
         tier: str,
         configs: Mapping[str, ModelConfig],
-        runners: Mapping[str, ModelRunner],
+        runners: Mapping[str, ModelRunner],  # both keyed by compute unit ("mlp.fp32")
         streams: StreamClient,
         handoff: PostprocessClient,
         telemetry: Telemetry,
@@ -69,11 +70,14 @@ class Worker:
         self._clock_ns = clock_ns
         self._keys = [
             k
-            for cfg in configs.values()
-            for k in keys.stream_keys(cfg.name, tier, cfg.priority_levels, cfg.bucket_count)
+            for unit, cfg in configs.items()
+            for k in keys.stream_keys(unit, tier, cfg.priority_levels, cfg.bucket_count)
         ]
         self._buffer: dict[StreamKey, list[QueuedJob]] = defaultdict(list)
         self._stopping = asyncio.Event()
+        # Set once the consumer groups exist and the first heartbeat is out: from then on
+        # routers admit work for this worker's models.
+        self.started = asyncio.Event()
         self.computed_rows = 0
         self.expired = 0
 
@@ -83,6 +87,8 @@ class Worker:
 
     async def run(self) -> None:
         await self._streams.ensure_groups(self._keys)
+        await self._streams.heartbeat(self._configs, self.tier, self._hb_ttl_ms)
+        self.started.set()
         heartbeat = asyncio.create_task(self._heartbeat(), name="worker-heartbeat")
         try:
             await self._collect(await self._streams.read(self._keys, 10_000, None, pending=True))
@@ -201,12 +207,19 @@ class Worker:
         rows = sum(q.job.rows for q in live)
         if error is None:
             self.computed_rows += rows
+        cfg = self._configs[key.model]
         for i, q in enumerate(live):
             self._request_spans(q, start, end, rows, batch_context)
             timing = q.job.timing.with_(batch_start_ns=start, batch_end_ns=end)
             if error is None:
                 results.append(
-                    JobResult.for_job(q.job, outputs=outputs[i], timing=timing, batch_size=rows)
+                    JobResult.for_job(
+                        q.job,
+                        outputs=_public(cfg, q.job, outputs[i].outputs),
+                        aux=_aux(cfg, outputs[i].padded_inputs),
+                        timing=timing,
+                        batch_size=rows,
+                    )
                 )
             else:
                 results.append(
@@ -266,3 +279,17 @@ class Worker:
             except (aioredis.RedisError, OSError) as exc:
                 log.warning("heartbeat failed", error=str(exc))
             await asyncio.sleep(self._hb_interval_s)
+
+
+def _public(cfg: ModelConfig, job: Job, outputs: tuple[TensorData, ...]) -> tuple[TensorData, ...]:
+    """Outputs the caller asked for; a model that postprocesses hands on all of them."""
+    if cfg.compute_outputs or not job.requested_outputs:
+        return outputs
+    return tuple(o for o in outputs if o.name in job.requested_outputs)
+
+
+def _aux(cfg: ModelConfig, padded: tuple[TensorData, ...]) -> tuple[TensorData, ...]:
+    """The inputs a postprocess step needs (the pooling mask), as padded for the batch."""
+    if cfg.pool is None:
+        return ()
+    return tuple(t for t in padded if t.name == cfg.pool.mask)

@@ -1,12 +1,14 @@
-"""One onnxruntime session per model and the batch computation. Synchronous: the worker
-calls `run` in a thread so the event loop keeps moving data."""
+"""One onnxruntime session per compute unit and the batch computation. Synchronous: the
+worker calls `run` in a thread so the event loop keeps moving data."""
 
 from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import onnxruntime as ort
 
 from tiermesh.core.jobs import Job
@@ -15,6 +17,7 @@ from tiermesh.core.tensors import TensorData, concat_batch, from_numpy, split_ba
 
 
 def session_options(intra_op_threads: int) -> ort.SessionOptions:
+    """Options of every onnxruntime session the mesh creates."""
     opts = ort.SessionOptions()
     opts.intra_op_num_threads = intra_op_threads
     opts.inter_op_num_threads = 1
@@ -23,38 +26,63 @@ def session_options(intra_op_threads: int) -> ort.SessionOptions:
     return opts
 
 
+@dataclass(frozen=True, slots=True)
+class JobOutputs:
+    outputs: tuple[TensorData, ...]
+    # The job's inputs as the batch ran them (padded), for postprocess steps that need them.
+    padded_inputs: tuple[TensorData, ...]
+
+
+def pad_to(tensor: TensorData, shape: tuple[int, ...], value: int) -> TensorData:
+    """Pad every non-batch dimension at its end up to `shape` (batch dimension kept)."""
+    if tensor.shape[1:] == shape:
+        return tensor
+    arr = to_numpy(tensor)
+    widths = [(0, 0)] + [(0, want - have) for have, want in zip(arr.shape[1:], shape, strict=True)]
+    return from_numpy(tensor.name, np.pad(arr, widths, constant_values=value), tensor.datatype)
+
+
 class ModelRunner:
     def __init__(self, cfg: ModelConfig, path: Path, intra_op_threads: int = 0) -> None:
         self.cfg = cfg
         self.session = ort.InferenceSession(
             str(path), session_options(intra_op_threads), providers=["CPUExecutionProvider"]
         )
-        self._outputs = [o.name for o in cfg.outputs]
-        self._types = {o.name: o.datatype for o in cfg.outputs}
+        self._outputs = [o.name for o in cfg.runs_outputs]
+        self._types = {o.name: o.datatype for o in cfg.runs_outputs}
 
-    def run(self, jobs: Sequence[Job]) -> list[tuple[TensorData, ...]]:
-        """Outputs for each job, in order. Jobs whose non-batch shapes agree are joined
-        along the batch dimension into one session run."""
-        results: list[tuple[TensorData, ...] | None] = [None] * len(jobs)
+    def run(self, jobs: Sequence[Job]) -> list[JobOutputs]:
+        """Outputs for each job, in order. Inputs the config pads are padded to the longest
+        in the batch; jobs whose remaining shapes agree run as one session call."""
         if self.cfg.max_batch_size == 0:
-            for i, job in enumerate(jobs):
-                results[i] = self._select(job, self._run(job.inputs))
-            return [r for r in results if r is not None]
+            return [JobOutputs(self._run(job.inputs), job.inputs) for job in jobs]
+        padded = [self._pad(job, jobs) for job in jobs]
+        results: list[JobOutputs | None] = [None] * len(jobs)
         groups: dict[tuple[tuple[str, tuple[int, ...]], ...], list[int]] = defaultdict(list)
-        for i, job in enumerate(jobs):
-            groups[tuple(sorted((t.name, t.shape[1:]) for t in job.inputs))].append(i)
+        for i, inputs in enumerate(padded):
+            groups[tuple(sorted((t.name, t.shape[1:]) for t in inputs))].append(i)
         for members in groups.values():
-            names = [t.name for t in jobs[members[0]].inputs]
+            names = [t.name for t in padded[members[0]]]
             joined = tuple(
-                concat_batch([next(t for t in jobs[i].inputs if t.name == n) for i in members])
+                concat_batch([next(t for t in padded[i] if t.name == n) for i in members])
                 for n in names
             )
             outputs = self._run(joined)
-            rows = [jobs[i].rows for i in members]
-            pieces = [split_batch(o, rows) for o in outputs]
+            pieces = [split_batch(o, [jobs[i].rows for i in members]) for o in outputs]
             for k, i in enumerate(members):
-                results[i] = self._select(jobs[i], tuple(p[k] for p in pieces))
+                results[i] = JobOutputs(tuple(p[k] for p in pieces), padded[i])
         return [r for r in results if r is not None]
+
+    def _pad(self, job: Job, batch: Sequence[Job]) -> tuple[TensorData, ...]:
+        out = []
+        for t in job.inputs:
+            if t.name not in self.cfg.pad:
+                out.append(t)
+                continue
+            same = [u.shape[1:] for j in batch for u in j.inputs if u.name == t.name]
+            longest = tuple(max(dims) for dims in zip(*same, strict=True))
+            out.append(pad_to(t, longest, self.cfg.pad[t.name]))
+        return tuple(out)
 
     def _run(self, inputs: Sequence[TensorData]) -> tuple[TensorData, ...]:
         feeds = {t.name: to_numpy(t) for t in inputs}
@@ -63,9 +91,3 @@ class ModelRunner:
             from_numpy(name, arr, self._types[name])
             for name, arr in zip(self._outputs, arrays, strict=True)
         )
-
-    @staticmethod
-    def _select(job: Job, outputs: tuple[TensorData, ...]) -> tuple[TensorData, ...]:
-        if not job.requested_outputs:
-            return outputs
-        return tuple(o for o in outputs if o.name in job.requested_outputs)
