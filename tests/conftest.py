@@ -5,18 +5,21 @@ from __future__ import annotations
 
 import shutil
 import subprocess
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator, Sequence
 from pathlib import Path
 
 import pytest
 import redis
 import redis.asyncio as aioredis
 
-from tiermesh.core.builtin_models import build_into
+from tiermesh.convert.fetch import default_cache_dir
+from tiermesh.convert.minilm import fetch_minilm
+from tiermesh.core.builtin_models import BUILDERS, build_into
 from tiermesh.up.processes import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 MODELS = ROOT / "models"
+BUILTINS = tuple(BUILDERS)
 
 
 @pytest.fixture(scope="session")
@@ -73,13 +76,18 @@ async def redis_url(redis_server: str) -> AsyncIterator[str]:
     yield redis_server
 
 
-def copy_repository(dest: Path, bounded_queue: int = 2) -> Path:
-    """The committed configs with freshly built weights, plus `mlp_bounded`: the mlp with a
-    tiny queue bound, for admission tests."""
-    for cfg in MODELS.glob("*/config.yaml"):
-        (dest / cfg.parent.name).mkdir(parents=True, exist_ok=True)
-        shutil.copy(cfg, dest / cfg.parent.name / "config.yaml")
+def copy_repository(dest: Path, bounded_queue: int = 2, fetched: Sequence[str] = ()) -> Path:
+    """The built-in models' committed configs with freshly built weights, plus
+    `mlp_bounded`: the mlp with a tiny queue bound, for admission tests. `fetched` names
+    real models to add (configs copied, weights linked from the project's models/)."""
+    for name in BUILTINS:
+        (dest / name).mkdir(parents=True, exist_ok=True)
+        shutil.copy(MODELS / name / "config.yaml", dest / name / "config.yaml")
     build_into(dest)
+    for name in fetched:
+        (dest / name).mkdir(parents=True, exist_ok=True)
+        shutil.copy(MODELS / name / "config.yaml", dest / name / "config.yaml")
+        (dest / name / "1").symlink_to((MODELS / name / "1").resolve())
     bounded = dest / "mlp_bounded"
     (bounded / "1").mkdir(parents=True)
     text = (dest / "mlp" / "config.yaml").read_text()
@@ -89,6 +97,15 @@ def copy_repository(dest: Path, bounded_queue: int = 2) -> Path:
     (bounded / "config.yaml").write_text(text)
     shutil.copy(dest / "mlp" / "1" / "model.onnx", bounded / "1" / "model.onnx")
     return dest
+
+
+@pytest.fixture(scope="session")
+def fetched_models() -> tuple[str, ...]:
+    """The real MiniLM models in the project's models/, fetched (and converted) when absent;
+    the download cache survives between runs ($TIERMESH_CACHE_DIR or ~/.cache/tiermesh)."""
+    names = ("minilm-l6", "minilm-l3")
+    fetch_minilm(MODELS, default_cache_dir(), progress=False, which=names)
+    return names
 
 
 @pytest.fixture(scope="session")

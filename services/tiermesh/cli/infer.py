@@ -1,4 +1,4 @@
-"""`tiermesh infer`: one request through tritonclient, the answer printed as JSON."""
+"""`tiermesh infer` and `tiermesh similarity`: requests through tritonclient, answers printed."""
 
 from __future__ import annotations
 
@@ -6,43 +6,83 @@ import json
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 import tritonclient.grpc as grpcclient
 from tritonclient.utils import triton_to_np_dtype
 
+SHOWN_VALUES = 8
 
-def infer(
-    url: str,
+
+def _request(
+    client: grpcclient.InferenceServerClient,
     model: str,
     data: str | None,
-    text: list[str] | None,
-    timeout_us: int | None,
-    priority: int,
-) -> dict[str, Any]:
-    """Send one request built from --data (JSON array) or --text to the model's only
-    input; return the outputs and the mesh's timing parameters."""
-    client = grpcclient.InferenceServerClient(url)
+    texts: list[str] | None,
+) -> tuple[list[grpcclient.InferInput], dict[str, Any]]:
     meta = client.get_model_metadata(model, as_json=True)
     if len(meta["inputs"]) != 1:
         raise SystemExit(f"model {model} has {len(meta['inputs'])} inputs; infer supports one")
     spec = meta["inputs"][0]
     if spec["datatype"] == "BYTES":
-        if not text:
-            raise SystemExit(f"model {model} takes text: pass --text")
-        array = np.array([[t.encode("utf-8")] for t in text], dtype=np.object_)
+        if not texts:
+            raise SystemExit(f"model {model} takes text: pass it as arguments")
+        array = np.array([[t.encode("utf-8")] for t in texts], dtype=np.object_)
     else:
         if data is None:
             raise SystemExit(f"model {model} takes {spec['datatype']}: pass --data '[[...]]'")
         array = np.asarray(json.loads(data), dtype=triton_to_np_dtype(spec["datatype"]))
     inp = grpcclient.InferInput(spec["name"], list(array.shape), spec["datatype"])
     inp.set_data_from_numpy(array)
-    result = client.infer(model, [inp], timeout=timeout_us, priority=priority)
+    return [inp], meta
+
+
+def _summary(value: npt.NDArray[Any]) -> Any:
+    """Short vectors as they are; long ones (embeddings) as their first values and norm."""
+    if value.dtype == np.object_:
+        return np.vectorize(lambda b: b.decode("utf-8", "replace"))(value).tolist()
+    if value.ndim == 2 and value.shape[1] > SHOWN_VALUES:
+        return [
+            {
+                "first": [round(float(v), 6) for v in row[:SHOWN_VALUES]],
+                "dims": int(row.shape[0]),
+                "norm": round(float(np.linalg.norm(row)), 6),
+            }
+            for row in value
+        ]
+    return value.tolist()
+
+
+def infer(
+    url: str,
+    model: str,
+    data: str | None,
+    texts: list[str] | None,
+    timeout_us: int | None,
+    priority: int,
+    variant: str = "",
+) -> dict[str, Any]:
+    """Send one request built from --data (JSON array) or texts to the model's only input;
+    return the outputs (long vectors summarised) and the mesh's timing parameters."""
+    client = grpcclient.InferenceServerClient(url)
+    inputs, meta = _request(client, model, data, texts)
+    params = {"variant": variant} if variant else None
+    result = client.infer(model, inputs, timeout=timeout_us, priority=priority, parameters=params)
     response = result.get_response(as_json=True)
     outputs = {}
     for out in meta["outputs"]:
         value = result.as_numpy(out["name"])
         if value is not None:
-            if value.dtype == np.object_:
-                value = np.vectorize(lambda b: b.decode("utf-8", "replace"))(value)
-            outputs[out["name"]] = value.tolist()
-    params = {k: next(iter(v.values())) for k, v in response.get("parameters", {}).items()}
-    return {"model": model, "outputs": outputs, "parameters": params}
+            outputs[out["name"]] = _summary(value)
+    found = {k: next(iter(v.values())) for k, v in response.get("parameters", {}).items()}
+    return {"model": model, "outputs": outputs, "parameters": found}
+
+
+def similarity(url: str, model: str, a: str, b: str, variant: str = "") -> float:
+    """Cosine similarity of the embeddings of two texts, computed in one request."""
+    client = grpcclient.InferenceServerClient(url)
+    inputs, meta = _request(client, model, None, [a, b])
+    params = {"variant": variant} if variant else None
+    result = client.infer(model, inputs, parameters=params)
+    vectors = result.as_numpy(meta["outputs"][0]["name"]).astype(np.float64)
+    u, v = vectors[0], vectors[1]
+    return float(u @ v / (np.linalg.norm(u) * np.linalg.norm(v)))

@@ -34,8 +34,18 @@ def cmd_up(args: argparse.Namespace) -> int:
 def cmd_infer(args: argparse.Namespace) -> int:
     from tiermesh.cli.infer import infer
 
-    answer = infer(args.url, args.model, args.data, args.text, args.timeout_us, args.priority)
+    texts = [*(args.texts or []), *(args.text or [])]
+    answer = infer(
+        args.url, args.model, args.data, texts, args.timeout_us, args.priority, args.variant
+    )
     print(json.dumps(answer, indent=2))
+    return 0
+
+
+def cmd_similarity(args: argparse.Namespace) -> int:
+    from tiermesh.cli.infer import similarity
+
+    print(f"{similarity(args.url, args.model, args.a, args.b, args.variant):.6f}")
     return 0
 
 
@@ -44,6 +54,19 @@ def cmd_models(args: argparse.Namespace) -> int:
     if args.action == "build":
         for path in build_into(root):
             print(f"built {path}")
+    if args.action == "fetch":
+        from tiermesh.convert.fetch import default_cache_dir
+        from tiermesh.convert.minilm import MODELS, fetch_minilm
+
+        cache = Path(args.cache_dir) if args.cache_dir else default_cache_dir()
+        which = args.names or list(MODELS)
+        try:
+            for name, folder in fetch_minilm(root, cache, progress=True, which=which).items():
+                print(f"fetched {name} -> {folder}")
+        except (ValueError, RuntimeError) as exc:
+            print(f"tiermesh models fetch: {exc}", file=sys.stderr)
+            return 1
+        return 0
     repo = ModelRepository(root)
     try:
         configs = repo.load()
@@ -74,17 +97,29 @@ def parser() -> argparse.ArgumentParser:
     up.set_defaults(func=cmd_up)
 
     inf = sub.add_parser("infer", help="send one request with tritonclient")
+    inf.add_argument("texts", nargs="*", help="texts for a model that takes text")
     inf.add_argument("--url", default="127.0.0.1:8001")
     inf.add_argument("--model", default="mlp")
     inf.add_argument("--data", help="JSON array for a numeric input, batch first")
     inf.add_argument("--text", action="append", help="text for a BYTES input (repeatable)")
     inf.add_argument("--timeout-us", type=int, default=None)
     inf.add_argument("--priority", type=int, default=0)
+    inf.add_argument("--variant", default="", help="fp32, int8, ... (default: the model's)")
     inf.set_defaults(func=cmd_infer)
 
+    sim = sub.add_parser("similarity", help="cosine similarity of two texts' embeddings")
+    sim.add_argument("a")
+    sim.add_argument("b")
+    sim.add_argument("--url", default="127.0.0.1:8001")
+    sim.add_argument("--model", default="minilm-l6")
+    sim.add_argument("--variant", default="")
+    sim.set_defaults(func=cmd_similarity)
+
     models = sub.add_parser("models", help="build, verify or list the model repository")
-    models.add_argument("action", choices=["build", "verify", "list"])
+    models.add_argument("action", choices=["build", "fetch", "verify", "list"])
+    models.add_argument("names", nargs="*", help="fetch: which models (default: all)")
     models.add_argument("--repository", default=None)
+    models.add_argument("--cache-dir", default=None, help="fetch: downloads and conversions")
     models.set_defaults(func=cmd_models)
     return p
 
