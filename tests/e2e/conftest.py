@@ -8,7 +8,7 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -59,8 +59,8 @@ class UpProcess:
         return self.proc.wait(timeout=timeout_s)
 
 
-def start_up(tmp: Path, grace_s: float = 5.0) -> UpProcess:
-    repo = copy_repository(tmp / "models")
+def start_up(tmp: Path, grace_s: float = 5.0, fetched: Sequence[str] = ()) -> UpProcess:
+    repo = copy_repository(tmp / "models", fetched=fetched)
     port = free_port()
     env = dict(os.environ)
     env.pop("TIERMESH_REDIS_URL", None)

@@ -93,6 +93,7 @@ def infer_response(result: JobResult) -> service_pb2.ModelInferResponse:
         resp.parameters[f"tiermesh.{key}"].int64_param = value
     resp.parameters["tiermesh.tier"].string_param = result.tier
     resp.parameters["tiermesh.batch_size"].int64_param = result.batch_size
+    resp.parameters["tiermesh.bucket"].int64_param = result.bucket
     if result.variant:
         resp.parameters["tiermesh.variant"].string_param = result.variant
     if "truncated" in result.annotations:
