@@ -50,38 +50,44 @@ def cmd_similarity(args: argparse.Namespace) -> int:
 
 
 def cmd_models(args: argparse.Namespace) -> int:
+    """build: the built-in models; fetch: the real ones; both then verify what they made.
+    verify: every model's checksums; list: what the repository holds."""
     root = _repo_path(args)
-    if args.action == "build":
-        for path in build_into(root):
-            print(f"built {path}")
-    if args.action == "fetch":
-        from tiermesh.convert.fetch import default_cache_dir
-        from tiermesh.convert.minilm import MODELS, fetch_minilm
-
-        cache = Path(args.cache_dir) if args.cache_dir else default_cache_dir()
-        which = args.names or list(MODELS)
-        try:
-            for name, folder in fetch_minilm(root, cache, progress=True, which=which).items():
-                print(f"fetched {name} -> {folder}")
-        except (ValueError, RuntimeError) as exc:
-            print(f"tiermesh models fetch: {exc}", file=sys.stderr)
-            return 1
-        return 0
+    made: list[str] | None = None
+    try:
+        if args.action == "build":
+            made = [path.parent.parent.name for path in build_into(root)]
+        elif args.action == "fetch":
+            made = _fetch(root, args)
+    except (ValueError, RuntimeError) as exc:
+        print(f"tiermesh models {args.action}: {exc}", file=sys.stderr)
+        return 1
     repo = ModelRepository(root)
     try:
-        configs = repo.load()
-        for name, cfg in configs.items():
-            if args.action in ("verify", "build"):
-                repo.checked_file(name)
+        for name, cfg in repo.load().items():
+            if made is not None and cfg.queue_model not in made:
+                continue
+            checked = args.action != "list"
+            if checked:
+                repo.checked_folder(name)
+            versions = [v.version for v in cfg.versions]
             print(
-                f"{name}: versions {[v.version for v in cfg.versions]}, "
-                f"max_batch_size {cfg.max_batch_size}"
-                + (" (sha256 ok)" if args.action != "list" else "")
+                f"{name}: versions {versions}, variants {sorted(cfg.variants)}, "
+                f"max_batch_size {cfg.max_batch_size}" + (" (sha256 ok)" if checked else "")
             )
     except RepositoryError as exc:
         print(f"tiermesh models: {exc}", file=sys.stderr)
         return 1
     return 0
+
+
+def _fetch(root: Path, args: argparse.Namespace) -> list[str]:
+    from tiermesh.convert.fetch import default_cache_dir
+    from tiermesh.convert.minilm import MODELS, fetch_minilm
+
+    cache = Path(args.cache_dir) if args.cache_dir else default_cache_dir()
+    folders = fetch_minilm(root, cache, progress=True, which=args.names or list(MODELS))
+    return list(folders)
 
 
 def parser() -> argparse.ArgumentParser:
