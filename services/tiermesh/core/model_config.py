@@ -230,6 +230,8 @@ def _check(cfg: ModelConfig, where: str) -> None:
         t.name for t in cfg.runs_outputs
     }:
         raise RepositoryError(f"{where}: pool source/mask must be compute inputs or outputs")
+    if cfg.pool and cfg.pool.output not in {t.name for t in cfg.outputs}:
+        raise RepositoryError(f"{where}: pool output {cfg.pool.output!r} is not a model output")
 
 
 def companions(raw: Any, parent: ModelConfig, where: str) -> list[ModelConfig]:
@@ -243,7 +245,20 @@ def companions(raw: Any, parent: ModelConfig, where: str) -> list[ModelConfig]:
             raise RepositoryError(f"{where}: each companion needs name and inputs") from exc
         cfg = replace(parent, name=name, inputs=inputs, tokenize=None, companion_of=parent.name)
         _check(cfg, where)
-        if [t.name for t in inputs] != [t.name for t in parent.runs_inputs]:
-            raise RepositoryError(f"{where}: companion {name} must take the compute inputs")
+        if not _same_interface(inputs, parent.runs_inputs):
+            raise RepositoryError(
+                f"{where}: companion {name} must take the compute inputs (names, datatypes, "
+                "ranks; a fixed dimension only where the compute one is dynamic or equal)"
+            )
         out.append(cfg)
     return out
+
+
+def _same_interface(given: tuple[TensorSpec, ...], compute: tuple[TensorSpec, ...]) -> bool:
+    return len(given) == len(compute) and all(
+        a.name == b.name
+        and a.datatype == b.datatype
+        and len(a.dims) == len(b.dims)
+        and all(want in (-1, got) for got, want in zip(a.dims, b.dims, strict=True))
+        for a, b in zip(given, compute, strict=True)
+    )
