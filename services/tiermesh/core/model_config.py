@@ -58,6 +58,53 @@ class PoolSpec:
 
 
 @dataclass(frozen=True, slots=True)
+class BucketSpec:
+    """One length bucket: requests up to `max_length` (tokens, or the size of the variable
+    axis) batch together, with their own batch size and wait."""
+
+    max_length: int  # 0 = unbounded (the single bucket of a model without buckets)
+    max_batch_size: int
+    max_batch_wait_ms: float
+    # A batch that reaches the largest preferred size closes at once, and a batch is cut to
+    # the largest preferred size that fits when more rows wait (Triton's convention).
+    preferred_batch_sizes: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulingSpec:
+    """How a worker shares its time between priority levels (1 = highest)."""
+
+    # Relative share of batches per level under load, level 1 first.
+    priority_weights: tuple[int, ...] = ()
+    # A request waiting longer than its level's limit is served before any other.
+    age_limit_ms: tuple[float, ...] = ()
+
+    def weight(self, level: int) -> int:
+        if level - 1 < len(self.priority_weights):
+            return self.priority_weights[level - 1]
+        return 1
+
+    def age_limit(self, level: int) -> float:
+        if level - 1 < len(self.age_limit_ms):
+            return self.age_limit_ms[level - 1]
+        return DEFAULT_AGE_LIMIT_MS
+
+
+DEFAULT_AGE_LIMIT_MS = 1000.0
+
+
+@dataclass(frozen=True, slots=True)
+class CacheSpec:
+    """The gateway's response cache for one model: off unless a config turns it on."""
+
+    enabled: bool = False
+    ttl_s: float = 60.0
+    max_entries: int = 10_000
+    # Answers are cached per tenant unless the model's outputs are tenant-independent.
+    shared_across_tenants: bool = False
+
+
+@dataclass(frozen=True, slots=True)
 class ModelConfig:
     name: str
     platform: str
@@ -84,6 +131,10 @@ class ModelConfig:
     pool: PoolSpec | None = None
     # Longest sequence (any dynamic dimension) a request may carry; 0 = no limit.
     max_sequence: int = 0
+    # One per length bucket (at least one); see BucketSpec.
+    buckets: tuple[BucketSpec, ...] = ()
+    scheduling: SchedulingSpec = field(default_factory=SchedulingSpec)
+    response_cache: CacheSpec = field(default_factory=CacheSpec)
     # The model whose queues, batching and weights this one uses ("" = itself).
     companion_of: str = ""
 
@@ -120,6 +171,12 @@ class ModelConfig:
     def bucket_count(self) -> int:
         return max(1, len(self.length_buckets))
 
+    def bucket(self, index: int) -> BucketSpec:
+        """The spec of bucket `index` (the model's own batching when it has no buckets)."""
+        if self.buckets:
+            return self.buckets[min(index, len(self.buckets) - 1)]
+        return BucketSpec(0, max(self.max_batch_size, 1), self.max_batch_wait_ms)
+
 
 def _tensor_specs(raw: Any, where: str) -> tuple[TensorSpec, ...]:
     if not isinstance(raw, list) or not raw:
@@ -147,6 +204,29 @@ def _optional(raw: Any, key: str) -> dict[str, Any] | None:
     return value
 
 
+def _buckets(raw: Any, max_batch: int, wait_ms: float) -> tuple[BucketSpec, ...]:
+    """`length_buckets` as plain upper bounds (model batching for each) or as mappings with
+    their own max_batch_size, max_batch_wait_ms and preferred_batch_sizes."""
+    if not isinstance(raw, list):
+        raise RepositoryError("length_buckets must be a list")
+    out = []
+    for item in raw:
+        if isinstance(item, dict):
+            out.append(
+                BucketSpec(
+                    max_length=int(item["max_length"]),
+                    max_batch_size=int(item.get("max_batch_size", max_batch)),
+                    max_batch_wait_ms=float(item.get("max_batch_wait_ms", wait_ms)),
+                    preferred_batch_sizes=tuple(
+                        sorted(int(p) for p in item.get("preferred_batch_sizes", ()))
+                    ),
+                )
+            )
+        else:
+            out.append(BucketSpec(int(item), max_batch, wait_ms))
+    return tuple(out)
+
+
 def parse_config(raw: Any, where: str) -> ModelConfig:
     """Build a ModelConfig from the parsed YAML of config.yaml; raise RepositoryError."""
     if not isinstance(raw, dict):
@@ -161,6 +241,14 @@ def parse_config(raw: Any, where: str) -> ModelConfig:
         tokenize = _optional(raw, "tokenize")
         pool = _optional(raw, "pool")
         variants = {str(k): str(v) for k, v in (raw.get("variants") or {}).items()}
+        scheduling = _optional(raw, "scheduling") or {}
+        cache = _optional(raw, "response_cache") or {}
+        max_batch = int(raw.get("max_batch_size", 0))
+        buckets = _buckets(
+            raw.get("length_buckets") or [],
+            max(max_batch, 1),
+            float(batching.get("max_batch_wait_ms", 2.0)),
+        )
         cfg = ModelConfig(
             name=str(raw["name"]),
             platform=str(raw.get("platform", "onnxruntime_onnx")),
@@ -172,7 +260,18 @@ def parse_config(raw: Any, where: str) -> ModelConfig:
             queue_bound=int(raw.get("queue_bound", 1024)),
             priority_levels=int(raw.get("priority_levels", 2)),
             default_priority=int(raw.get("default_priority") or raw.get("priority_levels") or 2),
-            length_buckets=tuple(int(b) for b in raw.get("length_buckets", ()) or ()),
+            length_buckets=tuple(b.max_length for b in buckets),
+            buckets=buckets,
+            scheduling=SchedulingSpec(
+                priority_weights=tuple(int(w) for w in scheduling.get("priority_weights", ())),
+                age_limit_ms=tuple(float(a) for a in scheduling.get("age_limit_ms", ())),
+            ),
+            response_cache=CacheSpec(
+                enabled=bool(cache.get("enabled", False)),
+                ttl_s=float(cache.get("ttl_s", 60.0)),
+                max_entries=int(cache.get("max_entries", 10_000)),
+                shared_across_tenants=bool(cache.get("shared_across_tenants", False)),
+            ),
             variants=variants or {"fp32": str(raw.get("model_file", "model.onnx"))},
             default_variant=str(raw.get("default_variant", next(iter(variants), "fp32"))),
             compute_inputs=(
@@ -215,6 +314,22 @@ def _check(cfg: ModelConfig, where: str) -> None:
     bounds = cfg.length_buckets
     if any(b < 1 for b in bounds) or any(a >= b for a, b in itertools.pairwise(bounds)):
         raise RepositoryError(f"{where}: length_buckets must be positive and ascending")
+    for b in cfg.buckets:
+        if not 1 <= b.max_batch_size <= max(cfg.max_batch_size, 1) or b.max_batch_wait_ms < 0:
+            raise RepositoryError(
+                f"{where}: bucket <= {b.max_length}: max_batch_size must be in "
+                f"1..{max(cfg.max_batch_size, 1)} and max_batch_wait_ms >= 0"
+            )
+        if any(not 1 <= p <= b.max_batch_size for p in b.preferred_batch_sizes):
+            raise RepositoryError(
+                f"{where}: bucket <= {b.max_length}: preferred_batch_sizes must be in "
+                f"1..{b.max_batch_size}"
+            )
+    sched = cfg.scheduling
+    if any(w < 1 for w in sched.priority_weights) or any(a <= 0 for a in sched.age_limit_ms):
+        raise RepositoryError(f"{where}: priority_weights must be >= 1, age_limit_ms > 0")
+    if cfg.response_cache.ttl_s <= 0 or cfg.response_cache.max_entries < 1:
+        raise RepositoryError(f"{where}: response_cache ttl_s must be > 0, max_entries >= 1")
     if cfg.default_variant not in cfg.variants:
         raise RepositoryError(f"{where}: default_variant {cfg.default_variant!r} is not a variant")
     if not all(NAME.match(v) for v in cfg.variants):
