@@ -43,6 +43,20 @@ def workers_key(model: str, tier: str) -> str:
     return f"{PREFIX}:workers:{model}:{tier}"
 
 
+def rate_key(unit: str, tier: str) -> str:
+    """Hash of measured drain rates (entries per second of compute), field b{bucket}."""
+    return f"{PREFIX}:rate:{unit}:{tier}"
+
+
+def rate_field(bucket: int) -> str:
+    return f"b{bucket}"
+
+
+def cancel_key(request_id: str) -> str:
+    """Set (with a TTL) when a caller gave up: workers skip the request if not yet computed."""
+    return f"{PREFIX}:cancel:{request_id}"
+
+
 def stream_keys(model: str, tier: str, priority_levels: int, buckets: int) -> list[StreamKey]:
     """All work streams of one model on one tier, highest priority (1) first."""
     return [
@@ -59,3 +73,22 @@ def compute_unit(model: str, variant: str) -> str:
 def split_unit(unit: str) -> tuple[str, str]:
     model, _, variant = unit.rpartition(".")
     return model, variant
+
+
+# The gateway's response cache, per public model: one string per answer, and an index of the
+# answers' digests scored by insertion time, so the cache can keep to its bound.
+
+
+def cache_entry_prefix(model: str) -> str:
+    """What every response-cache entry key of `model` starts with (SCAN with prefix + "*")."""
+    return f"{PREFIX}:cache:{model}:e:"
+
+
+def cache_entry_key(model: str, digest: str) -> str:
+    """String holding one cached answer (a serialized internal Result), expiring by TTL."""
+    return cache_entry_prefix(model) + digest
+
+
+def cache_index_key(model: str) -> str:
+    """Sorted set of the digests cached for `model`, scored by insertion time (ms)."""
+    return f"{PREFIX}:cache:{model}:index"

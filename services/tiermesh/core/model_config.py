@@ -113,7 +113,9 @@ class ModelConfig:
     outputs: tuple[TensorSpec, ...]
     versions: tuple[ModelVersion, ...]
     max_batch_wait_ms: float = 2.0
+    # Entries waiting in one stream, and (when > 0) in all of the model's streams together.
     queue_bound: int = 1024
+    model_queue_bound: int = 0
     priority_levels: int = 2
     default_priority: int = 2
     # Upper bounds (inclusive) of the length buckets; empty means one bucket.
@@ -258,6 +260,7 @@ def parse_config(raw: Any, where: str) -> ModelConfig:
             versions=versions,
             max_batch_wait_ms=float(batching.get("max_batch_wait_ms", 2.0)),
             queue_bound=int(raw.get("queue_bound", 1024)),
+            model_queue_bound=int(raw.get("model_queue_bound", 0)),
             priority_levels=int(raw.get("priority_levels", 2)),
             default_priority=int(raw.get("default_priority") or raw.get("priority_levels") or 2),
             length_buckets=tuple(b.max_length for b in buckets),

@@ -40,6 +40,9 @@ class GatewaySettings(ServiceSettings):
     max_message_bytes: int = 64 * 1024 * 1024
     # Used when a request sets neither a gRPC deadline nor a `timeout` parameter.
     default_timeout_ms: int = Field(default=30_000, gt=0)
+    # Requests this gateway waits on at once; beyond it callers are refused at once.
+    max_in_flight: int = Field(default=4096, gt=0)
+    retry_after_ms: int = Field(default=100, ge=0)
 
 
 class RouterSettings(ServiceSettings):

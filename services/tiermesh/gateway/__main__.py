@@ -23,7 +23,7 @@ from tiermesh.core.settings import GatewaySettings
 from tiermesh.core.telemetry import Telemetry
 from tiermesh.gateway.pending import PendingRequests
 from tiermesh.gateway.servicer import DeliveryServicer, InferenceServicer
-from tiermesh.gateway.upstream import Liveness, RouterClient
+from tiermesh.gateway.upstream import Cancellations, Liveness, RouterClient, Upstream
 from tiermesh.v1 import delivery_pb2_grpc
 
 log = structlog.get_logger("tiermesh.gateway")
@@ -48,9 +48,8 @@ async def serve(
     internal_health = add_health(internal)
     delivery_port = bind(internal, settings.delivery_host, settings.delivery_port)
     delivery_address = settings.delivery_advertise or f"{settings.delivery_host}:{delivery_port}"
-    inference = InferenceServicer(
-        settings, repo, RouterClient(router_channel), Liveness(redis), pending, delivery_address
-    )
+    upstream = Upstream(RouterClient(router_channel), Liveness(redis), Cancellations(redis))
+    inference = InferenceServicer(settings, repo, upstream, pending, delivery_address)
     public = make_server(telemetry, settings.max_message_bytes)
     service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(inference, public)
     health = add_health(public)

@@ -15,7 +15,7 @@ import structlog
 from opentelemetry import trace
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
-from tiermesh.core.errors import MeshError, deadline_exceeded, unavailable
+from tiermesh.core.errors import MeshError, deadline_exceeded, exhausted, unavailable
 from tiermesh.core.grpc_errors import grpc_method
 from tiermesh.core.jobs import Job, JobResult, Timing
 from tiermesh.core.keys import compute_unit
@@ -32,7 +32,7 @@ from tiermesh.gateway.requests import (
     validate,
     variant_of,
 )
-from tiermesh.gateway.upstream import Liveness, RouterClient
+from tiermesh.gateway.upstream import Upstream
 from tiermesh.v1 import delivery_pb2, delivery_pb2_grpc
 
 log = structlog.get_logger("tiermesh.gateway")
@@ -45,8 +45,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
         self,
         settings: GatewaySettings,
         repo: ModelRepository,
-        router: RouterClient,
-        liveness: Liveness,
+        upstream: Upstream,
         pending: PendingRequests,
         delivery_address: str,
         clock_ns: Callable[[], int] = time.time_ns,
@@ -54,8 +53,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
         self._settings = settings
         self._delivery_address = delivery_address
         self._repo = repo
-        self._router = router
-        self._liveness = liveness
+        self._up = upstream
         self._pending = pending
         self._clock_ns = clock_ns
         self.draining = False
@@ -69,7 +67,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
 
     @grpc_method
     async def ServerReady(self, request, context):  # type: ignore[no-untyped-def]
-        ready = not self.draining and await self._liveness.redis_ok()
+        ready = not self.draining and await self._up.liveness.redis_ok()
         return service_pb2.ServerReadyResponse(ready=ready)
 
     @grpc_method
@@ -78,7 +76,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
         if cfg is None or cfg.version(request.version) is None or self.draining:
             return service_pb2.ModelReadyResponse(ready=False)
         unit = compute_unit(cfg.queue_model, cfg.default_variant)
-        return service_pb2.ModelReadyResponse(ready=await self._liveness.workers(unit) > 0)
+        return service_pb2.ModelReadyResponse(ready=await self._up.liveness.workers(unit) > 0)
 
     @grpc_method
     async def ServerMetadata(self, request, context):  # type: ignore[no-untyped-def]
@@ -99,6 +97,11 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
         received_ns = self._clock_ns()
         if self.draining:
             raise unavailable("gateway is draining; retry on another replica")
+        if len(self._pending) >= self._settings.max_in_flight:
+            raise exhausted(
+                f"too many requests in flight at this gateway ({self._settings.max_in_flight})",
+                self._settings.retry_after_ms,
+            )
         req = converters.infer_request(request)
         cfg = find_model(self._repo, req.model, req.version)
         validate(cfg, req)
@@ -133,8 +136,10 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
     async def _await_result(self, job: Job) -> JobResult:
         """Route the job and wait for its result until its deadline; exactly one answer."""
         future = self._pending.register(job.request_id)
+        routed = False
         try:
-            await self._router.route(job, self._remaining_s(job))
+            await self._up.router.route(job, self._remaining_s(job))
+            routed = True
             self.accepted += 1
             try:
                 result = await asyncio.wait_for(future, self._remaining_s(job))
@@ -142,6 +147,12 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
                 return result
             except TimeoutError:
                 raise deadline_exceeded("deadline exceeded while waiting for the result") from None
+        except asyncio.CancelledError:
+            if routed and not future.done():
+                # The caller gave up: tell the workers, so the request is not computed.
+                ms_left = int(self._remaining_s(job) * 1000)
+                await asyncio.shield(self._up.cancellations.mark(job.request_id, ms_left))
+            raise
         finally:
             self._pending.discard(job.request_id)
 

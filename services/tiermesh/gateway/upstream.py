@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 
 import grpc
 import redis.asyncio as aioredis
@@ -56,3 +57,26 @@ class Liveness:
         except (aioredis.RedisError, OSError) as exc:
             raise MeshError(grpc.StatusCode.UNAVAILABLE, "redis unavailable") from exc
         return int(sum(counts))
+
+
+class Cancellations:
+    """Tells workers that a caller gave up, so its request is skipped if not yet computed."""
+
+    def __init__(self, redis: aioredis.Redis) -> None:
+        self._redis = redis
+
+    async def mark(self, request_id: str, ttl_ms: int) -> None:
+        """Best effort: a lost mark only costs one wasted computation."""
+        try:
+            await self._redis.set(keys.cancel_key(request_id), b"1", px=max(ttl_ms, 1000))
+        except (aioredis.RedisError, OSError):
+            pass
+
+
+@dataclass(frozen=True)
+class Upstream:
+    """What the gateway talks to besides its callers; built once in __main__."""
+
+    router: RouterClient
+    liveness: Liveness
+    cancellations: Cancellations

@@ -1,12 +1,15 @@
 """Bounded admission onto a work stream, atomically, in one Redis round trip.
 
-A Lua script refuses when no live worker serves the (model, tier), or when the stream's
-backlog (XLEN: workers XDEL entries once handed off) is at the bound; otherwise it XADDs.
-Streams are never trimmed by length.
+A Lua script refuses when no live worker serves the (compute unit, tier); when the stream's
+backlog (XLEN: workers XDEL entries once handed off) is at its bound, or all of the model's
+streams together are at the model's bound; or when the queue ahead cannot drain before the
+request's deadline at the drain rate workers measured. Otherwise it XADDs. Streams are never
+trimmed by length. Every refusal is decided in Redis, at once: nobody waits to find out.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -14,6 +17,9 @@ import redis.asyncio as aioredis
 
 from tiermesh.core import keys
 
+# KEYS: 1 target stream, 2 workers zset, 3 rate hash, 4.. every stream of the model.
+# ARGV: 1 stream bound, 2 model bound (0 = none), 3 rate field, 4 ms left (-1 = no deadline),
+#       5.. the entry's field/value pairs.
 _SCRIPT = """
 local t = redis.call('TIME')
 local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -24,15 +30,35 @@ local backlog = redis.call('XLEN', KEYS[1])
 if backlog >= tonumber(ARGV[1]) then
   return {'full', tostring(backlog)}
 end
-local id = redis.call('XADD', KEYS[1], '*', ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6], ARGV[7])
+local model_bound = tonumber(ARGV[2])
+if model_bound > 0 then
+  local total = 0
+  for i = 4, #KEYS do total = total + redis.call('XLEN', KEYS[i]) end
+  if total >= model_bound then
+    return {'modelfull', tostring(total)}
+  end
+end
+local left_ms = tonumber(ARGV[4])
+if left_ms >= 0 and backlog > 0 then
+  local rate = tonumber(redis.call('HGET', KEYS[3], ARGV[3]) or '0')
+  if rate and rate > 0 then
+    local drain_ms = math.floor(backlog / rate * 1000)
+    if drain_ms > left_ms then
+      return {'late', tostring(drain_ms)}
+    end
+  end
+end
+local id = redis.call('XADD', KEYS[1], '*', unpack(ARGV, 5))
 return {'ok', id}
 """
+
+Outcome = Literal["ok", "noworker", "full", "modelfull", "late"]
 
 
 @dataclass(frozen=True, slots=True)
 class Admission:
-    outcome: Literal["ok", "noworker", "full"]
-    # entry id when ok, backlog size when full
+    outcome: Outcome
+    # entry id when ok; the backlog when full or modelfull; the estimated drain ms when late
     detail: str
 
 
@@ -41,13 +67,29 @@ class Admitter:
         self._script = redis.register_script(_SCRIPT)
 
     async def admit(
-        self, stream: keys.StreamKey, bound: int, job: bytes, trace_context: dict[str, str]
+        self,
+        stream: keys.StreamKey,
+        bound: int,
+        job: bytes,
+        trace_context: dict[str, str],
+        *,
+        model_streams: Sequence[keys.StreamKey] = (),
+        model_bound: int = 0,
+        ms_left: int = -1,
     ) -> Admission:
         """XADD `job` to `stream` unless refused; raises redis errors to the caller."""
         raw = await self._script(
-            keys=[stream.name, keys.workers_key(stream.model, stream.tier)],
+            keys=[
+                stream.name,
+                keys.workers_key(stream.model, stream.tier),
+                keys.rate_key(stream.model, stream.tier),
+                *(s.name for s in model_streams),
+            ],
             args=[
                 bound,
+                model_bound,
+                keys.rate_field(stream.bucket),
+                ms_left,
                 keys.JOB_FIELD,
                 job,
                 keys.TRACEPARENT_FIELD,

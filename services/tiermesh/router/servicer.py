@@ -8,17 +8,24 @@ from collections.abc import Callable, Mapping
 
 import redis.asyncio as aioredis
 import structlog
-from opentelemetry import trace
 from opentelemetry.trace import SpanKind
 
-from tiermesh.core.errors import deadline_exceeded, exhausted, not_found, unavailable
+from tiermesh.core.errors import (
+    MeshError,
+    deadline_exceeded,
+    exhausted,
+    not_found,
+    unavailable,
+)
 from tiermesh.core.grpc_errors import grpc_method
 from tiermesh.core.jobs import Job
+from tiermesh.core.keys import StreamKey, stream_keys
+from tiermesh.core.model_config import ModelConfig
 from tiermesh.core.repository import ModelRepository
 from tiermesh.core.settings import RouterSettings
 from tiermesh.core.telemetry import Telemetry, inject_current
 from tiermesh.core.wire import encode_job, job_from_proto
-from tiermesh.router.admission import Admitter
+from tiermesh.router.admission import Admission, Admitter
 from tiermesh.router.policy import choose_stream
 from tiermesh.router.text import TextEncoder
 from tiermesh.v1 import router_pb2, router_pb2_grpc
@@ -73,21 +80,22 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
             )
             try:
                 admission = await self._admitter.admit(
-                    stream, cfg.queue_bound, encode_job(job), carrier
+                    stream,
+                    cfg.queue_bound,
+                    encode_job(job),
+                    carrier,
+                    model_streams=model_streams(cfg, stream),
+                    model_bound=cfg.model_queue_bound,
+                    ms_left=(job.deadline_ns - now) // 1_000_000 if job.deadline_ns else -1,
                 )
             except (aioredis.RedisError, OSError) as exc:
-                log.warning("redis unavailable", error=str(exc))
+                log.warning("redis unavailable", error=repr(exc))
                 raise unavailable("queue unavailable (redis down or loading)") from None
             span.set_attribute("tiermesh.admission", admission.outcome)
         if admission.outcome == "noworker":
             raise unavailable(f"no live worker for model '{cfg.name}' on tier '{stream.tier}'")
-        if admission.outcome == "full":
-            trace.get_current_span().set_attribute("tiermesh.backlog", int(admission.detail))
-            raise exhausted(
-                f"queue for model '{cfg.name}' is full ({admission.detail} waiting, bound "
-                f"{cfg.queue_bound}); retry later",
-                self._settings.retry_after_ms,
-            )
+        if admission.outcome != "ok":
+            raise refusal(cfg, admission, self._settings.retry_after_ms)
         return router_pb2.RouteReply(stream=stream.name, entry_id=admission.detail)
 
     def _tokenize(self, model: str, job: Job) -> Job:
@@ -98,3 +106,27 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
             span.set_attribute("tiermesh.truncated", truncated)
         annotations = {**job.annotations, "truncated": "true" if truncated else "false"}
         return dataclasses.replace(job, inputs=(ids, mask), annotations=annotations)
+
+
+def model_streams(cfg: ModelConfig, stream: StreamKey) -> list[StreamKey]:
+    """Every stream of the stream's compute unit on its tier (for the model-wide bound)."""
+    if cfg.model_queue_bound <= 0:
+        return []
+    return stream_keys(stream.model, stream.tier, cfg.priority_levels, cfg.bucket_count)
+
+
+def refusal(cfg: ModelConfig, admission: Admission, retry_after_ms: int) -> MeshError:
+    """The status a refused admission answers with (DESIGN.md's table)."""
+    if admission.outcome == "noworker":
+        return unavailable(f"no live worker for model '{cfg.name}'")
+    if admission.outcome == "late":
+        return deadline_exceeded(
+            f"the queue ahead needs ~{admission.detail} ms, more than the request's deadline leaves"
+        )
+    what = "queue" if admission.outcome == "full" else "model's queues"
+    bound = cfg.queue_bound if admission.outcome == "full" else cfg.model_queue_bound
+    return exhausted(
+        f"{what} for model '{cfg.name}' full ({admission.detail} waiting, bound {bound}); "
+        "retry later",
+        retry_after_ms,
+    )

@@ -61,15 +61,31 @@ class StreamClient:
                     out.append(Entry(stream, entry_id.decode(), fields))
         return out
 
-    async def done(self, stream: StreamKey, entry_ids: Sequence[str]) -> None:
+    async def done(
+        self, stream: StreamKey, entry_ids: Sequence[str], drain_rate: float | None = None
+    ) -> None:
         """Acknowledge and delete handed-off entries, atomically: the stream's length stays
-        the backlog that admission bounds."""
+        the backlog that admission bounds. `drain_rate` (entries per second) is published
+        for admission in the same round trip."""
         if not entry_ids:
             return
         async with self._redis.pipeline(transaction=True) as pipe:
             pipe.xack(stream.name, keys.GROUP, *entry_ids)
             pipe.xdel(stream.name, *entry_ids)
+            if drain_rate is not None:
+                pipe.hset(
+                    keys.rate_key(stream.model, stream.tier),
+                    keys.rate_field(stream.bucket),
+                    f"{drain_rate:.3f}",
+                )
             await pipe.execute()
+
+    async def cancelled(self, request_ids: Sequence[str]) -> set[str]:
+        """The ids among `request_ids` whose callers have given up."""
+        if not request_ids:
+            return set()
+        flags = await self._redis.mget([keys.cancel_key(r) for r in request_ids])
+        return {r for r, flag in zip(request_ids, flags, strict=True) if flag is not None}
 
     async def heartbeat(self, models: Iterable[str], tier: str, ttl_ms: int) -> None:
         now_ms = int(time.time() * 1000)

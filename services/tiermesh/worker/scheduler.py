@@ -1,0 +1,207 @@
+"""Which buffered stream a batcher-worker serves next, when its batch closes and how many
+rows it takes. Pure and synchronous: every method takes `now_ns` from the caller (the clock
+the deadlines use, ``time.time_ns`` in the worker); nothing here reads a clock, sleeps or
+does I/O, so the whole policy is unit-tested with plain integers.
+
+Policy
+------
+Picking a stream (`Scheduler.pick`, called once per batch the worker is about to form):
+
+1. Aging. A view whose oldest entry has waited (``now - oldest_enqueued_ns``) longer than
+   its level's ``scheduling.age_limit`` is overdue. If any view is overdue, the one with
+   the largest excess over its limit is picked, whatever its priority (ties: higher
+   priority, then lower bucket). So once a request turns overdue it is served at the next
+   pick unless something is even more overdue: with one batch in flight, within its age
+   limit plus one batch duration. An aging pick leaves the credits below untouched.
+2. Weighted priority. Otherwise the competitors are the (compute unit, priority level)
+   groups that have work, each with its model's ``scheduling.weight(level)``. Smooth
+   weighted round-robin: every competitor gains its weight in credit, the one with the
+   most credit wins (ties: higher priority, i.e. the lower level, then unit name) and pays
+   the sum of the competitors' weights. Under sustained load a level with weight 4 against
+   one with weight 1 gets exactly 4 of every 5 batches, interleaved, and the lighter level
+   still progresses. Credits of groups without work are kept as they are (not reset):
+   credits always sum to zero, so a level that comes and goes gets its share rather than
+   drifting behind. The credits are the scheduler's only state besides the cost EWMAs.
+3. Bucket within the group. The stream whose batch is nearest its wait limit goes first:
+   smallest ``max_batch_wait_ms - waited`` with waited counted from ``first_dequeued_ns``
+   (ties: lower bucket, then tier). Buckets never merge: a pick is one stream.
+
+Closing a batch (`Scheduler.wait_ms` <= 0 means close now), when:
+rows reach the bucket's ``max_batch_size``; or rows reach its largest preferred size; or
+the oldest entry is overdue (see 1); or the batch wait is over; or waiting out the rest of
+it and then computing would miss the earliest deadline:
+``now + remaining_wait + compute_estimate(batch_rows) > earliest_deadline``. Otherwise the
+remaining wait in ms.
+
+Batch size (`Scheduler.batch_rows`): at most the bucket's ``max_batch_size``; with
+preferred sizes, the largest preferred size that fits in the rows waiting (Triton's
+convention), else all rows up to the maximum. A target in rows; the caller takes whole
+requests up to it.
+
+Compute estimate (`observe`, `compute_estimate_ns`), per (compute unit, bucket), shared by
+tiers and priorities: an exponentially weighted least-squares fit of batch time against
+rows, ``t = fixed + per_row * rows``, with the per-row slope clamped between 0 (all fixed
+cost) and ``mean_t / mean_rows`` (no fixed cost) so neither part goes negative. While all
+observed batches had the same size the split is unknown and the estimate takes the larger
+of the two readings (conservative, as deadlines want). No observation yet: 0.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from tiermesh.core.keys import StreamKey
+from tiermesh.core.model_config import ModelConfig
+
+NS_PER_MS = 1_000_000
+# Weight of the newest batch in the cost EWMAs: about the last ten batches count.
+EWMA_ALPHA = 0.2
+# Below this variance of observed batch sizes (rows squared) the fit has no slope to read.
+_MIN_ROWS_VARIANCE = 1e-6
+
+
+@dataclass(frozen=True, slots=True)
+class StreamView:
+    """What the worker knows about one stream's buffered (read, not yet computed) entries.
+    All times on the caller's clock, in ns."""
+
+    key: StreamKey
+    rows: int  # rows buffered (sum of the requests' batch dims); a view with none is ignored
+    oldest_enqueued_ns: int  # routed time of the oldest buffered entry (aging)
+    first_dequeued_ns: int  # when the oldest buffered entry was read (the batch wait)
+    earliest_deadline_ns: int  # earliest absolute deadline among the entries; 0 = none
+
+
+@dataclass(slots=True)
+class _CostFit:
+    """EWMA moments of (rows, compute ns) for one (unit, bucket)."""
+
+    rows: float
+    ns: float
+    rows_sq: float
+    rows_ns: float
+
+    def update(self, rows: int, ns: int) -> None:
+        a = EWMA_ALPHA
+        self.rows += a * (rows - self.rows)
+        self.ns += a * (ns - self.ns)
+        self.rows_sq += a * (rows * rows - self.rows_sq)
+        self.rows_ns += a * (rows * ns - self.rows_ns)
+
+    def estimate(self, rows: int) -> float:
+        no_fixed_slope = self.ns / self.rows
+        variance = self.rows_sq - self.rows * self.rows
+        if variance <= _MIN_ROWS_VARIANCE:
+            slope = no_fixed_slope if rows > self.rows else 0.0
+        else:
+            covariance = self.rows_ns - self.rows * self.ns
+            slope = min(max(covariance / variance, 0.0), no_fixed_slope)
+        return self.ns + slope * (rows - self.rows)
+
+
+class Scheduler:
+    """The worker's scheduling decisions for the compute units in `configs` (keyed like
+    ``StreamKey.model``). One per worker; not thread-safe (the loop owns it)."""
+
+    def __init__(self, configs: Mapping[str, ModelConfig]) -> None:
+        self._configs = dict(configs)
+        # (unit, level) -> smooth weighted round-robin credit; sums to zero.
+        self._credits: dict[tuple[str, int], int] = defaultdict(int)
+        self._costs: dict[tuple[str, int], _CostFit] = {}
+
+    def pick(self, views: Sequence[StreamView], now_ns: int) -> StreamKey | None:
+        """The stream to form the next batch from, or None when no view has rows. Called
+        once per batch: a weighted pick charges the winning level's credit."""
+        live = [v for v in views if v.rows > 0]
+        if not live:
+            return None
+        overdue = [(excess, v) for v in live if (excess := self._overdue_ns(v, now_ns)) > 0]
+        if overdue:
+            _, view = min(overdue, key=lambda ev: (-ev[0], *_order(ev[1].key)))
+            return view.key
+        groups: dict[tuple[str, int], list[StreamView]] = defaultdict(list)
+        for v in live:
+            groups[(v.key.model, v.key.priority)].append(v)
+        weights = {g: self._config(g[0]).scheduling.weight(g[1]) for g in groups}
+        for group, weight in weights.items():
+            self._credits[group] += weight
+        winner = min(groups, key=lambda g: (-self._credits[g], g[1], g[0]))
+        self._credits[winner] -= sum(weights.values())
+        chosen = min(
+            groups[winner],
+            key=lambda v: (self._remaining_wait_ns(v, now_ns), v.key.bucket, v.key.tier),
+        )
+        return chosen.key
+
+    def wait_ms(self, view: StreamView, now_ns: int) -> float:
+        """How much longer to keep filling this stream's batch; <= 0 means close it now.
+        Called for the picked stream, again whenever more entries arrive or time passes."""
+        spec = self._config(view.key.model).bucket(view.key.bucket)
+        if view.rows >= spec.max_batch_size:
+            return 0.0
+        if spec.preferred_batch_sizes and view.rows >= max(spec.preferred_batch_sizes):
+            return 0.0
+        if self._overdue_ns(view, now_ns) > 0:
+            return 0.0
+        remaining_ns = self._remaining_wait_ns(view, now_ns)
+        if remaining_ns <= 0:
+            return 0.0
+        if view.earliest_deadline_ns:
+            compute_ns = self.compute_estimate_ns(view.key, self.batch_rows(view))
+            if now_ns + remaining_ns + compute_ns > view.earliest_deadline_ns:
+                return 0.0
+        return remaining_ns / NS_PER_MS
+
+    def batch_rows(self, view: StreamView) -> int:
+        """How many rows the batch closed now should take: never more than the bucket's
+        max_batch_size; the largest preferred size that fits when preferred sizes exist
+        and one does, else every row up to that maximum."""
+        spec = self._config(view.key.model).bucket(view.key.bucket)
+        cap = min(view.rows, spec.max_batch_size)
+        fitting = [p for p in spec.preferred_batch_sizes if p <= cap]
+        return max(fitting) if fitting else cap
+
+    def observe(self, key: StreamKey, rows: int, compute_ns: int) -> None:
+        """Record how long a batch of `rows` rows of this (unit, bucket) took to compute.
+        Called after each batch; tier and priority of `key` do not matter."""
+        if rows < 1 or compute_ns < 0:
+            raise ValueError(
+                f"observe needs rows >= 1 and compute_ns >= 0, got {rows}, {compute_ns}"
+            )
+        slot = (key.model, key.bucket)
+        fit = self._costs.get(slot)
+        if fit is None:
+            self._costs[slot] = _CostFit(rows, compute_ns, rows * rows, rows * compute_ns)
+        else:
+            fit.update(rows, compute_ns)
+
+    def compute_estimate_ns(self, key: StreamKey, rows: int) -> int:
+        """Expected compute time of a batch of `rows` rows of this (unit, bucket), rounded
+        up; 0 before any batch of it was observed or for no rows."""
+        fit = self._costs.get((key.model, key.bucket))
+        if fit is None or rows < 1:
+            return 0
+        return max(0, math.ceil(fit.estimate(rows)))
+
+    def _config(self, unit: str) -> ModelConfig:
+        try:
+            return self._configs[unit]
+        except KeyError:
+            raise KeyError(f"no model config for compute unit {unit!r}") from None
+
+    def _overdue_ns(self, view: StreamView, now_ns: int) -> int:
+        """How far the oldest entry is past its level's age limit (> 0: overdue)."""
+        limit_ms = self._config(view.key.model).scheduling.age_limit(view.key.priority)
+        return (now_ns - view.oldest_enqueued_ns) - round(limit_ms * NS_PER_MS)
+
+    def _remaining_wait_ns(self, view: StreamView, now_ns: int) -> int:
+        spec = self._config(view.key.model).bucket(view.key.bucket)
+        return round(spec.max_batch_wait_ms * NS_PER_MS) - (now_ns - view.first_dequeued_ns)
+
+
+def _order(key: StreamKey) -> tuple[int, int, str, str]:
+    """Tie-break between streams: higher priority, lower bucket, then names."""
+    return (key.priority, key.bucket, key.model, key.tier)

@@ -1,0 +1,383 @@
+"""The worker's scheduling decisions: weighted priority with aging, bucket choice, batch
+close and size, compute estimates. The clock is a plain integer throughout."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from typing import Any
+
+import pytest
+
+from tiermesh.core.keys import StreamKey
+from tiermesh.core.model_config import ModelConfig, parse_config
+from tiermesh.worker.scheduler import Scheduler, StreamView
+
+MS = 1_000_000
+# A wall-clock-sized origin: float arithmetic on ns timestamps this large loses precision.
+T0 = 1_700_000_000_000_000_000
+UNIT = "minilm.fp32"
+TIER = "center"
+# Bucket 0: short sequences, big batches, short wait, preferred sizes; 2: long, small, long.
+BUCKETS: list[dict[str, Any]] = [
+    {"max_length": 16, "max_batch_size": 32, "max_batch_wait_ms": 2, "preferred": [8, 16]},
+    {"max_length": 64, "max_batch_size": 16, "max_batch_wait_ms": 5},
+    {"max_length": 256, "max_batch_size": 4, "max_batch_wait_ms": 10},
+]
+AGE_LIMITS = (1000.0, 100.0)
+
+
+def _cfg(weights: Sequence[int] = (4, 1), ages: Sequence[float] = AGE_LIMITS) -> ModelConfig:
+    raw: dict[str, Any] = {
+        "name": "minilm",
+        "max_batch_size": 32,
+        "inputs": [{"name": "IDS", "datatype": "INT64", "dims": [-1]}],
+        "outputs": [{"name": "EMB", "datatype": "FP32", "dims": [8]}],
+        "versions": {"1": {"model.onnx": "0" * 64}},
+        "priority_levels": 2,
+        "length_buckets": [
+            {
+                "max_length": b["max_length"],
+                "max_batch_size": b["max_batch_size"],
+                "max_batch_wait_ms": b["max_batch_wait_ms"],
+                "preferred_batch_sizes": b.get("preferred", []),
+            }
+            for b in BUCKETS
+        ],
+        "scheduling": {"priority_weights": list(weights), "age_limit_ms": list(ages)},
+    }
+    return parse_config(raw, "test")
+
+
+def _sched(weights: Sequence[int] = (4, 1), ages: Sequence[float] = AGE_LIMITS) -> Scheduler:
+    return Scheduler({UNIT: _cfg(weights, ages)})
+
+
+def _key(priority: int = 1, bucket: int = 0, unit: str = UNIT) -> StreamKey:
+    return StreamKey(unit, TIER, priority, bucket)
+
+
+def _view(
+    priority: int = 1,
+    bucket: int = 0,
+    rows: int = 1,
+    *,
+    now: int = T0,
+    waited_ms: float = 0.0,
+    aged_ms: float | None = None,
+    deadline_ns: int = 0,
+    unit: str = UNIT,
+) -> StreamView:
+    """A view at `now`: read `waited_ms` ago, routed `aged_ms` ago (default: when read)."""
+    aged = waited_ms if aged_ms is None else aged_ms
+    return StreamView(
+        key=_key(priority, bucket, unit),
+        rows=rows,
+        oldest_enqueued_ns=now - round(aged * MS),
+        first_dequeued_ns=now - round(waited_ms * MS),
+        earliest_deadline_ns=deadline_ns,
+    )
+
+
+# -- pick: priority and weights ------------------------------------------------------------
+
+
+def test_pick_returns_none_without_views() -> None:
+    assert _sched().pick([], T0) is None
+
+
+def test_pick_ignores_views_without_rows() -> None:
+    s = _sched()
+    assert s.pick([_view(rows=0)], T0) is None
+    assert s.pick([_view(1, rows=0), _view(2, rows=3)], T0) == _key(2)
+
+
+@pytest.mark.parametrize(
+    ("weights", "first"),
+    [((4, 1), 1), ((1, 1), 1), ((100, 1), 1), ((1, 4), 2)],  # (1, 1): ties go to level 1
+)
+def test_first_pick_follows_weights_then_priority(weights: tuple[int, int], first: int) -> None:
+    key = _sched(weights).pick([_view(2, rows=5), _view(1, rows=5)], T0)
+    assert key == _key(first)
+
+
+@pytest.mark.parametrize(
+    ("weights", "level1", "longest_level1_run"),
+    [((4, 1), 40, 4), ((1, 1), 25, 1), ((3, 2), 30, 2), ((9, 1), 45, 9)],
+)
+def test_weighted_share_over_50_picks(
+    weights: tuple[int, int], level1: int, longest_level1_run: int
+) -> None:
+    s = _sched(weights)
+    views = [_view(1, rows=32), _view(2, rows=32)]
+    picks = [s.pick(views, T0 + i * MS) for i in range(50)]
+    counts = Counter(k.priority for k in picks if k is not None)
+    assert counts == {1: level1, 2: 50 - level1}
+    # Smooth: level 2 is never kept waiting for more than its weight ratio implies.
+    runs = "".join(str(k.priority) for k in picks if k is not None).split("2")
+    assert max(len(r) for r in runs) == longest_level1_run
+
+
+def test_intermittent_level_keeps_its_share() -> None:
+    """Level 2 turns up with one batch, is served, goes idle, returns: each time it must be
+    served within one weight cycle, not later and later (level 1 must not bank credit
+    while it runs alone)."""
+    s = _sched((4, 1))
+    flood = _view(1, rows=32)
+    now = T0
+    for _ in range(50):
+        for _ in range(7):  # level 1 alone for a while
+            assert s.pick([flood], now) == flood.key
+            now += MS
+        picks_until_served = 0
+        while True:
+            picks_until_served += 1
+            key = s.pick([flood, _view(2, now=now)], now)
+            now += MS
+            if key == _key(2):
+                break
+        assert picks_until_served <= 5
+
+
+def test_levels_of_different_units_share_by_weight() -> None:
+    other = "mlp.fp32"
+    s = Scheduler({UNIT: _cfg((4, 1)), other: _cfg((4, 1))})
+    views = [_view(1, rows=8), _view(1, rows=8, unit=other)]
+    picks = Counter(s.pick(views, T0 + i * MS) for i in range(20))
+    assert picks == {_key(1): 10, _key(1, unit=other): 10}
+
+
+def test_unknown_unit_raises() -> None:
+    with pytest.raises(KeyError, match=r"bert\.fp32"):
+        _sched().pick([_view(unit="bert.fp32")], T0)
+
+
+# -- pick: aging ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("weights", [(4, 1), (1000, 1)])
+def test_overdue_level_two_beats_level_one(weights: tuple[int, int]) -> None:
+    s = _sched(weights)
+    over = _view(2, aged_ms=AGE_LIMITS[1] + 0.001)
+    assert s.pick([_view(1, rows=32, aged_ms=999.0), over], T0) == over.key
+
+
+def test_exactly_at_age_limit_is_not_overdue() -> None:
+    s = _sched((1000, 1))
+    at_limit = _view(2, aged_ms=AGE_LIMITS[1])
+    assert s.pick([_view(1, rows=32), at_limit], T0) == _key(1)
+
+
+@pytest.mark.parametrize(
+    ("aged", "winner"),
+    [
+        # (level-1 age, level-2 age) in ms; limits 1000 and 100
+        ((1050.0, 120.0), 1),  # excess 50 vs 20
+        ((1010.0, 150.0), 2),  # excess 10 vs 50
+        ((1030.0, 130.0), 1),  # equal excess: higher priority
+    ],
+)
+def test_most_overdue_first(aged: tuple[float, float], winner: int) -> None:
+    views = [_view(1, aged_ms=aged[0]), _view(2, aged_ms=aged[1])]
+    assert _sched((1, 1000)).pick(views, T0) == _key(winner)
+
+
+def test_aging_pick_does_not_spend_credits() -> None:
+    plain, aged = _sched(), _sched()
+    assert aged.pick([_view(1), _view(2, aged_ms=500.0)], T0) == _key(2)
+    views = [_view(1), _view(2)]
+    assert [plain.pick(views, T0) for _ in range(10)] == [aged.pick(views, T0) for _ in range(10)]
+
+
+@pytest.mark.parametrize("weights", [(4, 1), (1000, 1)])
+@pytest.mark.parametrize("phase_ns", [0, 3 * MS, 7 * MS - 1])
+def test_aging_bound_under_level_one_flood(weights: tuple[int, int], phase_ns: int) -> None:
+    """A simulated worker: level-1 work always waits (fresh, full batches), one level-2
+    request is routed at `enqueued`, each batch computes for B ms. The level-2 request must
+    start computing within its age limit plus one batch duration."""
+    batch_ns = 7 * MS
+    limit_ns = round(AGE_LIMITS[1] * MS)
+    s = _sched(weights)
+    now = T0
+    enqueued = T0 + 20 * batch_ns + phase_ns
+    dequeued: int | None = None
+    served_at: int | None = None
+    for _ in range(10_000):
+        views = [_view(1, bucket=0, rows=32, now=now, aged_ms=1.0)]
+        if now >= enqueued:
+            dequeued = now if dequeued is None else dequeued
+            views.append(StreamView(_key(2, 1), 1, enqueued, dequeued, 0))
+        key = s.pick(views, now)
+        assert key is not None
+        if key.priority == 2:
+            assert s.wait_ms(views[1], now) <= 0  # it closes at once, not after a wait
+            served_at = now
+            break
+        assert s.wait_ms(views[0], now) <= 0  # a full batch
+        now += batch_ns
+    assert served_at is not None
+    assert served_at - enqueued <= limit_ns + batch_ns
+    if weights == (1000, 1):
+        assert served_at - enqueued > limit_ns  # weights alone would take ~500 batches
+
+
+# -- pick: buckets -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("rows", [1, 5, 17, 40, 1000])
+def test_buckets_never_merge(rows: int) -> None:
+    s = _sched()
+    views = [_view(1, b, rows, waited_ms=1.0) for b in range(3)]
+    key = s.pick(views, T0)
+    assert key in {v.key for v in views}
+    for v in views:
+        assert s.batch_rows(v) <= BUCKETS[v.key.bucket]["max_batch_size"]
+        assert s.batch_rows(v) <= rows
+
+
+@pytest.mark.parametrize(
+    ("short_waited", "long_waited", "winner"),
+    [
+        (1.5, 8.0, 0),  # short 0.5 ms from its limit, long 2 ms: the long one is older
+        (0.0, 9.0, 2),  # long 1 ms from its limit, short 2 ms
+        (1.0, 9.0, 0),  # equal (1 ms each): lower bucket
+        (3.0, 20.0, 2),  # both past: the long one further past
+    ],
+)
+def test_bucket_nearest_its_wait_limit_first(
+    short_waited: float, long_waited: float, winner: int
+) -> None:
+    views = [_view(1, 2, 3, waited_ms=long_waited), _view(1, 0, 3, waited_ms=short_waited)]
+    assert _sched().pick(views, T0) == _key(1, winner)
+
+
+# -- wait_ms: batch close ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("bucket", "rows", "waited_ms", "expected"),
+    [
+        (1, 16, 0.0, 0.0),  # full: max_batch_size
+        (1, 40, 0.0, 0.0),  # over full
+        (2, 4, 0.0, 0.0),
+        (0, 16, 0.0, 0.0),  # the largest preferred size
+        (0, 20, 0.0, 0.0),
+        (0, 8, 0.0, 2.0),  # a smaller preferred size alone does not close
+        (0, 15, 0.5, 1.5),
+        (1, 3, 1.0, 4.0),
+        (2, 1, 9.75, 0.25),
+        (1, 3, 5.0, 0.0),  # the wait is over
+        (1, 3, 7.0, 0.0),
+    ],
+)
+def test_wait_ms_close_conditions(
+    bucket: int, rows: int, waited_ms: float, expected: float
+) -> None:
+    got = _sched().wait_ms(_view(1, bucket, rows, waited_ms=waited_ms), T0)
+    if expected == 0.0:
+        assert got <= 0
+    else:
+        assert got == pytest.approx(expected)
+
+
+def test_overdue_view_closes_at_once() -> None:
+    view = _view(2, 2, 1, waited_ms=0.0, aged_ms=AGE_LIMITS[1] + 1)
+    assert _sched().wait_ms(view, T0) <= 0
+
+
+@pytest.mark.parametrize(
+    ("observed_ms", "deadline_in_ms", "closes"),
+    [
+        (20.0, 25.0, True),  # 10 ms wait + 20 ms compute > 25 ms: close now
+        (20.0, 30.0, False),  # exactly meets it
+        (20.0, 40.0, False),
+        (None, 25.0, False),  # nothing observed: the wait alone fits
+        (None, 9.0, True),  # the wait alone misses it
+        (5.0, 14.0, True),
+    ],
+)
+def test_deadline_closes_early(
+    observed_ms: float | None, deadline_in_ms: float, closes: bool
+) -> None:
+    s = _sched()
+    key = _key(1, 2)
+    if observed_ms is not None:
+        for _ in range(3):
+            s.observe(key, 2, round(observed_ms * MS))
+    view = _view(1, 2, 2, deadline_ns=T0 + round(deadline_in_ms * MS))
+    got = s.wait_ms(view, T0)
+    if closes:
+        assert got <= 0
+    else:
+        assert got == pytest.approx(10.0)
+
+
+# -- batch_rows ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("bucket", "rows", "expected"),
+    [
+        (0, 1, 1),  # below every preferred size: all of them
+        (0, 7, 7),
+        (0, 8, 8),
+        (0, 12, 8),  # the largest preferred size that fits
+        (0, 16, 16),
+        (0, 31, 16),
+        (0, 100, 16),
+        (1, 3, 3),  # no preferred sizes: all up to the maximum
+        (1, 16, 16),
+        (1, 17, 16),
+        (2, 9, 4),
+    ],
+)
+def test_batch_rows(bucket: int, rows: int, expected: int) -> None:
+    assert _sched().batch_rows(_view(1, bucket, rows)) == expected
+
+
+# -- observe / compute_estimate_ns ---------------------------------------------------------
+
+
+def test_estimate_is_zero_before_observing() -> None:
+    assert _sched().compute_estimate_ns(_key(), 8) == 0
+
+
+def test_single_batch_size_estimates_conservatively() -> None:
+    s = _sched()
+    s.observe(_key(), 8, 16 * MS)
+    assert s.compute_estimate_ns(_key(), 8) == 16 * MS
+    assert s.compute_estimate_ns(_key(), 4) == 16 * MS  # maybe all fixed cost
+    assert s.compute_estimate_ns(_key(), 16) == 32 * MS  # maybe all per row
+
+
+def test_fit_recovers_fixed_and_per_row_cost() -> None:
+    s = _sched()
+    for rows in [1, 4, 8, 16, 32, 2, 24] * 3:
+        s.observe(_key(), rows, 1 * MS + rows * MS // 2)  # 1 ms + 0.5 ms per row
+    for rows in (1, 10, 32):
+        assert s.compute_estimate_ns(_key(), rows) == pytest.approx(MS + rows * MS / 2, rel=1e-6)
+
+
+def test_estimate_follows_a_change_gradually() -> None:
+    s = _sched()
+    s.observe(_key(), 8, 10 * MS)
+    s.observe(_key(), 8, 20 * MS)
+    mid = s.compute_estimate_ns(_key(), 8)
+    assert 10 * MS < mid < 20 * MS
+    for _ in range(60):
+        s.observe(_key(), 8, 20 * MS)
+    assert s.compute_estimate_ns(_key(), 8) == pytest.approx(20 * MS, rel=1e-3)
+
+
+def test_estimates_are_per_unit_and_bucket_not_per_tier_or_priority() -> None:
+    s = Scheduler({UNIT: _cfg(), "mlp.fp32": _cfg()})
+    s.observe(StreamKey(UNIT, "edge", 2, 1), 4, 8 * MS)
+    assert s.compute_estimate_ns(StreamKey(UNIT, TIER, 1, 1), 4) == 8 * MS
+    assert s.compute_estimate_ns(_key(1, 0), 4) == 0
+    assert s.compute_estimate_ns(_key(1, 1, "mlp.fp32"), 4) == 0
+
+
+@pytest.mark.parametrize(("rows", "compute_ns"), [(0, MS), (-1, MS), (4, -1)])
+def test_observe_rejects_nonsense(rows: int, compute_ns: int) -> None:
+    with pytest.raises(ValueError, match="observe"):
+        _sched().observe(_key(), rows, compute_ns)
