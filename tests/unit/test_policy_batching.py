@@ -6,17 +6,17 @@ from typing import Any
 
 import pytest
 
-from tiermesh.core.jobs import Job
+from tiermesh.core.jobs import Job, Timing
 from tiermesh.core.keys import StreamKey, stream_keys
 from tiermesh.core.repository import ModelConfig, parse_config
 from tiermesh.core.tensors import TensorData
 from tiermesh.router.policy import DEFAULT_TIER, bucket_for, choose_stream, job_length
 from tiermesh.worker.batching import (
     QueuedJob,
-    pick_stream,
+    split_cancelled,
     split_expired,
     take_count,
-    wait_more_ms,
+    view_of,
 )
 
 
@@ -105,29 +105,39 @@ def _k(priority: int, bucket: int, model: str = "m") -> StreamKey:
     return StreamKey(model, "center", priority, bucket)
 
 
-def test_pick_stream_none_when_empty() -> None:
-    assert pick_stream({}) is None
-    assert pick_stream({_k(1, 0): 0, _k(2, 1): 0}) is None
-
-
-def test_pick_stream_highest_priority_then_shortest_bucket() -> None:
-    buffered = {_k(2, 0): 5, _k(1, 2): 1, _k(1, 1): 3, _k(1, 0): 0}
-    assert pick_stream(buffered) == _k(1, 1)
-    assert pick_stream({_k(2, 1): 1, _k(2, 0): 9}) == _k(2, 0)
-    assert pick_stream({_k(1, 0, "b"): 1, _k(1, 0, "a"): 1}) == _k(1, 0, "a")
-
-
 MS = 1_000_000
 
 
-@pytest.mark.parametrize(
-    ("waited_ms", "rows", "expected"),
-    [(0.0, 1, 5.0), (2.0, 4, 3.0), (5.0, 4, 0.0), (7.5, 4, -2.5), (0.0, 32, 0.0), (0, 40, 0.0)],
-)
-def test_wait_more_ms(waited_ms: float, rows: int, expected: float) -> None:
-    first = 1_000 * MS
-    now = first + int(waited_ms * MS)
-    assert wait_more_ms(first, now, 5.0, rows, 32) == pytest.approx(expected)
+def _queued(key: StreamKey, rows: int, routed: int, dequeued: int, deadline: int = 0) -> QueuedJob:
+    job = Job(
+        request_id=f"r{routed}",
+        model="m",
+        inputs=(TensorData("X", "FP32", (rows, 4), bytes(16 * rows)),),
+        gateway="g",
+        deadline_ns=deadline,
+        timing=Timing(routed_ns=routed),
+    )
+    return QueuedJob(key, "0-1", job, dequeued)
+
+
+def test_view_of_summarises_a_buffer() -> None:
+    key = _k(1, 0)
+    queued = [
+        _queued(key, 2, 5 * MS, 9 * MS, 0),
+        _queued(key, 3, 4 * MS, 8 * MS, 50 * MS),
+        _queued(key, 1, 7 * MS, 10 * MS, 30 * MS),
+    ]
+    view = view_of(key, queued)
+    assert (view.rows, view.oldest_enqueued_ns, view.first_dequeued_ns) == (6, 4 * MS, 8 * MS)
+    assert view.earliest_deadline_ns == 30 * MS
+    assert view_of(key, queued[:1]).earliest_deadline_ns == 0  # no deadline at all
+
+
+def test_split_cancelled() -> None:
+    key = _k(1, 0)
+    a, b = _queued(key, 1, 1, 1), _queued(key, 1, 2, 2)
+    assert split_cancelled([a, b], {"r2"}) == ([a], [b])
+    assert split_cancelled([a, b], set()) == ([a, b], [])
 
 
 @pytest.mark.parametrize(

@@ -21,6 +21,7 @@ from tiermesh.core.server import (
 )
 from tiermesh.core.settings import GatewaySettings
 from tiermesh.core.telemetry import Telemetry
+from tiermesh.gateway.cache import ResponseCache
 from tiermesh.gateway.pending import PendingRequests
 from tiermesh.gateway.servicer import DeliveryServicer, InferenceServicer
 from tiermesh.gateway.upstream import Cancellations, Liveness, RouterClient, Upstream
@@ -48,7 +49,9 @@ async def serve(
     internal_health = add_health(internal)
     delivery_port = bind(internal, settings.delivery_host, settings.delivery_port)
     delivery_address = settings.delivery_advertise or f"{settings.delivery_host}:{delivery_port}"
-    upstream = Upstream(RouterClient(router_channel), Liveness(redis), Cancellations(redis))
+    upstream = Upstream(
+        RouterClient(router_channel), Liveness(redis), Cancellations(redis), ResponseCache(redis)
+    )
     inference = InferenceServicer(settings, repo, upstream, pending, delivery_address)
     public = make_server(telemetry, settings.max_message_bytes)
     service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(inference, public)

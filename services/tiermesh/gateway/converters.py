@@ -82,7 +82,7 @@ def infer_request(msg: service_pb2.ModelInferRequest) -> InferRequest:
     )
 
 
-def infer_response(result: JobResult) -> service_pb2.ModelInferResponse:
+def infer_response(result: JobResult, cache_hit: bool = False) -> service_pb2.ModelInferResponse:
     resp = service_pb2.ModelInferResponse(
         model_name=result.model, model_version=result.version, id=result.client_request_id
     )
@@ -96,6 +96,8 @@ def infer_response(result: JobResult) -> service_pb2.ModelInferResponse:
     resp.parameters["tiermesh.bucket"].int64_param = result.bucket
     if result.variant:
         resp.parameters["tiermesh.variant"].string_param = result.variant
+    if cache_hit:
+        resp.parameters["tiermesh.cache_hit"].bool_param = True
     if "truncated" in result.annotations:
         resp.parameters["tiermesh.truncated"].bool_param = result.annotations["truncated"] == "true"
     return resp

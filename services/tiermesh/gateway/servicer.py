@@ -15,6 +15,7 @@ import structlog
 from opentelemetry import trace
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
+from tiermesh.core import model_config
 from tiermesh.core.errors import MeshError, deadline_exceeded, exhausted, unavailable
 from tiermesh.core.grpc_errors import grpc_method
 from tiermesh.core.jobs import Job, JobResult, Timing
@@ -24,6 +25,7 @@ from tiermesh.core.settings import GatewaySettings
 from tiermesh.core.telemetry import Telemetry, extract, inject_current
 from tiermesh.core.wire import result_from_proto
 from tiermesh.gateway import converters
+from tiermesh.gateway.cache import cache_digest
 from tiermesh.gateway.pending import PendingRequests
 from tiermesh.gateway.requests import (
     effective_deadline_ns,
@@ -128,10 +130,32 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
         span = trace.get_current_span()
         span.set_attribute("tiermesh.request_id", job.request_id)
         span.set_attribute("tiermesh.client_request_id", job.client_request_id)
+        digest = self._cache_digest(cfg, job)
+        if digest is not None:
+            hit = await self._up.cache.get(cfg.name, digest)  # type: ignore[union-attr]
+            span.set_attribute("tiermesh.cache_hit", hit is not None)
+            if hit is not None:
+                return converters.infer_response(
+                    hit.with_(client_request_id=job.client_request_id), cache_hit=True
+                )
+            if self.draining:  # the drain may have begun while the cache answered
+                raise unavailable("gateway is draining; retry on another replica")
         result = await self._await_result(job)
         if result.code != grpc.StatusCode.OK:
             raise MeshError(result.code, result.message)
+        if digest is not None:
+            await self._up.cache.put(cfg.name, digest, result, cfg.response_cache)  # type: ignore[union-attr]
         return converters.infer_response(result)
+
+    def _cache_digest(self, cfg: model_config.ModelConfig, job: Job) -> str | None:
+        """The response-cache key of a request, or None when the model does not cache."""
+        spec = cfg.response_cache
+        if not spec.enabled or self._up.cache is None:
+            return None
+        tenant = None if spec.shared_across_tenants else job.tenant
+        return cache_digest(
+            cfg.name, job.version, job.variant, tenant, job.inputs, job.requested_outputs
+        )
 
     async def _await_result(self, job: Job) -> JobResult:
         """Route the job and wait for its result until its deadline; exactly one answer."""

@@ -13,6 +13,7 @@ from tiermesh.core.errors import MeshError, deadline_exceeded, unavailable
 from tiermesh.core.grpc_errors import mesh_error_from_rpc
 from tiermesh.core.jobs import Job
 from tiermesh.core.wire import job_to_proto
+from tiermesh.gateway.cache import ResponseCache
 from tiermesh.v1 import router_pb2_grpc
 
 TIERS = ("edge", "center")
@@ -80,3 +81,4 @@ class Upstream:
     router: RouterClient
     liveness: Liveness
     cancellations: Cancellations
+    cache: ResponseCache | None = None

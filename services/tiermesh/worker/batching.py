@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from tiermesh.core.jobs import Job
 from tiermesh.core.keys import StreamKey
+from tiermesh.worker.scheduler import StreamView
 
 
 @dataclass(frozen=True, slots=True)
@@ -19,23 +20,16 @@ class QueuedJob:
     dequeued_ns: int
 
 
-def pick_stream(buffered: Mapping[StreamKey, int]) -> StreamKey | None:
-    """The stream to batch from next: the highest priority (lowest level) with entries,
-    then the shortest bucket. Weighted priority with aging arrives with the scheduler."""
-    ready = [key for key, count in buffered.items() if count > 0]
-    if not ready:
-        return None
-    return min(ready, key=lambda k: (k.priority, k.bucket, k.model))
-
-
-def wait_more_ms(
-    first_dequeued_ns: int, now_ns: int, max_wait_ms: float, rows: int, max_rows: int
-) -> float:
-    """How much longer to wait for more requests before dispatching; <= 0 means now."""
-    if rows >= max_rows:
-        return 0.0
-    waited_ms = (now_ns - first_dequeued_ns) / 1e6
-    return max_wait_ms - waited_ms
+def view_of(key: StreamKey, queued: Sequence[QueuedJob]) -> StreamView:
+    """What the scheduler needs to know about one stream's buffered entries (non-empty)."""
+    deadlines = [q.job.deadline_ns for q in queued if q.job.deadline_ns]
+    return StreamView(
+        key=key,
+        rows=sum(q.job.rows for q in queued),
+        oldest_enqueued_ns=min(q.job.timing.routed_ns or q.dequeued_ns for q in queued),
+        first_dequeued_ns=min(q.dequeued_ns for q in queued),
+        earliest_deadline_ns=min(deadlines, default=0),
+    )
 
 
 def take_count(rows: Sequence[int], max_rows: int) -> int:
@@ -58,3 +52,12 @@ def split_expired(
     for q in batch:
         (expired if q.job.deadline_ns and q.job.deadline_ns <= now_ns else live).append(q)
     return live, expired
+
+
+def split_cancelled(
+    batch: Sequence[QueuedJob], cancelled: set[str]
+) -> tuple[list[QueuedJob], list[QueuedJob]]:
+    """(to compute, cancelled): a request whose caller gave up is not computed."""
+    keep = [q for q in batch if q.job.request_id not in cancelled]
+    gone = [q for q in batch if q.job.request_id in cancelled]
+    return keep, gone

@@ -1,5 +1,5 @@
-"""The worker's async loop: it only moves data. Decisions live in batching.py, compute in
-runner.py, Redis in streams.py and the hand-off in handoff.py."""
+"""The worker's async loop: it only moves data. Decisions live in scheduler.py and
+batching.py, compute in runner.py, Redis in streams.py and the hand-off in handoff.py."""
 
 from __future__ import annotations
 
@@ -13,31 +13,34 @@ from collections.abc import Callable, Mapping, Sequence
 import grpc
 import redis.asyncio as aioredis
 import structlog
-from opentelemetry import trace
 from opentelemetry.trace import Link, SpanKind
 
 from tiermesh.core import keys
-from tiermesh.core.jobs import Job, JobResult
+from tiermesh.core.jobs import JobResult
 from tiermesh.core.keys import StreamKey
 from tiermesh.core.repository import ModelConfig
-from tiermesh.core.telemetry import Telemetry, extract, span_context_of
-from tiermesh.core.tensors import TensorData
+from tiermesh.core.telemetry import Telemetry, span_context_of
 from tiermesh.core.wire import decode_job
+from tiermesh.worker import results
 from tiermesh.worker.batching import (
     QueuedJob,
-    pick_stream,
+    split_cancelled,
     split_expired,
     take_count,
-    wait_more_ms,
+    view_of,
 )
 from tiermesh.worker.handoff import PostprocessClient
 from tiermesh.worker.runner import ModelRunner
+from tiermesh.worker.scheduler import Scheduler
+from tiermesh.worker.spans import request_spans, skipped_span
 from tiermesh.worker.streams import Entry, StreamClient
 
 log = structlog.get_logger("tiermesh.worker")
 HANDOFF_ATTEMPTS = 5
 # How often a batch that is not yet full looks for more entries while it waits.
 FILL_POLL_MS = 0.5
+# Weight of the newest batch in a stream's measured drain rate.
+RATE_ALPHA = 0.3
 
 
 class Worker:
@@ -68,18 +71,21 @@ class Worker:
         self._hb_interval_s = heartbeat_interval_ms / 1000
         self._hb_ttl_ms = heartbeat_ttl_ms
         self._clock_ns = clock_ns
+        self._scheduler = Scheduler(configs)
         self._keys = [
             k
             for unit, cfg in configs.items()
             for k in keys.stream_keys(unit, tier, cfg.priority_levels, cfg.bucket_count)
         ]
         self._buffer: dict[StreamKey, list[QueuedJob]] = defaultdict(list)
+        self._rates: dict[StreamKey, float] = {}
         self._stopping = asyncio.Event()
         # Set once the consumer groups exist and the first heartbeat is out: from then on
         # routers admit work for this worker's models.
         self.started = asyncio.Event()
         self.computed_rows = 0
         self.expired = 0
+        self.cancelled = 0
 
     def stop(self) -> None:
         """Stop intake: no more reads; buffered entries are still finished."""
@@ -93,9 +99,11 @@ class Worker:
         try:
             await self._collect(await self._streams.read(self._keys, 10_000, None, pending=True))
             while not self._stopping.is_set() or self._buffered():
-                if not self._buffered():
-                    await self._collect(await self._read_any())
-                key = pick_stream({k: len(v) for k, v in self._buffer.items()})
+                if not self._stopping.is_set():
+                    # Block only when idle; otherwise just look for newer, maybe more urgent work.
+                    await self._collect(await self._read_any(block=not self._buffered()))
+                views = [view_of(k, q) for k, q in self._buffer.items() if q]
+                key = self._scheduler.pick(views, self._clock_ns())
                 if key is not None:
                     await self._fill(key)
                     await self._dispatch(key)
@@ -110,10 +118,19 @@ class Worker:
     def _buffered(self) -> bool:
         return any(self._buffer.values())
 
-    async def _read_any(self) -> list[Entry]:
-        count = max(max(c.max_batch_size, 1) for c in self._configs.values())
+    def _room(self, key: StreamKey) -> int:
+        """Rows a stream's buffer may still take: two batches' worth, no more, so unread
+        work stays in Redis where other workers can take it."""
+        limit = 2 * self._configs[key.model].bucket(key.bucket).max_batch_size
+        return limit - sum(q.job.rows for q in self._buffer[key])
+
+    async def _read_any(self, block: bool) -> list[Entry]:
+        wanted = [k for k in self._keys if self._room(k) > 0]
+        count = max((self._room(k) for k in wanted), default=0)
+        if not wanted:
+            return []
         try:
-            return await self._streams.read(self._keys, count, self._poll_block_ms)
+            return await self._streams.read(wanted, count, self._poll_block_ms if block else None)
         except (aioredis.RedisError, OSError) as exc:
             log.warning("redis read failed; retrying", error=str(exc))
             with contextlib.suppress(TimeoutError):
@@ -121,23 +138,18 @@ class Worker:
             return []
 
     async def _fill(self, key: StreamKey) -> None:
-        """Wait for more entries of this stream until the batch is full or its wait is up.
+        """Wait for more entries of this stream until the scheduler closes the batch.
 
         Redis times out a blocked read only on its server tick (100 ms at the default
         hz 10), far coarser than a batch wait of a few ms, so this polls without BLOCK.
         """
-        cfg = self._configs[key.model]
-        max_rows = max(cfg.max_batch_size, 1)
         while not self._stopping.is_set():
-            queued = self._buffer[key]
-            rows = sum(q.job.rows for q in queued)
-            wait = wait_more_ms(
-                queued[0].dequeued_ns, self._clock_ns(), cfg.max_batch_wait_ms, rows, max_rows
-            )
-            if wait <= 0:
+            wait = self._scheduler.wait_ms(view_of(key, self._buffer[key]), self._clock_ns())
+            room = self._room(key)
+            if wait <= 0 or room <= 0:
                 return
             try:
-                more = await self._streams.read([key], max_rows - rows, None)
+                more = await self._streams.read([key], room, None)
             except (aioredis.RedisError, OSError):
                 return
             if more:
@@ -160,32 +172,43 @@ class Worker:
 
     async def _dispatch(self, key: StreamKey) -> None:
         queued = self._buffer[key]
-        cfg = self._configs[key.model]
-        n = take_count([q.job.rows for q in queued], max(cfg.max_batch_size, 1))
+        rows = self._scheduler.batch_rows(view_of(key, queued))
+        n = take_count([q.job.rows for q in queued], rows)
         batch, self._buffer[key] = queued[:n], queued[n:]
-        results = await self._compute(key, batch)
-        await asyncio.shield(self._finish(key, batch, results))
+        started = self._clock_ns()
+        done = await self._compute(key, batch)
+        await asyncio.shield(self._finish(key, batch, done, started))
+
+    async def _skip(self, batch: list[QueuedJob]) -> tuple[list[QueuedJob], list[JobResult]]:
+        """Drop what must not be computed: expired requests and those whose caller left."""
+        live, expired = split_expired(batch, self._clock_ns())
+        try:
+            gone = await self._streams.cancelled([q.job.request_id for q in live])
+        except (aioredis.RedisError, OSError):
+            gone = set()
+        live, cancelled = split_cancelled(live, gone)
+        self.expired += len(expired)
+        self.cancelled += len(cancelled)
+        out = []
+        for q in expired:
+            skipped_span(self._tracer, q, "expired")
+            out.append(
+                results.failed(
+                    q,
+                    grpc.StatusCode.DEADLINE_EXCEEDED,
+                    "deadline exceeded while queued; not computed",
+                )
+            )
+        for q in cancelled:
+            skipped_span(self._tracer, q, "cancelled")
+            out.append(results.failed(q, grpc.StatusCode.CANCELLED, "cancelled by the caller"))
+        return live, out
 
     async def _compute(self, key: StreamKey, batch: list[QueuedJob]) -> list[JobResult]:
-        live, expired = split_expired(batch, self._clock_ns())
-        self.expired += len(expired)
-        for q in expired:
-            span = self._tracer.start_span(
-                "expired",
-                context=extract(q.job.trace_context),
-                attributes={"tiermesh.request_id": q.job.request_id},
-            )
-            span.end()
-        results = [
-            JobResult.for_job(
-                q.job,
-                code=grpc.StatusCode.DEADLINE_EXCEEDED,
-                message="deadline exceeded while queued; not computed",
-            )
-            for q in expired
-        ]
+        live, done = await self._skip(batch)
         if not live:
-            return results
+            return done
+        rows = sum(q.job.rows for q in live)
         links = [Link(span_context_of(q.job.trace_context)) for q in batch]
         with self._tracer.start_as_current_span(
             f"{key.name} process", kind=SpanKind.CONSUMER, links=links
@@ -197,69 +220,31 @@ class Worker:
                 outputs = await asyncio.to_thread(
                     self._runners[key.model].run, [q.job for q in live]
                 )
-                error = None
             except Exception as exc:
                 log.exception("model execution failed", model=key.model)
                 span.record_exception(exc)
-                outputs, error = [], "model execution failed"
+                return done + [
+                    results.failed(q, grpc.StatusCode.INTERNAL, "model execution failed")
+                    for q in live
+                ]
             end = self._clock_ns()
             batch_context = span.get_span_context()
-        rows = sum(q.job.rows for q in live)
-        if error is None:
-            self.computed_rows += rows
+        self.computed_rows += rows
+        self._scheduler.observe(key, rows, end - start)
         cfg = self._configs[key.model]
-        for i, q in enumerate(live):
-            self._request_spans(q, start, end, rows, batch_context)
-            timing = q.job.timing.with_(batch_start_ns=start, batch_end_ns=end)
-            if error is None:
-                results.append(
-                    JobResult.for_job(
-                        q.job,
-                        outputs=_public(cfg, q.job, outputs[i].outputs),
-                        aux=_aux(cfg, outputs[i].padded_inputs),
-                        timing=timing,
-                        batch_size=rows,
-                    )
-                )
-            else:
-                results.append(
-                    JobResult.for_job(
-                        q.job, code=grpc.StatusCode.INTERNAL, message=error, timing=timing
-                    )
-                )
-        return results
-
-    def _request_spans(
-        self, q: QueuedJob, start: int, end: int, rows: int, batch: trace.SpanContext
-    ) -> None:
-        """Per request, on its own trace: the wait in the queue and its share of compute."""
-        ctx = extract(q.job.trace_context)
-        if q.job.timing.routed_ns:
-            wait = self._tracer.start_span(
-                "queue wait", context=ctx, start_time=q.job.timing.routed_ns
-            )
-            wait.end(end_time=max(q.dequeued_ns, q.job.timing.routed_ns))
-        compute = self._tracer.start_span(
-            "compute",
-            context=ctx,
-            start_time=start,
-            attributes={
-                "tiermesh.request_id": q.job.request_id,
-                "tiermesh.batch_rows": rows,
-                "tiermesh.model": q.job.model,
-            },
-            links=[Link(batch)],
-        )
-        compute.end(end_time=end)
+        for q, out in zip(live, outputs, strict=True):
+            request_spans(self._tracer, q, start, end, rows, batch_context)
+            done.append(results.computed(cfg, q, out, start, end, rows))
+        return done
 
     async def _finish(
-        self, key: StreamKey, batch: list[QueuedJob], results: list[JobResult]
+        self, key: StreamKey, batch: list[QueuedJob], done: list[JobResult], started: int
     ) -> None:
         """Publish, then ack: entries are deleted only after postprocess took the batch.
         When the hand-off keeps failing they stay pending for recovery."""
         for attempt in range(HANDOFF_ATTEMPTS):
             try:
-                await self._handoff.process(results)
+                await self._handoff.process(done)
                 break
             except grpc.aio.AioRpcError as exc:
                 log.warning("hand-off failed", attempt=attempt + 1, code=exc.code().name)
@@ -267,10 +252,18 @@ class Worker:
         else:
             log.error("hand-off gave up; entries stay pending", stream=key.name, n=len(batch))
             return
+        rate = self._drain_rate(key, len(batch), self._clock_ns() - started)
         try:
-            await self._streams.done(key, [q.entry_id for q in batch])
+            await self._streams.done(key, [q.entry_id for q in batch], rate)
         except (aioredis.RedisError, OSError):
             log.error("ack failed; entries will be delivered again", stream=key.name)
+
+    def _drain_rate(self, key: StreamKey, entries: int, service_ns: int) -> float:
+        """Entries per second this stream drains at while served (EWMA), for admission."""
+        rate = entries / max(service_ns / 1e9, 1e-6)
+        old = self._rates.get(key)
+        self._rates[key] = rate if old is None else RATE_ALPHA * rate + (1 - RATE_ALPHA) * old
+        return self._rates[key]
 
     async def _heartbeat(self) -> None:
         while True:
@@ -279,17 +272,3 @@ class Worker:
             except (aioredis.RedisError, OSError) as exc:
                 log.warning("heartbeat failed", error=str(exc))
             await asyncio.sleep(self._hb_interval_s)
-
-
-def _public(cfg: ModelConfig, job: Job, outputs: tuple[TensorData, ...]) -> tuple[TensorData, ...]:
-    """Outputs the caller asked for; a model that postprocesses hands on all of them."""
-    if cfg.compute_outputs or not job.requested_outputs:
-        return outputs
-    return tuple(o for o in outputs if o.name in job.requested_outputs)
-
-
-def _aux(cfg: ModelConfig, padded: tuple[TensorData, ...]) -> tuple[TensorData, ...]:
-    """The inputs a postprocess step needs (the pooling mask), as padded for the batch."""
-    if cfg.pool is None:
-        return ()
-    return tuple(t for t in padded if t.name == cfg.pool.mask)

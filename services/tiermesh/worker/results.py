@@ -1,0 +1,41 @@
+"""Turning a batch's onnxruntime outputs into per-request results."""
+
+from __future__ import annotations
+
+import grpc
+
+from tiermesh.core.jobs import Job, JobResult
+from tiermesh.core.model_config import ModelConfig
+from tiermesh.core.tensors import TensorData
+from tiermesh.worker.batching import QueuedJob
+from tiermesh.worker.runner import JobOutputs
+
+
+def computed(
+    cfg: ModelConfig, q: QueuedJob, out: JobOutputs, start: int, end: int, rows: int
+) -> JobResult:
+    return JobResult.for_job(
+        q.job,
+        outputs=_public(cfg, q.job, out.outputs),
+        aux=_aux(cfg, out.padded_inputs),
+        timing=q.job.timing.with_(batch_start_ns=start, batch_end_ns=end),
+        batch_size=rows,
+    )
+
+
+def failed(q: QueuedJob, code: grpc.StatusCode, message: str) -> JobResult:
+    return JobResult.for_job(q.job, code=code, message=message)
+
+
+def _public(cfg: ModelConfig, job: Job, outputs: tuple[TensorData, ...]) -> tuple[TensorData, ...]:
+    """Outputs the caller asked for; a model that postprocesses hands on all of them."""
+    if cfg.compute_outputs or not job.requested_outputs:
+        return outputs
+    return tuple(o for o in outputs if o.name in job.requested_outputs)
+
+
+def _aux(cfg: ModelConfig, padded: tuple[TensorData, ...]) -> tuple[TensorData, ...]:
+    """The inputs a postprocess step needs (the pooling mask), as padded for the batch."""
+    if cfg.pool is None:
+        return ()
+    return tuple(t for t in padded if t.name == cfg.pool.mask)
