@@ -98,6 +98,9 @@ def infer_response(result: JobResult, cache_hit: bool = False) -> service_pb2.Mo
         resp.parameters["tiermesh.variant"].string_param = result.variant
     if cache_hit:
         resp.parameters["tiermesh.cache_hit"].bool_param = True
+    for key in ("tokens", "padded_tokens"):
+        if key in result.annotations:
+            resp.parameters[f"tiermesh.{key}"].int64_param = int(result.annotations[key])
     if "truncated" in result.annotations:
         resp.parameters["tiermesh.truncated"].bool_param = result.annotations["truncated"] == "true"
     return resp

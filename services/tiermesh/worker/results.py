@@ -6,7 +6,7 @@ import grpc
 
 from tiermesh.core.jobs import Job, JobResult
 from tiermesh.core.model_config import ModelConfig
-from tiermesh.core.tensors import TensorData
+from tiermesh.core.tensors import TensorData, element_count
 from tiermesh.worker.batching import QueuedJob
 from tiermesh.worker.runner import JobOutputs
 
@@ -20,7 +20,23 @@ def computed(
         aux=_aux(cfg, out.padded_inputs),
         timing=q.job.timing.with_(batch_start_ns=start, batch_end_ns=end),
         batch_size=rows,
+        annotations={**q.job.annotations, **_padding(cfg, q.job, out.padded_inputs)},
     )
+
+
+def _padding(cfg: ModelConfig, job: Job, padded: tuple[TensorData, ...]) -> dict[str, str]:
+    """Elements of the first padded input as sent and as run: padding waste, measurable."""
+    name = next(iter(cfg.pad), None)
+    if name is None:
+        return {}
+    sent = next((t for t in job.inputs if t.name == name), None)
+    ran = next((t for t in padded if t.name == name), None)
+    if sent is None or ran is None:
+        return {}
+    return {
+        "tokens": str(element_count(sent.shape)),
+        "padded_tokens": str(element_count(ran.shape)),
+    }
 
 
 def failed(q: QueuedJob, code: grpc.StatusCode, message: str) -> JobResult:
