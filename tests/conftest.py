@@ -78,7 +78,8 @@ async def redis_url(redis_server: str) -> AsyncIterator[str]:
 
 def copy_repository(dest: Path, bounded_queue: int = 2, fetched: Sequence[str] = ()) -> Path:
     """The built-in models' committed configs with freshly built weights, plus
-    `mlp_bounded`: the mlp with a tiny queue bound, for admission tests. `fetched` names
+    `mlp_bounded` (the mlp with a tiny queue bound, for admission tests) and `mlp_cached`
+    (the mlp with a response cache: 1 s TTL, 3 entries). `fetched` names
     real models to add (configs copied, weights linked from the project's models/)."""
     for name in BUILTINS:
         (dest / name).mkdir(parents=True, exist_ok=True)
@@ -96,6 +97,13 @@ def copy_repository(dest: Path, bounded_queue: int = 2, fetched: Sequence[str] =
     )
     (bounded / "config.yaml").write_text(text)
     shutil.copy(dest / "mlp" / "1" / "model.onnx", bounded / "1" / "model.onnx")
+    cached = dest / "mlp_cached"
+    (cached / "1").mkdir(parents=True)
+    (cached / "config.yaml").write_text(
+        (dest / "mlp" / "config.yaml").read_text().replace("name: mlp", "name: mlp_cached")
+        + "response_cache: {enabled: true, ttl_s: 1.0, max_entries: 3}\n"
+    )
+    shutil.copy(dest / "mlp" / "1" / "model.onnx", cached / "1" / "model.onnx")
     return dest
 
 

@@ -59,7 +59,12 @@ class UpProcess:
         return self.proc.wait(timeout=timeout_s)
 
 
-def start_up(tmp: Path, grace_s: float = 5.0, fetched: Sequence[str] = ()) -> UpProcess:
+def start_up(
+    tmp: Path,
+    grace_s: float = 5.0,
+    fetched: Sequence[str] = (),
+    extra_env: dict[str, str] | None = None,
+) -> UpProcess:
     repo = copy_repository(tmp / "models", fetched=fetched)
     port = free_port()
     env = dict(os.environ)
@@ -68,6 +73,7 @@ def start_up(tmp: Path, grace_s: float = 5.0, fetched: Sequence[str] = ()) -> Up
         TIERMESH_TRACE_DIR=str(tmp / "traces"),
         TIERMESH_LOG_FORMAT="json",
         TIERMESH_HEARTBEAT_TTL_MS="30000",
+        **(extra_env or {}),
     )
     log = tmp / "up.log"
     proc = subprocess.Popen(

@@ -113,32 +113,36 @@ def job(request_id: str, gateway: str, deadline_ns: int, x: np.ndarray) -> bytes
     )
 
 
-async def test_expired_jobs_are_answered_but_never_computed(
+async def test_expired_and_cancelled_jobs_are_dropped_never_computed(
     redis_url: str, model_repo: Path, downstream: Downstream
 ) -> None:
+    """Nobody waits for them (the gateway answered the expired one itself, the cancelled
+    one's caller left): they are acknowledged and deleted without compute or hand-off."""
     redis = aioredis.Redis.from_url(redis_url)
     worker = make_worker(redis, model_repo, downstream.postprocess_address)
     old = downstream.pending.register("old")
     new = downstream.pending.register("new")
+    downstream.pending.register("gone")
+    await redis.set(keys.cancel_key("gone"), b"1", px=60_000)
     now = time.time_ns()
     x = np.ones((1, 4), np.float32)
-    for rid, deadline in (("old", now - 1), ("new", now + 30 * 10**9)):
+    later = now + 30 * 10**9
+    for rid, deadline in (("old", now - 1), ("gone", later), ("new", later)):
         await redis.xadd(
             STREAM.name, {keys.JOB_FIELD: job(rid, downstream.delivery_address, deadline, x)}
         )
     task = asyncio.create_task(worker.run())
     try:
-        old_result = await asyncio.wait_for(old, 10)
         new_result = await asyncio.wait_for(new, 10)
     finally:
         worker.stop()
         await asyncio.wait_for(task, 10)
-    assert old_result.code == grpc.StatusCode.DEADLINE_EXCEEDED
-    assert old_result.outputs == ()
     assert new_result.code == grpc.StatusCode.OK
     assert new_result.outputs[0].shape == (1, 3)
-    assert worker.computed_rows == 1 and worker.expired == 1
-    assert await redis.xlen(STREAM.name) == 0  # acknowledged and deleted after hand-off
+    assert not old.done()  # never handed off
+    assert worker.computed_rows == 1 and worker.expired == 1 and worker.cancelled == 1
+    assert await redis.xlen(STREAM.name) == 0  # all acknowledged and deleted
+    assert (await redis.xpending(STREAM.name, keys.GROUP))["pending"] == 0
     await redis.aclose()
 
 

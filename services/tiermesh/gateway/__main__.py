@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import asyncio
 
-import redis.asyncio as aioredis
 import structlog
 from tritonclient.grpc import service_pb2_grpc
 
 from tiermesh.core.logging import configure_logging
+from tiermesh.core.redis_client import connect
 from tiermesh.core.repository import ModelRepository
 from tiermesh.core.server import (
     ReadyCallback,
@@ -41,7 +41,7 @@ async def serve(
     telemetry = telemetry or Telemetry("gateway", settings.trace_dir)
     repo = ModelRepository(settings.model_repository)
     repo.load()
-    redis = aioredis.Redis.from_url(settings.redis_url)
+    redis = connect(settings.redis_url)
     router_channel = make_channel(settings.router_address, telemetry, settings.max_message_bytes)
     pending = PendingRequests()
     internal = make_server(telemetry, settings.max_message_bytes)

@@ -172,7 +172,8 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
             except TimeoutError:
                 raise deadline_exceeded("deadline exceeded while waiting for the result") from None
         except asyncio.CancelledError:
-            if routed and not future.done():
+            # wait_for cancels the future it waited on: a cancelled future has no answer.
+            if routed and (not future.done() or future.cancelled()):
                 # The caller gave up: tell the workers, so the request is not computed.
                 ms_left = int(self._remaining_s(job) * 1000)
                 await asyncio.shield(self._up.cancellations.mark(job.request_id, ms_left))

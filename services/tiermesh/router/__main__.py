@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import asyncio
 
-import redis.asyncio as aioredis
 import structlog
 
 from tiermesh.core.logging import configure_logging
+from tiermesh.core.redis_client import connect
 from tiermesh.core.repository import ModelRepository
 from tiermesh.core.server import (
     ReadyCallback,
@@ -36,7 +36,7 @@ async def serve(
     telemetry = telemetry or Telemetry("router", settings.trace_dir)
     repo = ModelRepository(settings.model_repository)
     repo.load()
-    redis = aioredis.Redis.from_url(settings.redis_url)
+    redis = connect(settings.redis_url)
     server = make_server(telemetry)
     encoders = {
         name: TextEncoder(

@@ -6,11 +6,11 @@ import asyncio
 import os
 import socket
 
-import redis.asyncio as aioredis
 import structlog
 
 from tiermesh.core.keys import compute_unit, split_unit
 from tiermesh.core.logging import configure_logging
+from tiermesh.core.redis_client import connect
 from tiermesh.core.repository import ModelRepository, RepositoryError
 from tiermesh.core.server import (
     ReadyCallback,
@@ -53,7 +53,7 @@ async def serve(
         )
         for unit, cfg in served.items()
     }
-    redis = aioredis.Redis.from_url(settings.redis_url)
+    redis = connect(settings.redis_url)
     channel = make_channel(settings.postprocess_address, telemetry)
     consumer = settings.worker_id or f"{socket.gethostname()}-{settings.worker_tier}-{os.getpid()}"
     worker = Worker(
@@ -96,7 +96,12 @@ async def serve(
         await channel.close()
         await redis.aclose()
         telemetry.shutdown()
-        log.info("worker stopped", computed_rows=worker.computed_rows, expired=worker.expired)
+        log.info(
+            "worker stopped",
+            computed_rows=worker.computed_rows,
+            expired=worker.expired,
+            cancelled=worker.cancelled,
+        )
 
 
 async def _main() -> None:

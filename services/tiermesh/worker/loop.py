@@ -39,6 +39,7 @@ log = structlog.get_logger("tiermesh.worker")
 HANDOFF_ATTEMPTS = 5
 # How often a batch that is not yet full looks for more entries while it waits.
 FILL_POLL_MS = 0.5
+MAX_HANDOFFS_IN_FLIGHT = 2
 # Weight of the newest batch in a stream's measured drain rate.
 RATE_ALPHA = 0.3
 
@@ -79,6 +80,10 @@ class Worker:
         ]
         self._buffer: dict[StreamKey, list[QueuedJob]] = defaultdict(list)
         self._rates: dict[StreamKey, float] = {}
+        self._last_dispatch: dict[StreamKey, int] = {}
+        # Hand-offs in flight: the next batch computes while the last one is delivered.
+        self._finishing: set[asyncio.Task[None]] = set()
+        self._handoff_slots = asyncio.Semaphore(MAX_HANDOFFS_IN_FLIGHT)
         self._stopping = asyncio.Event()
         # Set once the consumer groups exist and the first heartbeat is out: from then on
         # routers admit work for this worker's models.
@@ -102,12 +107,15 @@ class Worker:
                 if not self._stopping.is_set():
                     # Block only when idle; otherwise just look for newer, maybe more urgent work.
                     await self._collect(await self._read_any(block=not self._buffered()))
+                await self._sweep_expired()
                 views = [view_of(k, q) for k, q in self._buffer.items() if q]
                 key = self._scheduler.pick(views, self._clock_ns())
                 if key is not None:
                     await self._fill(key)
                     await self._dispatch(key)
         finally:
+            # Hand-offs are never cancelled: publish, then ack, even while stopping.
+            await asyncio.gather(*self._finishing, return_exceptions=True)
             heartbeat.cancel()
             await asyncio.gather(heartbeat, return_exceptions=True)
             try:
@@ -176,40 +184,78 @@ class Worker:
         n = take_count([q.job.rows for q in queued], rows)
         batch, self._buffer[key] = queued[:n], queued[n:]
         started = self._clock_ns()
-        done = await self._compute(key, batch)
-        await asyncio.shield(self._finish(key, batch, done, started))
+        # How long this batch waited for its turn since the stream's previous batch (not
+        # counting time the stream sat idle), for the drain rate.
+        arrived = min(q.job.timing.routed_ns or q.dequeued_ns for q in batch) if batch else started
+        interval = started - max(self._last_dispatch.get(key, started), arrived)
+        self._last_dispatch[key] = started
+        await self._handoff_slots.acquire()
+        try:
+            live, done = await self._compute(key, batch)
+        except BaseException:
+            self._handoff_slots.release()
+            raise
+        if not live:
+            self._handoff_slots.release()
+            return
+        task = asyncio.create_task(self._finish(key, live, done, started, interval))
+        self._finishing.add(task)
+        task.add_done_callback(self._finished)
 
-    async def _skip(self, batch: list[QueuedJob]) -> tuple[list[QueuedJob], list[JobResult]]:
-        """Drop what must not be computed: expired requests and those whose caller left."""
+    def _finished(self, task: asyncio.Task[None]) -> None:
+        self._finishing.discard(task)
+        self._handoff_slots.release()
+        if not task.cancelled() and task.exception() is not None:
+            log.error("hand-off task failed", error=repr(task.exception()))
+
+    async def _sweep_expired(self) -> None:
+        """Drop buffered entries whose deadline has passed, before they count for aging or
+        a batch. Their callers were answered DEADLINE_EXCEEDED by their gateway already."""
+        now = self._clock_ns()
+        for key, queued in self._buffer.items():
+            live, expired = split_expired(queued, now)
+            if expired:
+                self._buffer[key] = live
+                await self._drop(key, expired, "expired")
+
+    async def _skip(self, key: StreamKey, batch: list[QueuedJob]) -> list[QueuedJob]:
+        """Drop what must not be computed: expired requests and those whose caller left.
+        Nobody waits for their answer (the gateway answered the expired ones itself), so
+        they are acknowledged at once and never handed off."""
         live, expired = split_expired(batch, self._clock_ns())
         try:
             gone = await self._streams.cancelled([q.job.request_id for q in live])
         except (aioredis.RedisError, OSError):
             gone = set()
         live, cancelled = split_cancelled(live, gone)
-        self.expired += len(expired)
-        self.cancelled += len(cancelled)
-        out = []
-        for q in expired:
-            skipped_span(self._tracer, q, "expired")
-            out.append(
-                results.failed(
-                    q,
-                    grpc.StatusCode.DEADLINE_EXCEEDED,
-                    "deadline exceeded while queued; not computed",
-                )
-            )
-        for q in cancelled:
-            skipped_span(self._tracer, q, "cancelled")
-            out.append(results.failed(q, grpc.StatusCode.CANCELLED, "cancelled by the caller"))
-        return live, out
+        await self._drop(key, expired, "expired")
+        await self._drop(key, cancelled, "cancelled")
+        return live
 
-    async def _compute(self, key: StreamKey, batch: list[QueuedJob]) -> list[JobResult]:
-        live, done = await self._skip(batch)
+    async def _drop(self, key: StreamKey, queued: list[QueuedJob], reason: str) -> None:
+        if not queued:
+            return
+        if reason == "expired":
+            self.expired += len(queued)
+        else:
+            self.cancelled += len(queued)
+        for q in queued:
+            skipped_span(self._tracer, q, reason)
+        try:
+            await self._streams.done(key, [q.entry_id for q in queued])
+        except (aioredis.RedisError, OSError):
+            log.warning("could not drop skipped entries; they come back", stream=key.name)
+
+    async def _compute(
+        self, key: StreamKey, batch: list[QueuedJob]
+    ) -> tuple[list[QueuedJob], list[JobResult]]:
+        """The batch's live requests and their results (skipped ones dropped on the way)."""
+        live = await self._skip(key, batch)
+        done: list[JobResult] = []
         if not live:
-            return done
+            return live, done
         rows = sum(q.job.rows for q in live)
-        links = [Link(span_context_of(q.job.trace_context)) for q in batch]
+        links = [Link(span_context_of(q.job.trace_context)) for q in live]
         with self._tracer.start_as_current_span(
             f"{key.name} process", kind=SpanKind.CONSUMER, links=links
         ) as span:
@@ -223,7 +269,7 @@ class Worker:
             except Exception as exc:
                 log.exception("model execution failed", model=key.model)
                 span.record_exception(exc)
-                return done + [
+                return live, [
                     results.failed(q, grpc.StatusCode.INTERNAL, "model execution failed")
                     for q in live
                 ]
@@ -235,10 +281,15 @@ class Worker:
         for q, out in zip(live, outputs, strict=True):
             request_spans(self._tracer, q, start, end, rows, batch_context)
             done.append(results.computed(cfg, q, out, start, end, rows))
-        return done
+        return live, done
 
     async def _finish(
-        self, key: StreamKey, batch: list[QueuedJob], done: list[JobResult], started: int
+        self,
+        key: StreamKey,
+        batch: list[QueuedJob],
+        done: list[JobResult],
+        started: int,
+        interval: int,
     ) -> None:
         """Publish, then ack: entries are deleted only after postprocess took the batch.
         When the hand-off keeps failing they stay pending for recovery."""
@@ -252,15 +303,17 @@ class Worker:
         else:
             log.error("hand-off gave up; entries stay pending", stream=key.name, n=len(batch))
             return
-        rate = self._drain_rate(key, len(batch), self._clock_ns() - started)
+        rate = self._drain_rate(key, len(batch), max(self._clock_ns() - started, interval))
         try:
             await self._streams.done(key, [q.entry_id for q in batch], rate)
         except (aioredis.RedisError, OSError):
             log.error("ack failed; entries will be delivered again", stream=key.name)
 
-    def _drain_rate(self, key: StreamKey, entries: int, service_ns: int) -> float:
-        """Entries per second this stream drains at while served (EWMA), for admission."""
-        rate = entries / max(service_ns / 1e9, 1e-6)
+    def _drain_rate(self, key: StreamKey, entries: int, period_ns: int) -> float:
+        """Entries per second this stream drains at (EWMA), for admission. The period is the
+        batch's own service time or, when the stream waited its turn behind others, the time
+        since its previous batch: what a newcomer to this queue really sees."""
+        rate = entries / max(period_ns / 1e9, 1e-6)
         old = self._rates.get(key)
         self._rates[key] = rate if old is None else RATE_ALPHA * rate + (1 - RATE_ALPHA) * old
         return self._rates[key]

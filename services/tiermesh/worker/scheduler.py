@@ -12,7 +12,9 @@ Picking a stream (`Scheduler.pick`, called once per batch the worker is about to
    the largest excess over its limit is picked, whatever its priority (ties: higher
    priority, then lower bucket). So once a request turns overdue it is served at the next
    pick unless something is even more overdue: with one batch in flight, within its age
-   limit plus one batch duration. An aging pick leaves the credits below untouched.
+   limit plus one batch duration. An aging pick leaves the credits below untouched, and is
+   never followed by another while views that are not overdue wait: under sustained
+   overload aging takes at most every other batch, so higher levels keep at least half.
 2. Weighted priority. Otherwise the competitors are the (compute unit, priority level)
    groups that have work, each with its model's ``scheduling.weight(level)``. Smooth
    weighted round-robin: every competitor gains its weight in credit, the one with the
@@ -111,6 +113,7 @@ class Scheduler:
         # (unit, level) -> smooth weighted round-robin credit; sums to zero.
         self._credits: dict[tuple[str, int], int] = defaultdict(int)
         self._costs: dict[tuple[str, int], _CostFit] = {}
+        self._last_pick_aged = False
 
     def pick(self, views: Sequence[StreamView], now_ns: int) -> StreamKey | None:
         """The stream to form the next batch from, or None when no view has rows. Called
@@ -119,9 +122,11 @@ class Scheduler:
         if not live:
             return None
         overdue = [(excess, v) for v in live if (excess := self._overdue_ns(v, now_ns)) > 0]
-        if overdue:
+        if overdue and (not self._last_pick_aged or len(overdue) == len(live)):
+            self._last_pick_aged = True
             _, view = min(overdue, key=lambda ev: (-ev[0], *_order(ev[1].key)))
             return view.key
+        self._last_pick_aged = False
         groups: dict[tuple[str, int], list[StreamView]] = defaultdict(list)
         for v in live:
             groups[(v.key.model, v.key.priority)].append(v)
