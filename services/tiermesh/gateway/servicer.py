@@ -34,6 +34,7 @@ from tiermesh.gateway.requests import (
     validate,
     variant_of,
 )
+from tiermesh.gateway.shedding import Shedder, ShedKey
 from tiermesh.gateway.upstream import Upstream
 from tiermesh.v1 import delivery_pb2, delivery_pb2_grpc
 
@@ -59,6 +60,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
         self._pending = pending
         self._clock_ns = clock_ns
         self.draining = False
+        self._shedder = Shedder()
         # Requests placed on a queue, and those of them whose result reached the caller.
         self.accepted = 0
         self.answered = 0
@@ -140,6 +142,13 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
                 )
             if self.draining:  # the drain may have begun while the cache answered
                 raise unavailable("gateway is draining; retry on another replica")
+        shed_ms = self._shedder.remaining_ms(_shed_key(job), self._clock_ns())
+        if shed_ms:
+            raise exhausted(
+                f"model '{job.model}' is refusing priority {job.priority} work for now; "
+                "retry later",
+                shed_ms,
+            )
         result = await self._await_result(job)
         if result.code != grpc.StatusCode.OK:
             raise MeshError(result.code, result.message)
@@ -162,7 +171,12 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
         future = self._pending.register(job.request_id)
         routed = False
         try:
-            await self._up.router.route(job, self._remaining_s(job))
+            try:
+                await self._up.router.route(job, self._remaining_s(job))
+            except MeshError as err:
+                if err.retry_after_ms is not None:  # no room or no time: shed this class
+                    self._shedder.refused(_shed_key(job), err.retry_after_ms, self._clock_ns())
+                raise
             routed = True
             self.accepted += 1
             try:
@@ -183,6 +197,10 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
 
     def _remaining_s(self, job: Job) -> float:
         return (job.deadline_ns - self._clock_ns()) / 1e9
+
+
+def _shed_key(job: Job) -> ShedKey:
+    return (job.model, job.variant, job.priority)
 
 
 class DeliveryServicer(delivery_pb2_grpc.DeliveryServicer):

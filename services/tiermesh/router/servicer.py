@@ -6,6 +6,7 @@ import dataclasses
 import time
 from collections.abc import Callable, Mapping
 
+import grpc
 import redis.asyncio as aioredis
 import structlog
 from opentelemetry.trace import SpanKind
@@ -120,8 +121,11 @@ def refusal(cfg: ModelConfig, admission: Admission, retry_after_ms: int) -> Mesh
     if admission.outcome == "noworker":
         return unavailable(f"no live worker for model '{cfg.name}'")
     if admission.outcome == "late":
-        return deadline_exceeded(
-            f"the queue ahead needs ~{admission.detail} ms, more than the request's deadline leaves"
+        return MeshError(
+            grpc.StatusCode.DEADLINE_EXCEEDED,
+            f"the queue ahead needs ~{admission.detail} ms, more than the request's deadline "
+            "leaves",
+            retry_after_ms=int(admission.detail),
         )
     what = "queue" if admission.outcome == "full" else "model's queues"
     bound = cfg.queue_bound if admission.outcome == "full" else cfg.model_queue_bound
