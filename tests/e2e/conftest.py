@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -52,6 +53,12 @@ class UpProcess:
                 if line.strip():
                     out.append(json.loads(line))
         return out
+
+    def redis_url(self) -> str:
+        """The private redis-server `tiermesh up` started (from its banner)."""
+        found = re.search(r"\(redis: (redis://[^)]+)\)", self.log.read_text())
+        assert found, "no redis URL in the tiermesh up banner"
+        return found.group(1)
 
     def interrupt(self, timeout_s: float = 60) -> int:
         """Ctrl-C, as a terminal sends it to the foreground process; its exit code."""

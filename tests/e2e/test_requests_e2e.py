@@ -16,12 +16,14 @@ import grpc
 import numpy as np
 import onnxruntime as ort
 import pytest
+import redis
 import tritonclient.grpc as grpcclient
 import tritonclient.grpc.aio as aioclient
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
 from tests.e2e.conftest import UpProcess
+from tiermesh.core.keys import StreamKey
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -205,28 +207,29 @@ def test_request_expired_in_queue_is_never_computed(mesh_up: UpProcess) -> None:
 def test_full_queue_is_resource_exhausted_quickly(mesh_up: UpProcess) -> None:
     x = np.ones((1, 4), np.float32)
     client = grpcclient.InferenceServerClient(mesh_up.url)
+    stream = StreamKey("mlp_bounded.fp32", "center", 2, 0).name
+    queue = redis.Redis.from_url(mesh_up.redis_url())
     # The pool outlives the pause: its exit waits for answers that need the worker.
     with ThreadPoolExecutor(2) as pool, worker_paused(mesh_up):
         # mlp_bounded has queue_bound 2: two requests wait in the stream...
         waiting = [pool.submit(client.infer, "mlp_bounded", [mlp_input(x)]) for _ in range(2)]
+        deadline = time.monotonic() + 20
+        while queue.xlen(stream) < 2:
+            assert time.monotonic() < deadline, "the two requests never reached the queue"
+            time.sleep(0.01)
+        # ...so the third is refused at once.
         with grpc.insecure_channel(mesh_up.url) as channel:
             stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
             request = _raw_request("mlp_bounded", "INPUT0", "FP32", [1, 4], x.tobytes())
-            deadline = time.monotonic() + 20
-            while True:  # ...until both are in, the third is refused
-                started = time.monotonic()
-                try:
-                    stub.ModelInfer(request, timeout=0.5)
-                except grpc.RpcError as err:
-                    if err.code() == grpc.StatusCode.RESOURCE_EXHAUSTED:
-                        elapsed = time.monotonic() - started
-                        details = err.details()
-                        trailers = dict(err.trailing_metadata() or ())
-                        break
-                    assert err.code() == grpc.StatusCode.DEADLINE_EXCEEDED
-                assert time.monotonic() < deadline, "queue bound was never reached"
+            started = time.monotonic()
+            with pytest.raises(grpc.RpcError) as info:
+                stub.ModelInfer(request, timeout=5)
+            elapsed = time.monotonic() - started
+    queue.close()
+    assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
     assert elapsed < 0.5
-    assert "full" in details
+    assert "full" in info.value.details()
+    trailers = dict(info.value.trailing_metadata() or ())
     assert int(trailers["retry-after-ms"]) > 0
     for fut in waiting:  # accepted before the bound: answered once the worker resumes
         np.testing.assert_allclose(
