@@ -42,3 +42,34 @@ async def test_queue_bound_refuses_without_trimming(redis_url: str) -> None:
     await redis.xdel(STREAM.name, entries[0][0])
     assert (await admitter.admit(STREAM, 3, b"job5", tp)).outcome == "ok"
     await redis.aclose()
+
+
+async def test_model_wide_bound_counts_every_stream(redis_url: str) -> None:
+    redis = aioredis.Redis.from_url(redis_url)
+    await StreamClient(redis, "w1").heartbeat(["m"], "center", ttl_ms=60_000)
+    admitter = Admitter(redis)
+    streams = [StreamKey("m", "center", p, b) for p in (1, 2) for b in (0, 1)]
+    outcomes = []
+    for i, target in enumerate(streams * 2):  # two per stream, per-stream bound 10
+        a = await admitter.admit(
+            target, 10, f"j{i}".encode(), {}, model_streams=streams, model_bound=5
+        )
+        outcomes.append(a.outcome)
+    assert outcomes == ["ok"] * 5 + ["modelfull"] * 3
+    assert sum([await redis.xlen(s.name) for s in streams]) == 5
+    await redis.aclose()
+
+
+async def test_a_queue_that_cannot_drain_in_time_is_refused(redis_url: str) -> None:
+    redis = aioredis.Redis.from_url(redis_url)
+    await StreamClient(redis, "w1").heartbeat(["m"], "center", ttl_ms=60_000)
+    admitter = Admitter(redis)
+    for i in range(4):
+        assert (await admitter.admit(STREAM, 100, f"j{i}".encode(), {})).outcome == "ok"
+    # Workers measured 10 entries/s on this stream: 4 ahead need ~400 ms.
+    await redis.hset(keys.rate_key("m", "center"), keys.rate_field(0), "10.0")
+    late = await admitter.admit(STREAM, 100, b"x", {}, ms_left=300)
+    assert (late.outcome, late.detail) == ("late", "400")
+    assert (await admitter.admit(STREAM, 100, b"y", {}, ms_left=500)).outcome == "ok"
+    assert (await admitter.admit(STREAM, 100, b"z", {}, ms_left=-1)).outcome == "ok"  # none
+    await redis.aclose()
