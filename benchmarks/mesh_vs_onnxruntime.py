@@ -46,7 +46,7 @@ from tiermesh.worker.runner import session_options
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 STAGES = (
-    "route_us",
+    "preprocess_us",
     "queue_us",
     "batch_wait_us",
     "compute_us",
@@ -208,12 +208,14 @@ def digest_mesh(
         params = res.get_response().parameters
         inside = 0
         for stage in STAGES:
-            key = f"tiermesh.{stage}"
-            if key in params:
-                value = int(params[key].int64_param)
-                per_stage[stage].append(value)
-                if stage.endswith("_us"):
+            if stage.endswith("_us"):  # returned as *_ms doubles
+                key = stage.removesuffix("_us") + "_ms"
+                if key in params:
+                    value = round(params[key].double_param * 1000)
+                    per_stage[stage].append(value)
                     inside += value
+            elif stage in params:
+                per_stage[stage].append(int(params[stage].int64_param))
         per_stage[OUTSIDE].append(latency_us - inside)
         out = res.as_numpy(output_name)
         if out is not None:

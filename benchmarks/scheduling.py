@@ -67,14 +67,21 @@ INT_PARAMS = (
     "padded_tokens",
     "batch_size",
     "bucket",
-    "route_us",
+    "preprocess_us",
     "queue_us",
     "batch_wait_us",
     "compute_us",
     "postprocess_us",
     "delivery_us",
 )
-STAGES = ("route_us", "queue_us", "batch_wait_us", "compute_us", "postprocess_us", "delivery_us")
+STAGES = (
+    "preprocess_us",
+    "queue_us",
+    "batch_wait_us",
+    "compute_us",
+    "postprocess_us",
+    "delivery_us",
+)
 OUTSIDE = "outside_us"  # client latency minus the stages: client <-> gateway, tritonclient
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 REQUEST_TIMEOUT_S = 10.0  # closed loop and trickle requests
@@ -251,10 +258,17 @@ class Run:
 
 
 def params_of(res: Any) -> dict[str, int]:
+    """The response's facts; its stage times (`*_ms`, double) as whole microseconds."""
     params = res.get_response().parameters
-    return {
-        k: int(params[f"tiermesh.{k}"].int64_param) for k in INT_PARAMS if f"tiermesh.{k}" in params
-    }
+    out: dict[str, int] = {}
+    for k in INT_PARAMS:
+        if k.endswith("_us"):
+            name = k.removesuffix("_us") + "_ms"
+            if name in params:
+                out[k] = round(params[name].double_param * 1000)
+        elif k in params:
+            out[k] = int(params[k].int64_param)
+    return out
 
 
 def status_of(exc: InferenceServerException) -> str:
@@ -677,8 +691,7 @@ def render(summary: dict[str, Any], config: dict[str, Any]) -> str:
     lines += [
         f"  throughput bucketed / fifo: {value:.2f}  (rounds: {per_round})"
         f"  target >= {target}: {'met' if value >= target else 'NOT met'}",
-        "  padded/real = sum(tiermesh.padded_tokens) / sum(tiermesh.tokens);"
-        " mean batch = requests / batches",
+        "  padded/real = sum(padded_tokens) / sum(tokens); mean batch = requests / batches",
     ]
     cpu_columns = {"bucketed mixed": mixed["bucketed"], "fifo mixed": mixed["fifo"]}
     prio = summary.get("priority")
@@ -701,7 +714,7 @@ def render(summary: dict[str, Any], config: dict[str, Any]) -> str:
             f"{lo['p50_ms']:>11.1f}{lo['p99_ms']:>11.1f}",
         ]
         for stage in (*STAGES, OUTSIDE):
-            label = stage if stage == OUTSIDE else f"tiermesh.{stage}"
+            label = stage
             lines.append(
                 f"  {label:<26}{un['stages_p50_ms'][stage]:>11.1f}"
                 f"{un['stages_p99_ms'][stage]:>11.1f}{lo['stages_p50_ms'][stage]:>11.1f}"

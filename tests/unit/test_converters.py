@@ -192,9 +192,9 @@ def test_infer_response_outputs_and_timing() -> None:
         tier="edge",
         batch_size=7,
         outputs=(from_numpy("Y", y, "FP32"), from_numpy("L", np.array(["a"], object), "BYTES")),
-        timing=Timing(received_ns=1_000, routed_ns=11_000, dequeued_ns=111_000),
+        timing=Timing(received_ns=1_000, enqueued_ns=11_000, dequeued_ns=111_000),
     )
-    resp = infer_response(result)
+    resp = infer_response(result, responded_ns=2_001_000)
     assert (resp.model_name, resp.model_version, resp.id) == ("mix", "1", "cid")
     assert [(o.name, o.datatype, list(o.shape)) for o in resp.outputs] == [
         ("Y", "FP32", [2, 2]),
@@ -202,11 +202,12 @@ def test_infer_response_outputs_and_timing() -> None:
     ]
     assert resp.raw_output_contents[0] == y.tobytes()
     assert resp.raw_output_contents[1] == join_bytes([b"a"])
-    assert resp.parameters["tiermesh.route_us"].int64_param == 10
-    assert resp.parameters["tiermesh.queue_us"].int64_param == 100
-    assert "tiermesh.compute_us" not in resp.parameters  # not reached
-    assert resp.parameters["tiermesh.tier"].string_param == "edge"
-    assert resp.parameters["tiermesh.batch_size"].int64_param == 7
+    assert resp.parameters["preprocess_ms"].double_param == 0.01
+    assert resp.parameters["queue_ms"].double_param == 0.1
+    assert resp.parameters["total_ms"].double_param == 2.0
+    assert "compute_ms" not in resp.parameters  # not reached
+    assert resp.parameters["tier"].string_param == "edge"
+    assert resp.parameters["batch_size"].int64_param == 7
     # tritonclient reads it back.
     got = triton.InferResult(resp)
     np.testing.assert_array_equal(got.as_numpy("Y"), y)

@@ -13,7 +13,12 @@ from tiermesh.core.tensors import TensorData
 
 @dataclass(frozen=True, slots=True)
 class Timing:
-    """Wall-clock instants (unix ns) of one request; 0 where not reached (yet)."""
+    """Wall-clock instants (unix ns) of one request; 0 where not reached (yet).
+
+    received (gateway) -> routed (router got it) -> enqueued (XADD, after input processing)
+    -> dequeued (worker read it) -> batch_start -> batch_end -> postprocessed -> delivered
+    (back at the gateway).
+    """
 
     received_ns: int = 0
     routed_ns: int = 0
@@ -22,21 +27,28 @@ class Timing:
     batch_end_ns: int = 0
     postprocessed_ns: int = 0
     delivered_ns: int = 0
+    enqueued_ns: int = 0
 
     def with_(self, **instants: int) -> Timing:
         return dataclasses.replace(self, **instants)
 
-    def breakdown_us(self) -> dict[str, int]:
-        """Durations in microseconds between consecutive instants that were both reached."""
+    def breakdown_ms(self, responded_ns: int) -> dict[str, float]:
+        """The stages in milliseconds, for a response built at `responded_ns`.
+
+        Consecutive stages share their boundaries, so the parts add up to delivered -
+        received; total_ms (responded - received) adds the gateway's last step. A stage
+        whose ends were not both reached (a cache hit) is left out.
+        """
         stages = (
-            ("route_us", self.received_ns, self.routed_ns),
-            ("queue_us", self.routed_ns, self.dequeued_ns),
-            ("batch_wait_us", self.dequeued_ns, self.batch_start_ns),
-            ("compute_us", self.batch_start_ns, self.batch_end_ns),
-            ("postprocess_us", self.batch_end_ns, self.postprocessed_ns),
-            ("delivery_us", self.postprocessed_ns, self.delivered_ns),
+            ("preprocess_ms", self.received_ns, self.enqueued_ns),
+            ("queue_ms", self.enqueued_ns, self.dequeued_ns),
+            ("batch_wait_ms", self.dequeued_ns, self.batch_start_ns),
+            ("compute_ms", self.batch_start_ns, self.batch_end_ns),
+            ("postprocess_ms", self.batch_end_ns, self.postprocessed_ns),
+            ("delivery_ms", self.postprocessed_ns, self.delivered_ns),
+            ("total_ms", self.received_ns, responded_ns),
         )
-        return {name: (end - start) // 1000 for name, start, end in stages if start and end}
+        return {name: (end - start) / 1e6 for name, start, end in stages if start and end}
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,6 +91,7 @@ class JobResult:
     priority: int = 0
     bucket: int = 0
     batch_size: int = 0
+    worker: str = ""
     timing: Timing = field(default_factory=Timing)
     trace_context: Mapping[str, str] = field(default_factory=dict)
     annotations: Mapping[str, str] = field(default_factory=dict)

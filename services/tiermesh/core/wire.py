@@ -28,6 +28,7 @@ def timing_to_proto(t: Timing) -> job_pb2.Timing:
         batch_end_ns=t.batch_end_ns,
         postprocessed_ns=t.postprocessed_ns,
         delivered_ns=t.delivered_ns,
+        enqueued_ns=t.enqueued_ns,
     )
 
 
@@ -40,6 +41,7 @@ def timing_from_proto(t: job_pb2.Timing) -> Timing:
         batch_end_ns=t.batch_end_ns,
         postprocessed_ns=t.postprocessed_ns,
         delivered_ns=t.delivered_ns,
+        enqueued_ns=t.enqueued_ns,
     )
 
 
@@ -114,6 +116,7 @@ def result_to_proto(r: JobResult) -> job_pb2.Result:
         annotations=dict(r.annotations),
         aux=[tensor_to_proto(t) for t in r.aux],
         variant=r.variant,
+        worker=r.worker,
     )
 
 
@@ -136,4 +139,5 @@ def result_from_proto(msg: job_pb2.Result) -> JobResult:
         annotations=dict(msg.annotations),
         aux=tuple(tensor_from_proto(t) for t in msg.aux),
         variant=msg.variant,
+        worker=msg.worker,
     )

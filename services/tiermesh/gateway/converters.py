@@ -82,28 +82,51 @@ def infer_request(msg: service_pb2.ModelInferRequest) -> InferRequest:
     )
 
 
-def infer_response(result: JobResult, cache_hit: bool = False) -> service_pb2.ModelInferResponse:
+def infer_response(
+    result: JobResult, responded_ns: int, cache_hit: bool = False
+) -> service_pb2.ModelInferResponse:
+    """The KServe response, with the request's time breakdown and facts as parameters."""
     resp = service_pb2.ModelInferResponse(
         model_name=result.model, model_version=result.version, id=result.client_request_id
     )
     for t in result.outputs:
         resp.outputs.add(name=t.name, datatype=t.datatype, shape=t.shape)
         resp.raw_output_contents.append(t.raw)
-    for key, value in result.timing.breakdown_us().items():
-        resp.parameters[f"tiermesh.{key}"].int64_param = value
-    resp.parameters["tiermesh.tier"].string_param = result.tier
-    resp.parameters["tiermesh.batch_size"].int64_param = result.batch_size
-    resp.parameters["tiermesh.bucket"].int64_param = result.bucket
-    if result.variant:
-        resp.parameters["tiermesh.variant"].string_param = result.variant
+    for key, value in response_facts(result, responded_ns, cache_hit).items():
+        param = resp.parameters[key]
+        if isinstance(value, bool):
+            param.bool_param = value
+        elif isinstance(value, int):
+            param.int64_param = value
+        elif isinstance(value, float):
+            param.double_param = value
+        else:
+            param.string_param = value
+    return resp
+
+
+def response_facts(
+    result: JobResult, responded_ns: int, cache_hit: bool = False
+) -> dict[str, float | int | str | bool]:
+    """What a caller learns about how its request was served (also span attributes)."""
+    facts: dict[str, float | int | str | bool] = dict(result.timing.breakdown_ms(responded_ns))
     if cache_hit:
-        resp.parameters["tiermesh.cache_hit"].bool_param = True
+        facts["cache_hit"] = True
+    else:
+        facts.update(
+            batch_size=result.batch_size,
+            bucket=result.bucket,
+            tier=result.tier,
+            worker=result.worker,
+        )
+    if result.variant:
+        facts["variant"] = result.variant
     for key in ("tokens", "padded_tokens"):
         if key in result.annotations:
-            resp.parameters[f"tiermesh.{key}"].int64_param = int(result.annotations[key])
+            facts[key] = int(result.annotations[key])
     if "truncated" in result.annotations:
-        resp.parameters["tiermesh.truncated"].bool_param = result.annotations["truncated"] == "true"
-    return resp
+        facts["truncated"] = result.annotations["truncated"] == "true"
+    return facts
 
 
 def _shape(cfg: ModelConfig, spec: TensorSpec) -> list[int]:

@@ -9,6 +9,7 @@ import asyncio
 import time
 import uuid
 from collections.abc import Callable
+from typing import Any
 
 import grpc
 import structlog
@@ -135,10 +136,10 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
         digest = self._cache_digest(cfg, job)
         if digest is not None:
             hit = await self._up.cache.get(cfg.name, digest)  # type: ignore[union-attr]
-            span.set_attribute("tiermesh.cache_hit", hit is not None)
             if hit is not None:
-                return converters.infer_response(
-                    hit.with_(client_request_id=job.client_request_id), cache_hit=True
+                return self._respond(
+                    hit.with_(client_request_id=job.client_request_id, timing=job.timing),
+                    cache_hit=True,
                 )
             if self.draining:  # the drain may have begun while the cache answered
                 raise unavailable("gateway is draining; retry on another replica")
@@ -154,7 +155,15 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
             raise MeshError(result.code, result.message)
         if digest is not None:
             await self._up.cache.put(cfg.name, digest, result, cfg.response_cache)  # type: ignore[union-attr]
-        return converters.infer_response(result)
+        return self._respond(result)
+
+    def _respond(self, result: JobResult, cache_hit: bool = False) -> Any:
+        """The response; its time breakdown and facts also go on the request's span."""
+        responded = self._clock_ns()
+        span = trace.get_current_span()
+        for key, value in converters.response_facts(result, responded, cache_hit).items():
+            span.set_attribute(f"tiermesh.{key}", value)
+        return converters.infer_response(result, responded, cache_hit)
 
     def _cache_digest(self, cfg: model_config.ModelConfig, job: Job) -> str | None:
         """The response-cache key of a request, or None when the model does not cache."""
@@ -182,7 +191,8 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
             try:
                 result = await asyncio.wait_for(future, self._remaining_s(job))
                 self.answered += 1
-                return result
+                # Delivered = back in the caller's handler (the Deliver call and the wake-up).
+                return result.with_(timing=result.timing.with_(delivered_ns=self._clock_ns()))
             except TimeoutError:
                 raise deadline_exceeded("deadline exceeded while waiting for the result") from None
         except asyncio.CancelledError:
@@ -206,15 +216,9 @@ def _shed_key(job: Job) -> ShedKey:
 class DeliveryServicer(delivery_pb2_grpc.DeliveryServicer):
     """Postprocess calls Deliver with the finished results for this gateway's requests."""
 
-    def __init__(
-        self,
-        pending: PendingRequests,
-        telemetry: Telemetry,
-        clock_ns: Callable[[], int] = time.time_ns,
-    ) -> None:
+    def __init__(self, pending: PendingRequests, telemetry: Telemetry) -> None:
         self._pending = pending
         self._tracer = telemetry.tracer
-        self._clock_ns = clock_ns
 
     @grpc_method
     async def Deliver(self, request, context):  # type: ignore[no-untyped-def]
@@ -225,7 +229,6 @@ class DeliveryServicer(delivery_pb2_grpc.DeliveryServicer):
                 "deliver", context=extract(result.trace_context)
             ) as span:
                 span.set_attribute("tiermesh.request_id", result.request_id)
-                result = result.with_(timing=result.timing.with_(delivered_ns=self._clock_ns()))
                 if self._pending.resolve(result):
                     resolved += 1
                 else:

@@ -76,7 +76,7 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
                 priority=stream.priority,
                 bucket=stream.bucket,
                 tier=stream.tier,
-                timing=job.timing.with_(routed_ns=now),
+                timing=job.timing.with_(routed_ns=now, enqueued_ns=self._clock_ns()),
                 trace_context=carrier,
             )
             try:

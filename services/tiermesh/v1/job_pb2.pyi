@@ -8,7 +8,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class Timing(_message.Message):
-    __slots__ = ("received_ns", "routed_ns", "dequeued_ns", "batch_start_ns", "batch_end_ns", "postprocessed_ns", "delivered_ns")
+    __slots__ = ("received_ns", "routed_ns", "dequeued_ns", "batch_start_ns", "batch_end_ns", "postprocessed_ns", "delivered_ns", "enqueued_ns")
     RECEIVED_NS_FIELD_NUMBER: _ClassVar[int]
     ROUTED_NS_FIELD_NUMBER: _ClassVar[int]
     DEQUEUED_NS_FIELD_NUMBER: _ClassVar[int]
@@ -16,6 +16,7 @@ class Timing(_message.Message):
     BATCH_END_NS_FIELD_NUMBER: _ClassVar[int]
     POSTPROCESSED_NS_FIELD_NUMBER: _ClassVar[int]
     DELIVERED_NS_FIELD_NUMBER: _ClassVar[int]
+    ENQUEUED_NS_FIELD_NUMBER: _ClassVar[int]
     received_ns: int
     routed_ns: int
     dequeued_ns: int
@@ -23,7 +24,8 @@ class Timing(_message.Message):
     batch_end_ns: int
     postprocessed_ns: int
     delivered_ns: int
-    def __init__(self, received_ns: _Optional[int] = ..., routed_ns: _Optional[int] = ..., dequeued_ns: _Optional[int] = ..., batch_start_ns: _Optional[int] = ..., batch_end_ns: _Optional[int] = ..., postprocessed_ns: _Optional[int] = ..., delivered_ns: _Optional[int] = ...) -> None: ...
+    enqueued_ns: int
+    def __init__(self, received_ns: _Optional[int] = ..., routed_ns: _Optional[int] = ..., dequeued_ns: _Optional[int] = ..., batch_start_ns: _Optional[int] = ..., batch_end_ns: _Optional[int] = ..., postprocessed_ns: _Optional[int] = ..., delivered_ns: _Optional[int] = ..., enqueued_ns: _Optional[int] = ...) -> None: ...
 
 class Job(_message.Message):
     __slots__ = ("request_id", "client_request_id", "tenant", "model", "version", "variant", "priority", "bucket", "tier", "deadline_ns", "gateway", "inputs", "requested_outputs", "timing", "trace_context", "annotations")
@@ -76,7 +78,7 @@ class Job(_message.Message):
     def __init__(self, request_id: _Optional[str] = ..., client_request_id: _Optional[str] = ..., tenant: _Optional[str] = ..., model: _Optional[str] = ..., version: _Optional[str] = ..., variant: _Optional[str] = ..., priority: _Optional[int] = ..., bucket: _Optional[int] = ..., tier: _Optional[str] = ..., deadline_ns: _Optional[int] = ..., gateway: _Optional[str] = ..., inputs: _Optional[_Iterable[_Union[_tensor_pb2.Tensor, _Mapping]]] = ..., requested_outputs: _Optional[_Iterable[str]] = ..., timing: _Optional[_Union[Timing, _Mapping]] = ..., trace_context: _Optional[_Mapping[str, str]] = ..., annotations: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class Result(_message.Message):
-    __slots__ = ("request_id", "client_request_id", "model", "version", "gateway", "code", "message", "outputs", "timing", "trace_context", "tier", "priority", "bucket", "batch_size", "annotations", "aux", "variant")
+    __slots__ = ("request_id", "client_request_id", "model", "version", "gateway", "code", "message", "outputs", "timing", "trace_context", "tier", "priority", "bucket", "batch_size", "annotations", "aux", "variant", "worker")
     class TraceContextEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -108,6 +110,7 @@ class Result(_message.Message):
     ANNOTATIONS_FIELD_NUMBER: _ClassVar[int]
     AUX_FIELD_NUMBER: _ClassVar[int]
     VARIANT_FIELD_NUMBER: _ClassVar[int]
+    WORKER_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     client_request_id: str
     model: str
@@ -125,4 +128,5 @@ class Result(_message.Message):
     annotations: _containers.ScalarMap[str, str]
     aux: _containers.RepeatedCompositeFieldContainer[_tensor_pb2.Tensor]
     variant: str
-    def __init__(self, request_id: _Optional[str] = ..., client_request_id: _Optional[str] = ..., model: _Optional[str] = ..., version: _Optional[str] = ..., gateway: _Optional[str] = ..., code: _Optional[int] = ..., message: _Optional[str] = ..., outputs: _Optional[_Iterable[_Union[_tensor_pb2.Tensor, _Mapping]]] = ..., timing: _Optional[_Union[Timing, _Mapping]] = ..., trace_context: _Optional[_Mapping[str, str]] = ..., tier: _Optional[str] = ..., priority: _Optional[int] = ..., bucket: _Optional[int] = ..., batch_size: _Optional[int] = ..., annotations: _Optional[_Mapping[str, str]] = ..., aux: _Optional[_Iterable[_Union[_tensor_pb2.Tensor, _Mapping]]] = ..., variant: _Optional[str] = ...) -> None: ...
+    worker: str
+    def __init__(self, request_id: _Optional[str] = ..., client_request_id: _Optional[str] = ..., model: _Optional[str] = ..., version: _Optional[str] = ..., gateway: _Optional[str] = ..., code: _Optional[int] = ..., message: _Optional[str] = ..., outputs: _Optional[_Iterable[_Union[_tensor_pb2.Tensor, _Mapping]]] = ..., timing: _Optional[_Union[Timing, _Mapping]] = ..., trace_context: _Optional[_Mapping[str, str]] = ..., tier: _Optional[str] = ..., priority: _Optional[int] = ..., bucket: _Optional[int] = ..., batch_size: _Optional[int] = ..., annotations: _Optional[_Mapping[str, str]] = ..., aux: _Optional[_Iterable[_Union[_tensor_pb2.Tensor, _Mapping]]] = ..., variant: _Optional[str] = ..., worker: _Optional[str] = ...) -> None: ...

@@ -280,7 +280,7 @@ class Worker:
         cfg = self._configs[key.model]
         for q, out in zip(live, outputs, strict=True):
             request_spans(self._tracer, q, start, end, rows, batch_context)
-            done.append(results.computed(cfg, q, out, start, end, rows))
+            done.append(results.computed(cfg, q, out, start, end, rows, self._streams.consumer))
         return live, done
 
     async def _finish(

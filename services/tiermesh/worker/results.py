@@ -12,10 +12,11 @@ from tiermesh.worker.runner import JobOutputs
 
 
 def computed(
-    cfg: ModelConfig, q: QueuedJob, out: JobOutputs, start: int, end: int, rows: int
+    cfg: ModelConfig, q: QueuedJob, out: JobOutputs, start: int, end: int, rows: int, worker: str
 ) -> JobResult:
     return JobResult.for_job(
         q.job,
+        worker=worker,
         outputs=_public(cfg, q.job, out.outputs),
         aux=_aux(cfg, out.padded_inputs),
         timing=q.job.timing.with_(batch_start_ns=start, batch_end_ns=end),
