@@ -60,6 +60,10 @@ class UpProcess:
         assert found, "no redis URL in the tiermesh up banner"
         return found.group(1)
 
+    def metrics_urls(self) -> dict[str, str]:
+        """Each service's Prometheus endpoint, from the tiermesh up banner."""
+        return dict(re.findall(r"(\w+) (http://127\.0\.0\.1:\d+/metrics)", self.log.read_text()))
+
     def interrupt(self, timeout_s: float = 60) -> int:
         """Ctrl-C, as a terminal sends it to the foreground process; its exit code."""
         self.proc.send_signal(signal.SIGINT)
@@ -97,6 +101,8 @@ def start_up(
             str(repo),
             "--grace",
             str(grace_s),
+            "--metrics-port",
+            "0",
         ],
         env=env,
         stdout=log.open("wb"),

@@ -61,7 +61,12 @@ async def _start(
 async def start_mesh(redis_url: str, repo: Path, **worker_overrides: Any) -> InProcessMesh:
     exporter = InMemorySpanExporter()
     mesh = InProcessMesh(gateway="", exporter=exporter)
-    common = {"redis_url": redis_url, "model_repository": repo, "shutdown_grace_s": 5}
+    common = {
+        "redis_url": redis_url,
+        "model_repository": repo,
+        "shutdown_grace_s": 5,
+        "metrics_port": 0,
+    }
     try:
         post = await _start(
             mesh,

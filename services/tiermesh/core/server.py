@@ -9,7 +9,11 @@ from collections.abc import Callable
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1.health import aio as health_aio
-from opentelemetry.instrumentation.grpc import aio_client_interceptors, aio_server_interceptor
+from opentelemetry.instrumentation.grpc import (
+    aio_client_interceptors,
+    aio_server_interceptor,
+    filters,
+)
 
 from tiermesh.core.telemetry import Telemetry
 
@@ -23,7 +27,12 @@ NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 def make_server(telemetry: Telemetry, max_message_bytes: int = 64 * 1024 * 1024) -> grpc.aio.Server:
     """A grpc.aio server with the OpenTelemetry server interceptor."""
     return grpc.aio.server(
-        interceptors=[aio_server_interceptor(tracer_provider=telemetry.provider)],
+        # Health checks stay out of traces: they are frequent and say nothing about requests.
+        interceptors=[
+            aio_server_interceptor(
+                tracer_provider=telemetry.provider, filter_=filters.negate(filters.health_check())
+            )
+        ],
         options=[
             ("grpc.max_receive_message_length", max_message_bytes),
             ("grpc.max_send_message_length", max_message_bytes),
@@ -37,7 +46,9 @@ def make_channel(
     """An insecure internal channel that propagates trace context."""
     return grpc.aio.insecure_channel(
         address,
-        interceptors=aio_client_interceptors(tracer_provider=telemetry.provider),
+        interceptors=aio_client_interceptors(
+            tracer_provider=telemetry.provider, filter_=filters.negate(filters.health_check())
+        ),
         options=[
             ("grpc.max_receive_message_length", max_message_bytes),
             ("grpc.max_send_message_length", max_message_bytes),

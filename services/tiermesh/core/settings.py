@@ -27,16 +27,19 @@ class ServiceSettings(BaseSettings):
     # OTLP export follows the standard OTEL_* variables.
     trace_dir: Path | None = None
     shutdown_grace_s: float = Field(default=10.0, ge=0)
+    # Prometheus text format at http://metrics_host:metrics_port/metrics (0 picks a port).
+    metrics_host: str = "127.0.0.1"
 
 
 class GatewaySettings(ServiceSettings):
     gateway_host: str = "127.0.0.1"
     gateway_port: int = 8001
+    metrics_port: int = 8002
     delivery_host: str = "127.0.0.1"
     delivery_port: int = 8011
     # The address postprocess uses to reach this gateway; defaults to host and bound port.
     delivery_advertise: str = ""
-    router_address: str = "127.0.0.1:8002"
+    router_address: str = "127.0.0.1:8012"
     max_message_bytes: int = 64 * 1024 * 1024
     # Used when a request sets neither a gRPC deadline nor a `timeout` parameter.
     default_timeout_ms: int = Field(default=30_000, gt=0)
@@ -47,7 +50,8 @@ class GatewaySettings(ServiceSettings):
 
 class RouterSettings(ServiceSettings):
     router_host: str = "127.0.0.1"
-    router_port: int = 8002
+    router_port: int = 8012
+    metrics_port: int = 8022
     retry_after_ms: int = Field(default=200, ge=0)
 
 
@@ -56,9 +60,10 @@ class WorkerSettings(ServiceSettings):
     # Comma-separated model names this worker serves; empty serves every model.
     worker_models: str = ""
     worker_host: str = "127.0.0.1"
-    worker_health_port: int = 8004
+    worker_health_port: int = 8014
+    metrics_port: int = 8024
     worker_id: str = ""
-    postprocess_address: str = "127.0.0.1:8003"
+    postprocess_address: str = "127.0.0.1:8013"
     intra_op_threads: int = Field(default=0, ge=0)
     heartbeat_interval_ms: int = Field(default=1000, gt=0)
     heartbeat_ttl_ms: int = Field(default=10_000, gt=0)
@@ -71,5 +76,6 @@ class WorkerSettings(ServiceSettings):
 
 class PostprocessSettings(ServiceSettings):
     postprocess_host: str = "127.0.0.1"
-    postprocess_port: int = 8003
+    postprocess_port: int = 8013
+    metrics_port: int = 8023
     delivery_timeout_ms: int = Field(default=5000, gt=0)

@@ -8,6 +8,7 @@ import structlog
 from tritonclient.grpc import service_pb2_grpc
 
 from tiermesh.core.logging import configure_logging
+from tiermesh.core.metrics import MetricsServer, new_registry
 from tiermesh.core.redis_client import connect
 from tiermesh.core.repository import ModelRepository
 from tiermesh.core.server import (
@@ -22,6 +23,7 @@ from tiermesh.core.server import (
 from tiermesh.core.settings import GatewaySettings
 from tiermesh.core.telemetry import Telemetry
 from tiermesh.gateway.cache import ResponseCache
+from tiermesh.gateway.metrics import GatewayMetrics
 from tiermesh.gateway.pending import PendingRequests
 from tiermesh.gateway.servicer import DeliveryServicer, InferenceServicer
 from tiermesh.gateway.upstream import Cancellations, Liveness, RouterClient, Upstream
@@ -52,7 +54,11 @@ async def serve(
     upstream = Upstream(
         RouterClient(router_channel), Liveness(redis), Cancellations(redis), ResponseCache(redis)
     )
-    inference = InferenceServicer(settings, repo, upstream, pending, delivery_address)
+    registry = new_registry()
+    metrics = GatewayMetrics(registry)
+    metrics.in_flight.set_function(lambda: len(pending))
+    metrics_server = MetricsServer(registry, settings.metrics_host, settings.metrics_port)
+    inference = InferenceServicer(settings, repo, upstream, pending, delivery_address, metrics)
     public = make_server(telemetry, settings.max_message_bytes)
     service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(inference, public)
     health = add_health(public)
@@ -61,9 +67,15 @@ async def serve(
     await public.start()
     await set_serving(health, True)
     await set_serving(internal_health, True)
-    log.info("gateway serving", port=port, delivery_port=delivery_port, models=sorted(repo.configs))
+    log.info(
+        "gateway serving",
+        port=port,
+        delivery_port=delivery_port,
+        metrics_port=metrics_server.port,
+        models=sorted(repo.configs),
+    )
     if ready is not None:
-        ready({"port": port, "delivery_port": delivery_port})
+        ready({"port": port, "delivery_port": delivery_port, "metrics_port": metrics_server.port})
     try:
         await stop.wait()
     finally:
@@ -80,6 +92,7 @@ async def serve(
         await internal.stop(grace=1.0)
         await router_channel.close()
         await redis.aclose()
+        metrics_server.close()
         telemetry.shutdown()
         log.info(
             "gateway stopped",

@@ -27,6 +27,7 @@ from tiermesh.core.telemetry import Telemetry, extract, inject_current
 from tiermesh.core.wire import result_from_proto
 from tiermesh.gateway import converters
 from tiermesh.gateway.cache import cache_digest
+from tiermesh.gateway.metrics import GatewayMetrics
 from tiermesh.gateway.pending import PendingRequests
 from tiermesh.gateway.requests import (
     effective_deadline_ns,
@@ -52,8 +53,10 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
         upstream: Upstream,
         pending: PendingRequests,
         delivery_address: str,
+        metrics: GatewayMetrics,
         clock_ns: Callable[[], int] = time.time_ns,
     ) -> None:
+        self._metrics = metrics
         self._settings = settings
         self._delivery_address = delivery_address
         self._repo = repo
@@ -99,6 +102,24 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
 
     @grpc_method
     async def ModelInfer(self, request, context):  # type: ignore[no-untyped-def]
+        """Counts every answer by model and status code around `_infer`."""
+        model = request.model_name if self._repo.get(request.model_name) else "unknown"
+        code = grpc.StatusCode.OK
+        try:
+            return await self._infer(request, context)
+        except MeshError as err:
+            code = err.code
+            raise
+        except asyncio.CancelledError:
+            code = grpc.StatusCode.CANCELLED
+            raise
+        except Exception:
+            code = grpc.StatusCode.INTERNAL
+            raise
+        finally:
+            self._metrics.answered(model, code)
+
+    async def _infer(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         received_ns = self._clock_ns()
         if self.draining:
             raise unavailable("gateway is draining; retry on another replica")
@@ -136,6 +157,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
         digest = self._cache_digest(cfg, job)
         if digest is not None:
             hit = await self._up.cache.get(cfg.name, digest)  # type: ignore[union-attr]
+            self._metrics.cache.labels(cfg.name, "miss" if hit is None else "hit").inc()
             if hit is not None:
                 return self._respond(
                     hit.with_(client_request_id=job.client_request_id, timing=job.timing),
@@ -163,6 +185,8 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
         span = trace.get_current_span()
         for key, value in converters.response_facts(result, responded, cache_hit).items():
             span.set_attribute(f"tiermesh.{key}", value)
+        if not cache_hit:
+            self._metrics.timeline(result, result.priority, result.timing.breakdown_ms(responded))
         return converters.infer_response(result, responded, cache_hit)
 
     def _cache_digest(self, cfg: model_config.ModelConfig, job: Job) -> str | None:

@@ -7,6 +7,7 @@ import asyncio
 import structlog
 
 from tiermesh.core.logging import configure_logging
+from tiermesh.core.metrics import MetricsServer, new_registry
 from tiermesh.core.repository import ModelRepository
 from tiermesh.core.server import (
     ReadyCallback,
@@ -19,6 +20,7 @@ from tiermesh.core.server import (
 from tiermesh.core.settings import PostprocessSettings
 from tiermesh.core.telemetry import Telemetry
 from tiermesh.postprocess.gateways import GatewayClients
+from tiermesh.postprocess.metrics import PostprocessMetrics
 from tiermesh.postprocess.servicer import PostprocessServicer
 from tiermesh.postprocess.steps import Steps
 from tiermesh.v1 import postprocess_pb2_grpc
@@ -36,16 +38,19 @@ async def serve(
     repo = ModelRepository(settings.model_repository)
     gateways = GatewayClients(telemetry, settings.delivery_timeout_ms / 1000)
     server = make_server(telemetry)
-    postprocess_pb2_grpc.add_PostprocessServicer_to_server(
-        PostprocessServicer(Steps.for_models(repo.load()), gateways, telemetry), server
+    registry = new_registry()
+    metrics_server = MetricsServer(registry, settings.metrics_host, settings.metrics_port)
+    servicer = PostprocessServicer(
+        Steps.for_models(repo.load()), gateways, telemetry, PostprocessMetrics(registry)
     )
+    postprocess_pb2_grpc.add_PostprocessServicer_to_server(servicer, server)
     health = add_health(server)
     port = bind(server, settings.postprocess_host, settings.postprocess_port)
     await server.start()
     await set_serving(health, True)
-    log.info("postprocess serving", port=port)
+    log.info("postprocess serving", port=port, metrics_port=metrics_server.port)
     if ready is not None:
-        ready({"port": port})
+        ready({"port": port, "metrics_port": metrics_server.port})
     try:
         await stop.wait()
     finally:
@@ -53,6 +58,7 @@ async def serve(
         # Workers stop before postprocess; batches in flight finish within the grace.
         await server.stop(grace=settings.shutdown_grace_s)
         await gateways.close()
+        metrics_server.close()
         telemetry.shutdown()
         log.info("postprocess stopped")
 

@@ -15,6 +15,7 @@ from tiermesh.core.jobs import JobResult
 from tiermesh.core.telemetry import Telemetry, extract
 from tiermesh.core.wire import result_from_proto
 from tiermesh.postprocess.gateways import GatewayClients
+from tiermesh.postprocess.metrics import PostprocessMetrics
 from tiermesh.postprocess.steps import Steps
 from tiermesh.v1 import postprocess_pb2, postprocess_pb2_grpc
 
@@ -27,8 +28,10 @@ class PostprocessServicer(postprocess_pb2_grpc.PostprocessServicer):
         steps: Steps,
         gateways: GatewayClients,
         telemetry: Telemetry,
+        metrics: PostprocessMetrics | None = None,
         clock_ns: Callable[[], int] = time.time_ns,
     ) -> None:
+        self._metrics = metrics
         self._steps = steps
         self._gateways = gateways
         self._tracer = telemetry.tracer
@@ -54,6 +57,9 @@ class PostprocessServicer(postprocess_pb2_grpc.PostprocessServicer):
                 raise outcome
             else:
                 delivered += len(results)
+        if self._metrics is not None:
+            self._metrics.deliveries.labels("delivered").inc(delivered)
+            self._metrics.deliveries.labels("undeliverable").inc(undeliverable)
         return postprocess_pb2.ProcessReply(delivered=delivered, undeliverable=undeliverable)
 
     def _postprocess(self, result: JobResult) -> JobResult:
@@ -61,5 +67,9 @@ class PostprocessServicer(postprocess_pb2_grpc.PostprocessServicer):
             "postprocess", context=extract(result.trace_context)
         ) as span:
             span.set_attribute("tiermesh.request_id", result.request_id)
+            start = self._clock_ns()
             result = self._steps.apply(result)
-            return result.with_(timing=result.timing.with_(postprocessed_ns=self._clock_ns()))
+            end = self._clock_ns()
+            if self._metrics is not None:
+                self._metrics.step.labels(result.model).observe((end - start) / 1e9)
+            return result.with_(timing=result.timing.with_(postprocessed_ns=end))

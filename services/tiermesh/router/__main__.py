@@ -7,6 +7,7 @@ import asyncio
 import structlog
 
 from tiermesh.core.logging import configure_logging
+from tiermesh.core.metrics import MetricsServer, new_registry
 from tiermesh.core.redis_client import connect
 from tiermesh.core.repository import ModelRepository
 from tiermesh.core.server import (
@@ -20,6 +21,7 @@ from tiermesh.core.server import (
 from tiermesh.core.settings import RouterSettings
 from tiermesh.core.telemetry import Telemetry
 from tiermesh.router.admission import Admitter
+from tiermesh.router.metrics import QueueCollector, RouterMetrics
 from tiermesh.router.servicer import RouterServicer
 from tiermesh.router.text import TextEncoder
 from tiermesh.v1 import router_pb2_grpc
@@ -45,16 +47,21 @@ async def serve(
         for name, cfg in repo.configs.items()
         if cfg.tokenize is not None
     }
+    registry = new_registry()
+    metrics = RouterMetrics(registry)
+    queues = QueueCollector(settings.redis_url, repo.configs)
+    registry.register(queues)
+    metrics_server = MetricsServer(registry, settings.metrics_host, settings.metrics_port)
     router_pb2_grpc.add_RouterServicer_to_server(
-        RouterServicer(settings, repo, Admitter(redis), encoders, telemetry), server
+        RouterServicer(settings, repo, Admitter(redis), encoders, telemetry, metrics), server
     )
     health = add_health(server)
     port = bind(server, settings.router_host, settings.router_port)
     await server.start()
     await set_serving(health, True)
-    log.info("router serving", port=port)
+    log.info("router serving", port=port, metrics_port=metrics_server.port)
     if ready is not None:
-        ready({"port": port})
+        ready({"port": port, "metrics_port": metrics_server.port})
     try:
         await stop.wait()
     finally:
@@ -62,6 +69,8 @@ async def serve(
         # In-flight Route calls finish within the grace; gateways stop before routers.
         await server.stop(grace=settings.shutdown_grace_s)
         await redis.aclose()
+        metrics_server.close()
+        queues.close()
         telemetry.shutdown()
         log.info("router stopped")
 

@@ -27,6 +27,7 @@ from tiermesh.core.settings import RouterSettings
 from tiermesh.core.telemetry import Telemetry, inject_current
 from tiermesh.core.wire import encode_job, job_from_proto
 from tiermesh.router.admission import Admission, Admitter
+from tiermesh.router.metrics import RouterMetrics
 from tiermesh.router.policy import choose_stream
 from tiermesh.router.text import TextEncoder
 from tiermesh.v1 import router_pb2, router_pb2_grpc
@@ -42,12 +43,14 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
         admitter: Admitter,
         encoders: Mapping[str, TextEncoder],
         telemetry: Telemetry,
+        metrics: RouterMetrics,
         clock_ns: Callable[[], int] = time.time_ns,
     ) -> None:
         self._settings = settings
         self._repo = repo
         self._admitter = admitter
         self._encoders = encoders
+        self._metrics = metrics
         self._tracer = telemetry.tracer
         self._clock_ns = clock_ns
 
@@ -93,6 +96,7 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
                 log.warning("redis unavailable", error=repr(exc))
                 raise unavailable("queue unavailable (redis down or loading)") from None
             span.set_attribute("tiermesh.admission", admission.outcome)
+        self._metrics.admissions.labels(cfg.name, admission.outcome).inc()
         if admission.outcome == "noworker":
             raise unavailable(f"no live worker for model '{cfg.name}' on tier '{stream.tier}'")
         if admission.outcome != "ok":

@@ -35,6 +35,8 @@ class UpOptions:
     data_dir: Path = Path(".tiermesh")
     model_repository: Path = Path("models")
     grace_s: float = 10.0
+    # The gateway's metrics port (0: a free one); the other services always get free ones.
+    metrics_port: int = 8002
     ready_timeout_s: float = 60.0
     extra_env: dict[str, str] = field(default_factory=dict)
 
@@ -81,6 +83,7 @@ class Mesh:
         self.services: list[Service] = []
         self.redis: subprocess.Popen[bytes] | None = None
         self.redis_url = opts.redis_url
+        self.metrics_ports: dict[str, int] = {}
 
     def start(self) -> None:
         opts = self.opts
@@ -113,8 +116,13 @@ class Mesh:
             ("worker", f"127.0.0.1:{ports['worker']}"),
             ("gateway", f"{opts.host}:{opts.port}"),
         ]
+        self.metrics_ports = {
+            name: opts.metrics_port if name == "gateway" and opts.metrics_port else free_port()
+            for name, _ in plan
+        }
         for name, address in plan:
-            svc = Service(name, spawn(python_module(f"tiermesh.{name}"), env), address)
+            child_env = {**env, "TIERMESH_METRICS_PORT": str(self.metrics_ports[name])}
+            svc = Service(name, spawn(python_module(f"tiermesh.{name}"), child_env), address)
             self.services.append(svc)
             wait_healthy(svc, opts.ready_timeout_s)
 
@@ -150,7 +158,12 @@ def run(opts: UpOptions) -> int:
         endpoint = f"{opts.host}:{opts.port}"
         print(
             f"\ntiermesh is serving KServe v2 gRPC on {endpoint} (redis: {mesh.redis_url})\n"
-            "Try, from another shell:\n"
+            "Metrics (Prometheus): "
+            + ", ".join(
+                f"{name} http://127.0.0.1:{port}/metrics"
+                for name, port in mesh.metrics_ports.items()
+            )
+            + "\nTry, from another shell:\n"
             f"  .venv/bin/tiermesh infer --url {endpoint} --model mlp --data '[[1, 2, 3, 4]]'\n"
             "Ctrl-C drains and stops every process.\n",
             flush=True,

@@ -10,6 +10,7 @@ import structlog
 
 from tiermesh.core.keys import compute_unit, split_unit
 from tiermesh.core.logging import configure_logging
+from tiermesh.core.metrics import MetricsServer, new_registry
 from tiermesh.core.redis_client import connect
 from tiermesh.core.repository import ModelRepository, RepositoryError
 from tiermesh.core.server import (
@@ -25,6 +26,7 @@ from tiermesh.core.settings import WorkerSettings
 from tiermesh.core.telemetry import Telemetry
 from tiermesh.worker.handoff import PostprocessClient
 from tiermesh.worker.loop import Worker
+from tiermesh.worker.metrics import WorkerMetrics
 from tiermesh.worker.runner import ModelRunner
 from tiermesh.worker.streams import StreamClient
 
@@ -56,6 +58,8 @@ async def serve(
     redis = connect(settings.redis_url)
     channel = make_channel(settings.postprocess_address, telemetry)
     consumer = settings.worker_id or f"{socket.gethostname()}-{settings.worker_tier}-{os.getpid()}"
+    registry = new_registry()
+    metrics_server = MetricsServer(registry, settings.metrics_host, settings.metrics_port)
     worker = Worker(
         tier=settings.worker_tier,
         configs=served,
@@ -66,6 +70,7 @@ async def serve(
         poll_block_ms=settings.poll_block_ms,
         heartbeat_interval_ms=settings.heartbeat_interval_ms,
         heartbeat_ttl_ms=settings.heartbeat_ttl_ms,
+        metrics=WorkerMetrics(registry),
     )
     server = make_server(telemetry)
     health = add_health(server)
@@ -78,9 +83,15 @@ async def serve(
         started.cancel()
         await loop_task  # raises why the worker could not start
     await set_serving(health, True)
-    log.info("worker serving", models=names, tier=settings.worker_tier, health_port=port)
+    log.info(
+        "worker serving",
+        models=names,
+        tier=settings.worker_tier,
+        health_port=port,
+        metrics_port=metrics_server.port,
+    )
     if ready is not None:
-        ready({"port": port})
+        ready({"port": port, "metrics_port": metrics_server.port})
     stopper = asyncio.create_task(stop.wait(), name="worker-stop-signal")
     try:
         await asyncio.wait({loop_task, stopper}, return_when=asyncio.FIRST_COMPLETED)
@@ -95,6 +106,7 @@ async def serve(
         await server.stop(grace=1.0)
         await channel.close()
         await redis.aclose()
+        metrics_server.close()
         telemetry.shutdown()
         log.info(
             "worker stopped",

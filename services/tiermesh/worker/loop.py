@@ -30,6 +30,7 @@ from tiermesh.worker.batching import (
     view_of,
 )
 from tiermesh.worker.handoff import PostprocessClient
+from tiermesh.worker.metrics import WorkerMetrics
 from tiermesh.worker.runner import ModelRunner
 from tiermesh.worker.scheduler import Scheduler
 from tiermesh.worker.spans import request_spans, skipped_span
@@ -61,8 +62,10 @@ class Worker:
         heartbeat_interval_ms: int = 1000,
         heartbeat_ttl_ms: int = 10_000,
         clock_ns: Callable[[], int] = time.time_ns,
+        metrics: WorkerMetrics | None = None,
     ) -> None:
         self.tier = tier
+        self._metrics = metrics
         self._configs = configs
         self._runners = runners
         self._streams = streams
@@ -239,6 +242,8 @@ class Worker:
             self.expired += len(queued)
         else:
             self.cancelled += len(queued)
+        if self._metrics is not None:
+            self._metrics.skip(key, reason, len(queued))
         for q in queued:
             skipped_span(self._tracer, q, reason)
         try:
@@ -281,6 +286,10 @@ class Worker:
         for q, out in zip(live, outputs, strict=True):
             request_spans(self._tracer, q, start, end, rows, batch_context)
             done.append(results.computed(cfg, q, out, start, end, rows, self._streams.consumer))
+        if self._metrics is not None:
+            tokens = sum(int(r.annotations.get("tokens", 0)) for r in done)
+            padded = sum(int(r.annotations.get("padded_tokens", 0)) for r in done)
+            self._metrics.batch(key, rows, end - start, tokens, padded)
         return live, done
 
     async def _finish(

@@ -1,0 +1,24 @@
+"""Postprocess metrics: output-step time per model and delivery outcomes."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+
+from tiermesh.core.metrics import LATENCY_BUCKETS
+
+
+class PostprocessMetrics:
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.step = Histogram(
+            "tiermesh_postprocess_step_seconds",
+            "Output step time per result",
+            ["model"],
+            buckets=LATENCY_BUCKETS,
+            registry=registry,
+        )
+        self.deliveries = Counter(
+            "tiermesh_deliveries",
+            "Results handed to gateways, by outcome",
+            ["outcome"],
+            registry=registry,
+        )

@@ -1,0 +1,95 @@
+"""The router's metrics: admissions by outcome, and - read from Redis at scrape time - the
+depth, consumer-group lag and pending count of every work stream."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Mapping
+
+import redis
+from prometheus_client import CollectorRegistry, Counter
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from tiermesh.core import keys
+from tiermesh.core.model_config import ModelConfig
+from tiermesh.worker.metrics import STREAM_LABELS, stream_labels
+
+TIERS = ("edge", "center")
+
+
+class RouterMetrics:
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.admissions = Counter(
+            "tiermesh_admissions",
+            "Route calls, by model and admission outcome",
+            ["model", "outcome"],
+            registry=registry,
+        )
+
+
+class QueueCollector(Collector):
+    """Scrape-time gauges of the work streams, with a synchronous Redis client of its own
+    (scrapes run on the metrics server's thread, not on the event loop)."""
+
+    def __init__(self, redis_url: str, configs: Mapping[str, ModelConfig]) -> None:
+        self._redis = redis.Redis.from_url(redis_url, socket_timeout=2)
+        self._streams = [
+            k
+            for cfg in configs.values()
+            if not cfg.companion_of
+            for variant in cfg.variants
+            for tier in TIERS
+            for k in keys.stream_keys(
+                keys.compute_unit(cfg.name, variant), tier, cfg.priority_levels, cfg.bucket_count
+            )
+        ]
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        depth = GaugeMetricFamily(
+            "tiermesh_queue_depth",
+            "Entries in the work stream (waiting or in flight)",
+            labels=STREAM_LABELS,
+        )
+        lag = GaugeMetricFamily(
+            "tiermesh_consumer_lag", "Entries no worker has read yet", labels=STREAM_LABELS
+        )
+        pending = GaugeMetricFamily(
+            "tiermesh_consumer_pending",
+            "Entries read but not yet acknowledged",
+            labels=STREAM_LABELS,
+        )
+        for key, length, group in self._read():
+            labels = list(stream_labels(key).values())
+            depth.add_metric(labels, length)
+            if group is not None:
+                lag.add_metric(labels, group.get("lag") or 0)
+                pending.add_metric(labels, group.get("pending") or 0)
+        yield from (depth, lag, pending)
+
+    def _read(self) -> Iterable[tuple[keys.StreamKey, int, dict[str, int] | None]]:
+        try:
+            with self._redis.pipeline(transaction=False) as pipe:
+                for key in self._streams:
+                    pipe.xlen(key.name)
+                lengths = pipe.execute()
+            out: list[tuple[keys.StreamKey, int, dict[str, int] | None]] = []
+            for key, length in zip(self._streams, lengths, strict=True):
+                if not length:  # an empty stream has nothing waiting or in flight
+                    out.append((key, 0, {"lag": 0, "pending": 0}))
+                    continue
+                groups = self._redis.xinfo_groups(key.name)
+                group = next(
+                    (
+                        {"lag": int(g.get("lag") or 0), "pending": int(g.get("pending") or 0)}
+                        for g in groups
+                        if g.get("name") in (keys.GROUP, keys.GROUP.encode())
+                    ),
+                    None,
+                )
+                out.append((key, int(length), group))
+            return out
+        except (redis.RedisError, OSError):
+            return []
+
+    def close(self) -> None:
+        self._redis.close()
