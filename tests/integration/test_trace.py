@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
+from typing import Any
+
 import numpy as np
 import pytest
 import tritonclient.grpc.aio as aioclient
@@ -10,6 +13,8 @@ from opentelemetry.trace import SpanKind
 from tests.integration.conftest import InProcessMesh
 
 pytestmark = pytest.mark.integration
+MODEL_INFER = "/inference.GRPCInferenceService/ModelInfer"
+ROUTE = "/tiermesh.v1.Router/Route"
 
 
 async def test_one_trace_spans_every_service(mesh: InProcessMesh) -> None:
@@ -46,3 +51,57 @@ async def test_one_trace_spans_every_service(mesh: InProcessMesh) -> None:
     # ...and the request's compute span links back to that batch.
     compute = next(s for s in in_trace if s.name == "compute")
     assert [ln.context.span_id for ln in compute.links] == [batch.context.span_id]
+
+
+async def test_trace_structure_and_batch_links(mesh: InProcessMesh) -> None:
+    """Each request: gateway server span is the root; the router's server span is a child of
+    the gateway's client call; the PRODUCER span is the router's child; the worker's queue-
+    wait and compute spans and postprocess and deliver spans are children of the PRODUCER.
+    The batch's CONSUMER span links to every request computed in it."""
+    mesh.exporter.clear()
+    client = aioclient.InferenceServerClient(mesh.gateway)
+    try:
+        calls = []
+        for i in range(6):
+            x = aioclient.InferInput("INPUT0", [1, 4], "FP32")
+            x.set_data_from_numpy(np.full((1, 4), i, dtype=np.float32))
+            calls.append(client.infer("mlp", [x], request_id=f"s{i}"))
+        await asyncio.gather(*calls)
+    finally:
+        await client.close()
+    spans = mesh.exporter.get_finished_spans()
+    by_id = {s.context.span_id: s for s in spans}
+
+    def parent(s: Any) -> Any:
+        return by_id.get(s.parent.span_id) if s.parent else None
+
+    roots = [
+        s
+        for s in spans
+        if s.name == MODEL_INFER
+        and str(s.attributes.get("tiermesh.client_request_id", "")).startswith("s")
+    ]
+    assert len(roots) == 6
+    consumers = [s for s in spans if s.kind == SpanKind.CONSUMER]
+    for root in roots:
+        assert root.parent is None
+        trace_spans = [s for s in spans if s.context.trace_id == root.context.trace_id]
+        named = {s.name: s for s in trace_spans}
+        route_server = next(s for s in trace_spans if s.name == ROUTE and s.kind == SpanKind.SERVER)
+        route_client = parent(route_server)
+        assert route_client.kind == SpanKind.CLIENT and parent(route_client) is root
+        producer = next(s for s in trace_spans if s.kind == SpanKind.PRODUCER)
+        assert parent(producer) is route_server
+        for name in ("queue wait", "compute", "postprocess", "deliver"):
+            assert parent(named[name]) is producer, name
+        services = {s.resource.attributes["service.name"]: s for s in trace_spans}
+        assert services["tiermesh-worker"].name in {"queue wait", "compute"}
+        assert "tiermesh-postprocess" in services
+        # Its batch links to it, and its compute span links back to that batch.
+        batch = next(
+            c
+            for c in consumers
+            if any(ln.context.span_id == producer.context.span_id for ln in c.links)
+        )
+        assert [ln.context.span_id for ln in named["compute"].links] == [batch.context.span_id]
+        assert batch.attributes["messaging.batch.message_count"] == len(batch.links)

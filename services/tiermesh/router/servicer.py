@@ -71,6 +71,7 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
             f"{stream.name} publish", kind=SpanKind.PRODUCER
         ) as span:
             span.set_attribute("messaging.system", "redis")
+            span.set_attribute("messaging.operation.type", "send")
             span.set_attribute("messaging.destination.name", stream.name)
             span.set_attribute("tiermesh.request_id", job.request_id)
             carrier = inject_current()

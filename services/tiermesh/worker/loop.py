@@ -264,7 +264,11 @@ class Worker:
         with self._tracer.start_as_current_span(
             f"{key.name} process", kind=SpanKind.CONSUMER, links=links
         ) as span:
+            # OpenTelemetry messaging conventions for a batch: one span, a link per message.
             span.set_attribute("messaging.system", "redis")
+            span.set_attribute("messaging.operation.type", "process")
+            span.set_attribute("messaging.destination.name", key.name)
+            span.set_attribute("messaging.consumer.group.name", keys.GROUP)
             span.set_attribute("messaging.batch.message_count", len(live))
             start = self._clock_ns()
             try:
