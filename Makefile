@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: run test test-fast lint protos models redis clean
+.PHONY: run test test-fast lint protos models redis clean trace-ui
 
 run: $(STAMP) redis models
 	$(VENV)/bin/tiermesh up
@@ -37,6 +37,12 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check services tests scripts benchmarks
 	$(VENV)/bin/ruff format --check services tests scripts benchmarks
 	$(VENV)/bin/mypy
+
+# Optional local tracing UI (Arize Phoenix) in its own environment: it needs protobuf 7,
+# tritonclient needs 6. Then `TIERMESH_TRACE_UI=1 make run`.
+trace-ui:
+	$(PYTHON) -m venv .tiermesh/trace-ui
+	.tiermesh/trace-ui/bin/python -m pip install --quiet arize-phoenix
 
 clean:
 	rm -rf $(VENV) .tiermesh .pytest_cache .mypy_cache .ruff_cache

@@ -29,6 +29,7 @@ def cmd_up(args: argparse.Namespace) -> int:
             model_repository=_repo_path(args),
             grace_s=args.grace,
             metrics_port=args.metrics_port,
+            trace_ui=os.environ.get("TIERMESH_TRACE_UI", "") not in ("", "0", "false"),
         )
     )
 
@@ -95,7 +96,7 @@ def _fetch(root: Path, args: argparse.Namespace) -> list[str]:
 def cmd_bench(args: argparse.Namespace) -> int:
     """A scenario against a running mesh, written to a report directory; or `compare`:
     exit 1 when B regressed against A."""
-    from tiermesh.bench import compare, config, session
+    from tiermesh.bench import compare, config, markdown, session
     from tiermesh.bench.arrivals import BurstPlan
     from tiermesh.bench.calls import BenchError
     from tiermesh.bench.ladder import LadderPlan
@@ -160,10 +161,13 @@ def cmd_bench(args: argparse.Namespace) -> int:
     except (ValueError, BenchError) as exc:
         print(f"tiermesh bench: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print("tiermesh bench: abandoned, no report written", file=sys.stderr)
+        return 130
     o = written.report["overall"]
     print(
         f"{o['ok']}/{o['sent']} answered, {o['throughput_rps']:.1f}/s, "
-        f"p50 {o['p50_ms'] or 0:.2f} ms, p99 {o['p99_ms'] or 0:.2f} ms, "
+        f"p50 {markdown.fmt(o['p50_ms'])} ms, p99 {markdown.fmt(o['p99_ms'])} ms, "
         f"error rate {o['error_rate']:.2%}"
     )
     knee = (written.report.get("ladder") or {}).get("knee")
@@ -193,9 +197,16 @@ def _bench_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     bench = sub.add_parser(
         "bench",
         help="load a running mesh; reports, plots and comparisons",
-        description="Send seeded load to a running mesh (tritonclient gRPC) and write a "
-        "report directory: report.json, summary.md and PNG plots. Each scenario is bounded "
-        "by --requests and --duration-s, whichever comes first.",
+        description="Send seeded load to a running mesh (tritonclient gRPC) and write a report\n"
+        "directory: report.json, summary.md and PNG plots. Each scenario is bounded by\n"
+        "--requests and --duration-s, whichever comes first. Ctrl-C stops sending and still\n"
+        "writes the report (twice: abandons it). `SCENARIO --help` lists its options.",
+        epilog="examples:\n"
+        "  tiermesh bench steady --model minilm-l6 --concurrency 16 --requests 2000\n"
+        "  tiermesh bench ladder --model minilm-l3 --slo-ms 200 --priorities 1=0.2,2=0.8\n"
+        "  tiermesh bench burst --model mlp --rate 100 --spike-rate 800 --duration-s 60\n"
+        "  tiermesh bench compare bench-reports/A bench-reports/B   # exit 1: regression",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     common = argparse.ArgumentParser(add_help=False)
     g = common.add_argument_group("target and workload")

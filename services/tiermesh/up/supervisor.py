@@ -25,6 +25,7 @@ from tiermesh.up.processes import (
     stop,
 )
 from tiermesh.up.redis_server import start_redis
+from tiermesh.up.trace_ui import TraceUI, start_trace_ui
 
 
 @dataclass
@@ -37,6 +38,7 @@ class UpOptions:
     grace_s: float = 10.0
     # The gateway's metrics port (0: a free one); the other services always get free ones.
     metrics_port: int = 8002
+    trace_ui: bool = False
     ready_timeout_s: float = 60.0
     extra_env: dict[str, str] = field(default_factory=dict)
 
@@ -84,6 +86,7 @@ class Mesh:
         self.redis: subprocess.Popen[bytes] | None = None
         self.redis_url = opts.redis_url
         self.metrics_ports: dict[str, int] = {}
+        self.trace_ui: TraceUI | None = None
 
     def start(self) -> None:
         opts = self.opts
@@ -91,6 +94,8 @@ class Mesh:
             port = free_port()
             self.redis = start_redis(port, opts.data_dir / "redis")
             self.redis_url = f"redis://127.0.0.1:{port}/0"
+        if opts.trace_ui:
+            self.trace_ui = start_trace_ui(opts.data_dir)
         ports = {k: free_port() for k in ("router", "postprocess", "worker", "delivery")}
         env = environ_with(
             TIERMESH_REDIS_URL=self.redis_url,
@@ -108,6 +113,7 @@ class Mesh:
             TIERMESH_DELIVERY_PORT=str(ports["delivery"]),
             TIERMESH_GATEWAY_HOST=opts.host,
             TIERMESH_GATEWAY_PORT=str(opts.port),
+            **(self.trace_ui.otel_env() if self.trace_ui else {}),
             **opts.extra_env,
         )
         plan = [
@@ -136,6 +142,8 @@ class Mesh:
                     codes[name] = stop(svc.proc, self.opts.grace_s + 5)
         if self.redis is not None:
             codes["redis"] = stop(self.redis, 10)
+        if self.trace_ui is not None:  # last: it receives the services' final spans
+            codes["trace-ui"] = stop(self.trace_ui.proc, 10)
         return codes
 
     def exited(self) -> str | None:
@@ -163,6 +171,7 @@ def run(opts: UpOptions) -> int:
                 f"{name} http://127.0.0.1:{port}/metrics"
                 for name, port in mesh.metrics_ports.items()
             )
+            + (f"\nTraces: {mesh.trace_ui.ui_url}" if mesh.trace_ui else "")
             + "\nTry, from another shell:\n"
             f"  .venv/bin/tiermesh infer --url {endpoint} --model mlp --data '[[1, 2, 3, 4]]'\n"
             "Ctrl-C drains and stops every process.\n",
