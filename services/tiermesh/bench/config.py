@@ -1,0 +1,92 @@
+"""One bench run's settings, built once by the CLI and passed down."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tiermesh.bench.arrivals import BurstPlan
+from tiermesh.bench.ladder import LadderPlan
+from tiermesh.bench.workload import DEFAULT_LENGTHS, DEFAULT_MIX, DEFAULT_PRIORITIES
+
+SCENARIOS = ("single", "steady", "ladder", "burst", "soak")
+# (requests, duration_s) when the command line gives none: whichever comes first ends
+# the run. A soak is meant to end on time; its count is only a safety bound.
+SCENARIO_BOUNDS: dict[str, tuple[int, float]] = {
+    "single": (200, 60.0),
+    "steady": (2000, 60.0),
+    "ladder": (20000, 300.0),
+    "burst": (10000, 30.0),
+    "soak": (1_000_000, 300.0),
+}
+REPORTS_DIR = Path("bench-reports")
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    scenario: str
+    out_dir: Path
+    url: str = "127.0.0.1:8001"
+    model: str = "mlp"
+    seed: int = 0
+    mix: tuple[tuple[str, float], ...] = DEFAULT_MIX
+    priorities: tuple[tuple[int, float], ...] = DEFAULT_PRIORITIES
+    lengths: dict[str, tuple[int, int]] = field(default_factory=lambda: dict(DEFAULT_LENGTHS))
+    requests: int = 2000
+    duration_s: float = 60.0
+    timeout_s: float = 10.0
+    concurrency: int = 8
+    warmup: int = 10
+    variant: str = ""
+    ladder: LadderPlan = field(default_factory=LadderPlan)
+    burst: BurstPlan = field(default_factory=lambda: BurstPlan(rate_rps=50.0))
+    max_in_flight: int = 1024
+    metrics_url: str = ""
+    metrics_interval_s: float = 0.5
+    window_s: float = 1.0
+    progress: bool = True
+
+    def __post_init__(self) -> None:
+        if self.scenario not in SCENARIOS:
+            raise ValueError(f"unknown scenario {self.scenario!r}; one of {SCENARIOS}")
+        if self.requests < 1 or self.duration_s <= 0 or self.timeout_s <= 0:
+            raise ValueError("--requests, --duration-s and --timeout-s must be positive")
+        if self.concurrency < 1 or self.max_in_flight < 1 or self.warmup < 0:
+            raise ValueError("--concurrency and --max-in-flight must be >= 1, --warmup >= 0")
+        if self.window_s <= 0 or self.metrics_interval_s <= 0:
+            raise ValueError("--window-s and --metrics-interval-s must be positive")
+
+    @property
+    def callers(self) -> int:
+        """Closed-loop callers of the single, steady and soak scenarios."""
+        return 1 if self.scenario == "single" else self.concurrency
+
+    def as_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["out_dir"] = str(self.out_dir)
+        out["mix"] = dict(self.mix)
+        out["priorities"] = {str(k): v for k, v in self.priorities}
+        out["lengths"] = {k: list(v) for k, v in self.lengths.items()}
+        out["ladder"]["concurrencies"] = list(self.ladder.concurrencies)
+        return out
+
+
+def bounds_for(scenario: str, requests: int | None, duration_s: float | None) -> tuple[int, float]:
+    default_requests, default_duration = SCENARIO_BOUNDS[scenario]
+    return (
+        default_requests if requests is None else requests,
+        default_duration if duration_s is None else duration_s,
+    )
+
+
+def default_out_dir(scenario: str, now: float | None = None, root: Path = REPORTS_DIR) -> Path:
+    """bench-reports/<YYYYmmdd-HHMMSS>-<scenario>, with -2, -3 ... if it already exists."""
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(now))
+    path = root / f"{stamp}-{scenario}"
+    n = 2
+    while path.exists():
+        path = root / f"{stamp}-{scenario}-{n}"
+        n += 1
+    return path
