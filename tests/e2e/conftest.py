@@ -9,7 +9,7 @@ import re
 import signal
 import subprocess
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -126,3 +126,21 @@ def mesh_up(tmp_path_factory: pytest.TempPathFactory) -> Iterator[UpProcess]:
     finally:
         if up.proc.poll() is None:
             up.interrupt()
+
+
+@pytest.fixture
+def new_up(tmp_path: Path) -> Iterator[Callable[..., UpProcess]]:
+    """Start a mesh of this test's own; whatever happens, none outlives the test."""
+    started: list[UpProcess] = []
+
+    def start(**kwargs: Any) -> UpProcess:
+        up = start_up(tmp_path / f"up{len(started)}", **kwargs)
+        started.append(up)
+        return up
+
+    try:
+        yield start
+    finally:
+        for up in started:
+            if up.proc.poll() is None:
+                up.interrupt()

@@ -6,8 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Iterator
-from pathlib import Path
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import grpc
@@ -181,10 +180,10 @@ def test_repeated_request_is_answered_from_the_cache(up: UpProcess) -> None:
     eventually(recomputed, "the cache entry to expire", timeout_s=10)
 
 
-def test_worker_counters_and_the_in_flight_limit(tmp_path: Path) -> None:
+def test_worker_counters_and_the_in_flight_limit(new_up: Callable[..., UpProcess]) -> None:
     """A gateway with TIERMESH_MAX_IN_FLIGHT=1 refuses concurrent requests beyond the first
     at once; the worker's own counters (logged at stop) agree with the traces."""
-    mesh = start_up(tmp_path, extra_env={"TIERMESH_MAX_IN_FLIGHT": "1"})
+    mesh = new_up(extra_env={"TIERMESH_MAX_IN_FLIGHT": "1"})
     x = np.ones((1, 4), np.float32)
 
     async def burst() -> list[str]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 import grpc
@@ -14,7 +15,7 @@ import pytest
 import tritonclient.grpc.aio as aioclient
 from tritonclient.utils import InferenceServerException
 
-from tests.e2e.conftest import start_up
+from tests.e2e.conftest import UpProcess
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -22,11 +23,13 @@ CONCURRENCY = 16
 MAX_REQUESTS = 3000
 
 
-def test_ctrl_c_under_load_loses_nothing_and_leaves_no_process(tmp_path: Path) -> None:
-    up = start_up(tmp_path, grace_s=10)
+def test_ctrl_c_under_load_loses_nothing_and_leaves_no_process(
+    new_up: Callable[..., UpProcess],
+) -> None:
+    up = new_up(grace_s=10)
     children = up.children()
     assert set(children) == {"gateway", "router", "worker", "postprocess", "redis"}
-    model = tmp_path / "models" / "mlp" / "1" / "model.onnx"
+    model = up.log.parent / "models" / "mlp" / "1" / "model.onnx"
     sess = ort.InferenceSession(str(model), providers=["CPUExecutionProvider"])
 
     outcomes: list[tuple[str, bool]] = []  # (status, output correct)
