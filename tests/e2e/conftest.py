@@ -41,6 +41,11 @@ class UpProcess:
                 continue
             for name in ("gateway", "router", "worker", "postprocess"):
                 if f"tiermesh.{name}" in cmdline:
+                    if (
+                        name == "worker"
+                        and _environ(stat.parent).get("TIERMESH_WORKER_TIER") == "edge"
+                    ):
+                        name = "worker-edge"
                     found[name] = int(stat.parent.name)
             if "redis-server" in cmdline:
                 found["redis"] = int(stat.parent.name)
@@ -70,11 +75,21 @@ class UpProcess:
         return self.proc.wait(timeout=timeout_s)
 
 
+def _environ(proc_dir: Path) -> dict[str, str]:
+    try:
+        raw = (proc_dir / "environ").read_bytes()
+    except OSError:
+        return {}
+    pairs = (item.split(b"=", 1) for item in raw.split(b"\0") if b"=" in item)
+    return {k.decode(errors="replace"): v.decode(errors="replace") for k, v in pairs}
+
+
 def start_up(
     tmp: Path,
     grace_s: float = 5.0,
     fetched: Sequence[str] = (),
     extra_env: dict[str, str] | None = None,
+    tiers: Sequence[str] = ("center",),
 ) -> UpProcess:
     repo = copy_repository(tmp / "models", fetched=fetched)
     port = free_port()
@@ -84,8 +99,8 @@ def start_up(
         TIERMESH_TRACE_DIR=str(tmp / "traces"),
         TIERMESH_LOG_FORMAT="json",
         TIERMESH_HEARTBEAT_TTL_MS="30000",
-        **(extra_env or {}),
     )
+    env.update(extra_env or {})
     log = tmp / "up.log"
     proc = subprocess.Popen(
         [
@@ -103,6 +118,8 @@ def start_up(
             str(grace_s),
             "--metrics-port",
             "0",
+            "--tiers",
+            ",".join(tiers),
         ],
         env=env,
         stdout=log.open("wb"),

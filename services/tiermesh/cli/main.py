@@ -30,6 +30,8 @@ def cmd_up(args: argparse.Namespace) -> int:
             grace_s=args.grace,
             metrics_port=args.metrics_port,
             trace_ui=os.environ.get("TIERMESH_TRACE_UI", "") not in ("", "0", "false"),
+            tiers=tuple(t.strip() for t in args.tiers.split(",") if t.strip()),
+            edge_threads=args.edge_threads,
         )
     )
 
@@ -105,6 +107,10 @@ def parser() -> argparse.ArgumentParser:
     up.add_argument("--grace", type=float, default=10.0, help="drain grace per service, seconds")
     up.add_argument(
         "--metrics-port", type=int, default=8002, help="gateway's Prometheus port (0: any free)"
+    )
+    up.add_argument("--tiers", default="center,edge", help="worker tiers to start")
+    up.add_argument(
+        "--edge-threads", type=int, default=1, help="onnxruntime threads of the edge worker"
     )
     up.set_defaults(func=cmd_up)
 

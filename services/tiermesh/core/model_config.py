@@ -91,6 +91,7 @@ class SchedulingSpec:
 
 
 DEFAULT_AGE_LIMIT_MS = 1000.0
+TIER_NAMES = ("edge", "center")
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,6 +103,16 @@ class CacheSpec:
     max_entries: int = 10_000
     # Answers are cached per tenant unless the model's outputs are tenant-independent.
     shared_across_tenants: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class TierSpec:
+    """How one tier serves a model: which variant, and up to what request cost (rows x
+    length: tokens for text) it is the preferred tier. 0 = no limit."""
+
+    name: str
+    variant: str
+    max_cost: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,6 +148,9 @@ class ModelConfig:
     buckets: tuple[BucketSpec, ...] = ()
     scheduling: SchedulingSpec = field(default_factory=SchedulingSpec)
     response_cache: CacheSpec = field(default_factory=CacheSpec)
+    # Where the model is served, lightest first (edge before center); empty: center only,
+    # with the default variant.
+    tiers: tuple[TierSpec, ...] = ()
     # The model whose queues, batching and weights this one uses ("" = itself).
     companion_of: str = ""
 
@@ -295,6 +309,14 @@ def parse_config(raw: Any, where: str) -> ModelConfig:
             if pool
             else None,
             max_sequence=int(tokenize["max_length"]) if tokenize else 0,
+            tiers=tuple(
+                TierSpec(
+                    name=str(name),
+                    variant=str((spec or {}).get("variant", "")),
+                    max_cost=int((spec or {}).get("max_cost", 0)),
+                )
+                for name, spec in (_optional(raw, "tiers") or {}).items()
+            ),
         )
     except RepositoryError as exc:
         raise RepositoryError(f"{where}: {exc}") from exc
@@ -331,6 +353,13 @@ def _check(cfg: ModelConfig, where: str) -> None:
     sched = cfg.scheduling
     if any(w < 1 for w in sched.priority_weights) or any(a <= 0 for a in sched.age_limit_ms):
         raise RepositoryError(f"{where}: priority_weights must be >= 1, age_limit_ms > 0")
+    for tier in cfg.tiers:
+        if tier.name not in TIER_NAMES:
+            raise RepositoryError(f"{where}: unknown tier {tier.name!r} (tiers: edge, center)")
+        if tier.variant and tier.variant not in cfg.variants:
+            raise RepositoryError(f"{where}: tier {tier.name} names unknown variant {tier.variant}")
+        if tier.max_cost < 0:
+            raise RepositoryError(f"{where}: tier {tier.name} max_cost must be >= 0")
     if cfg.response_cache.ttl_s <= 0 or cfg.response_cache.max_entries < 1:
         raise RepositoryError(f"{where}: response_cache ttl_s must be > 0, max_entries >= 1")
     if cfg.default_variant not in cfg.variants:

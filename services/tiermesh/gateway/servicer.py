@@ -83,8 +83,9 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
         cfg = self._repo.get(request.name)
         if cfg is None or cfg.version(request.version) is None or self.draining:
             return service_pb2.ModelReadyResponse(ready=False)
-        unit = compute_unit(cfg.queue_model, cfg.default_variant)
-        return service_pb2.ModelReadyResponse(ready=await self._up.liveness.workers(unit) > 0)
+        variants = {t.variant or cfg.default_variant for t in cfg.tiers} or {cfg.default_variant}
+        live = [await self._up.liveness.workers(compute_unit(cfg.queue_model, v)) for v in variants]
+        return service_pb2.ModelReadyResponse(ready=sum(live) > 0)
 
     @grpc_method
     async def ServerMetadata(self, request, context):  # type: ignore[no-untyped-def]
@@ -139,7 +140,8 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
             inputs=req.inputs,
             gateway=self._delivery_address,
             priority=priority_level(cfg, req.priority),
-            variant=variant_of(cfg, req.variant),
+            # The router picks the variant of the tier it chooses unless the caller named one.
+            variant=req.variant and variant_of(cfg, req.variant),
             deadline_ns=effective_deadline_ns(
                 received_ns,
                 context.time_remaining(),

@@ -16,6 +16,8 @@ from typing import Literal
 import redis.asyncio as aioredis
 
 from tiermesh.core import keys
+from tiermesh.router.tier_state import read_tier_states
+from tiermesh.router.tiers import TierState
 
 # KEYS: 1 target stream, 2 workers zset, 3 rate hash, 4.. every stream of the model.
 # ARGV: 1 stream bound, 2 model bound (0 = none), 3 rate field, 4 ms left (-1 = no deadline),
@@ -64,7 +66,12 @@ class Admission:
 
 class Admitter:
     def __init__(self, redis: aioredis.Redis) -> None:
+        self._redis = redis
         self._script = redis.register_script(_SCRIPT)
+
+    async def tier_states(self, streams: Sequence[keys.StreamKey]) -> dict[str, TierState]:
+        """How each candidate stream's tier looks now (see tier_state.read_tier_states)."""
+        return await read_tier_states(self._redis, streams)
 
     async def admit(
         self,

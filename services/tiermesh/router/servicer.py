@@ -9,6 +9,7 @@ from collections.abc import Callable, Mapping
 import grpc
 import redis.asyncio as aioredis
 import structlog
+from opentelemetry import trace
 from opentelemetry.trace import SpanKind
 
 from tiermesh.core.errors import (
@@ -21,15 +22,16 @@ from tiermesh.core.errors import (
 from tiermesh.core.grpc_errors import grpc_method
 from tiermesh.core.jobs import Job
 from tiermesh.core.keys import StreamKey, stream_keys
-from tiermesh.core.model_config import ModelConfig
+from tiermesh.core.model_config import ModelConfig, TierSpec
 from tiermesh.core.repository import ModelRepository
 from tiermesh.core.settings import RouterSettings
 from tiermesh.core.telemetry import Telemetry, inject_current
 from tiermesh.core.wire import encode_job, job_from_proto
 from tiermesh.router.admission import Admission, Admitter
 from tiermesh.router.metrics import RouterMetrics
-from tiermesh.router.policy import choose_stream
+from tiermesh.router.policy import DEFAULT_TIER, choose_stream, job_length
 from tiermesh.router.text import TextEncoder
+from tiermesh.router.tiers import choose_tier
 from tiermesh.v1 import router_pb2, router_pb2_grpc
 
 log = structlog.get_logger("tiermesh.router")
@@ -66,7 +68,8 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
             raise deadline_exceeded("deadline passed before the request was queued")
         if cfg.tokenize is not None:
             job = self._tokenize(cfg.name, job)
-        stream = choose_stream(cfg, job)
+        job, tier = await self._place(cfg, job, now)
+        stream = choose_stream(cfg, job, tier)
         with self._tracer.start_as_current_span(
             f"{stream.name} publish", kind=SpanKind.PRODUCER
         ) as span:
@@ -104,6 +107,25 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
             raise refusal(cfg, admission, self._settings.retry_after_ms)
         return router_pb2.RouteReply(stream=stream.name, entry_id=admission.detail)
 
+    async def _place(self, cfg: ModelConfig, job: Job, now: int) -> tuple[Job, str]:
+        """The tier (and, unless the caller named one, the variant) that serves the job."""
+        if not cfg.tiers:
+            variant = job.variant or cfg.default_variant
+            return dataclasses.replace(job, variant=variant), DEFAULT_TIER
+        candidates = [tier_stream(cfg, job, t) for t in cfg.tiers]
+        try:
+            states = await self._admitter.tier_states(candidates)
+        except (aioredis.RedisError, OSError):
+            raise unavailable("queue unavailable (redis down or loading)") from None
+        ms_left = (job.deadline_ns - now) / 1e6 if job.deadline_ns else None
+        tier = choose_tier(cfg.tiers, job_cost(cfg, job), ms_left, states)
+        if tier is None:
+            tiers = ", ".join(t.name for t in cfg.tiers)
+            raise unavailable(f"no live worker for model '{cfg.name}' on any tier ({tiers})")
+        variant = job.variant or tier.variant or cfg.default_variant
+        trace.get_current_span().set_attribute("tiermesh.tier", tier.name)
+        return dataclasses.replace(job, variant=variant), tier.name
+
     def _tokenize(self, model: str, job: Job) -> Job:
         """Text in, token ids and attention mask out; `truncated` goes back to the caller."""
         with self._tracer.start_as_current_span("tokenize") as span:
@@ -139,3 +161,14 @@ def refusal(cfg: ModelConfig, admission: Admission, retry_after_ms: int) -> Mesh
         "retry later",
         retry_after_ms,
     )
+
+
+def job_cost(cfg: ModelConfig, job: Job) -> int:
+    """What a request costs to compute, for tier choice: rows x length (tokens for text)."""
+    return job.rows * job_length(job, batched=cfg.max_batch_size > 0)
+
+
+def tier_stream(cfg: ModelConfig, job: Job, tier: TierSpec) -> StreamKey:
+    """The stream the job would join on `tier`."""
+    variant = job.variant or tier.variant or cfg.default_variant
+    return choose_stream(cfg, dataclasses.replace(job, variant=variant), tier.name)

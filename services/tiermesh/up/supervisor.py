@@ -39,6 +39,9 @@ class UpOptions:
     # The gateway's metrics port (0: a free one); the other services always get free ones.
     metrics_port: int = 8002
     trace_ui: bool = False
+    # Worker tiers to start; the edge worker gets fewer onnxruntime threads.
+    tiers: tuple[str, ...] = ("center", "edge")
+    edge_threads: int = 1
     ready_timeout_s: float = 60.0
     extra_env: dict[str, str] = field(default_factory=dict)
 
@@ -48,6 +51,10 @@ class Service:
     name: str
     proc: subprocess.Popen[bytes]
     health_address: str
+
+
+# Process name of each tier's worker.
+WORKERS = {"center": "worker", "edge": "worker-edge"}
 
 
 class StartupError(RuntimeError):
@@ -86,6 +93,7 @@ class Mesh:
         self.redis: subprocess.Popen[bytes] | None = None
         self.redis_url = opts.redis_url
         self.metrics_ports: dict[str, int] = {}
+        self._reported: set[str] = set()
         self.trace_ui: TraceUI | None = None
 
     def start(self) -> None:
@@ -96,7 +104,9 @@ class Mesh:
             self.redis_url = f"redis://127.0.0.1:{port}/0"
         if opts.trace_ui:
             self.trace_ui = start_trace_ui(opts.data_dir)
-        ports = {k: free_port() for k in ("router", "postprocess", "worker", "delivery")}
+        ports = {
+            k: free_port() for k in ("router", "postprocess", "worker", "worker-edge", "delivery")
+        }
         env = environ_with(
             TIERMESH_REDIS_URL=self.redis_url,
             TIERMESH_MODEL_REPOSITORY=str(opts.model_repository),
@@ -119,7 +129,11 @@ class Mesh:
         plan = [
             ("postprocess", f"127.0.0.1:{ports['postprocess']}"),
             ("router", f"127.0.0.1:{ports['router']}"),
-            ("worker", f"127.0.0.1:{ports['worker']}"),
+            *(
+                (WORKERS[tier], f"127.0.0.1:{ports[WORKERS[tier]]}")
+                for tier in ("center", "edge")
+                if tier in opts.tiers
+            ),
             ("gateway", f"{opts.host}:{opts.port}"),
         ]
         self.metrics_ports = {
@@ -128,14 +142,22 @@ class Mesh:
         }
         for name, address in plan:
             child_env = {**env, "TIERMESH_METRICS_PORT": str(self.metrics_ports[name])}
-            svc = Service(name, spawn(python_module(f"tiermesh.{name}"), child_env), address)
+            if name == WORKERS["edge"]:
+                # The edge tier: its own heartbeats and streams, deliberately less compute.
+                child_env.update(
+                    TIERMESH_WORKER_TIER="edge",
+                    TIERMESH_WORKER_HEALTH_PORT=str(ports[name]),
+                    TIERMESH_INTRA_OP_THREADS=str(opts.edge_threads),
+                )
+            module = "tiermesh.worker" if name in WORKERS.values() else f"tiermesh.{name}"
+            svc = Service(name, spawn(python_module(module), child_env), address)
             self.services.append(svc)
             wait_healthy(svc, opts.ready_timeout_s)
 
     def stop(self) -> dict[str, int]:
         """Stop in drain order; returns each process's exit code."""
         codes: dict[str, int] = {}
-        order = ["gateway", "router", "worker", "postprocess"]
+        order = ["gateway", "router", *WORKERS.values(), "postprocess"]
         for name in order:
             for svc in self.services:
                 if svc.name == name:
@@ -147,10 +169,25 @@ class Mesh:
         return codes
 
     def exited(self) -> str | None:
-        """The name of a child that has exited, if any."""
+        """The name of an essential child that has exited, if any. Workers are not essential:
+        the router routes around a tier without live workers, so a worker's exit is only
+        reported (once) and the mesh keeps serving."""
         if self.redis is not None and self.redis.poll() is not None:
             return "redis-server"
-        return next((s.name for s in self.services if s.proc.poll() is not None), None)
+        for svc in self.services:
+            if svc.proc.poll() is None:
+                continue
+            if svc.name not in WORKERS.values():
+                return svc.name
+            if svc.name not in self._reported:
+                self._reported.add(svc.name)
+                print(
+                    f"tiermesh up: {svc.name} exited with code {svc.proc.returncode}; "
+                    "the mesh serves on without it",
+                    file=sys.stderr,
+                    flush=True,
+                )
+        return None
 
 
 def run(opts: UpOptions) -> int:

@@ -1,0 +1,33 @@
+"""What each tier of a model looks like right now, read from Redis in one round trip:
+live workers (heartbeats), the backlog of the stream a request would join, its drain rate."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+
+import redis.asyncio as aioredis
+
+from tiermesh.core import keys
+from tiermesh.core.keys import StreamKey
+from tiermesh.router.tiers import TierState
+
+
+async def read_tier_states(
+    redis: aioredis.Redis, streams: Sequence[StreamKey]
+) -> dict[str, TierState]:
+    """The state of each candidate stream's tier (one stream per tier). Raises redis errors."""
+    now_ms = int(time.time() * 1000)
+    async with redis.pipeline(transaction=False) as pipe:
+        for s in streams:
+            pipe.zcount(keys.workers_key(s.model, s.tier), now_ms, "+inf")
+            pipe.xlen(s.name)
+            pipe.hget(keys.rate_key(s.model, s.tier), keys.rate_field(s.bucket))
+        replies = await pipe.execute()
+    states = {}
+    for i, s in enumerate(streams):
+        live, backlog, rate = replies[3 * i : 3 * i + 3]
+        states[s.tier] = TierState(
+            alive=int(live) > 0, backlog=int(backlog), rate=float(rate) if rate else 0.0
+        )
+    return states
