@@ -104,6 +104,14 @@ def copy_repository(dest: Path, bounded_queue: int = 2, fetched: Sequence[str] =
         + "response_cache: {enabled: true, ttl_s: 1.0, max_entries: 3}\n"
     )
     shutil.copy(dest / "mlp" / "1" / "model.onnx", cached / "1" / "model.onnx")
+    cascade = dest / "mlp_cascade"
+    (cascade / "1").mkdir(parents=True)
+    (cascade / "config.yaml").write_text(
+        (dest / "mlp" / "config.yaml").read_text().replace("name: mlp", "name: mlp_cascade")
+        + "tiers: {edge: {max_cost: 0}, center: {}}\n"
+        + "cascade: {output: OUTPUT0, threshold: 0.99}\n"
+    )
+    shutil.copy(dest / "mlp" / "1" / "model.onnx", cascade / "1" / "model.onnx")
     return dest
 
 

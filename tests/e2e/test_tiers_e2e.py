@@ -82,3 +82,27 @@ def test_tiers_by_cost_and_edge_failover(
     finally:
         replacement.send_signal(signal.SIGTERM)
         replacement.wait(timeout=30)
+
+
+def test_an_unsure_edge_answer_is_rerun_on_center(new_up: Callable[..., UpProcess]) -> None:
+    """mlp_cascade: edge takes everything; a top-1 softmax under 0.99 goes to center."""
+    up = new_up(tiers=("center", "edge"))
+    client = grpcclient.InferenceServerClient(up.url)
+
+    def ask(row: list[float]) -> tuple[dict[str, Any], np.ndarray]:
+        inp = grpcclient.InferInput("INPUT0", [1, 4], "FP32")
+        inp.set_data_from_numpy(np.array([row], np.float32))
+        res = client.infer("mlp_cascade", [inp])
+        params = {
+            k: next(iter(v.values()))
+            for k, v in res.get_response(as_json=True)["parameters"].items()
+        }
+        return params, res.as_numpy("OUTPUT0")
+
+    sure, _ = ask([1, 2, 3, 4])  # logits ~ [24, 4.8, -29.7]: top-1 ~ 1.0
+    assert sure["tier"] == "edge" and "cascaded" not in sure
+    unsure, unsure_out = ask([0, 0, 0, 1])  # logits ~ [-0.2, 0.07, -5.8]: top-1 ~ 0.57
+    assert unsure["tier"] == "center" and unsure["cascaded"] is True
+    assert 0.5 < unsure["edge_confidence"] < 0.99
+    logits = unsure_out[0].astype(np.float64)
+    assert abs(np.exp(logits).max() / np.exp(logits).sum() - unsure["edge_confidence"]) < 1e-3

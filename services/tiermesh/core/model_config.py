@@ -92,6 +92,7 @@ class SchedulingSpec:
 
 DEFAULT_AGE_LIMIT_MS = 1000.0
 TIER_NAMES = ("edge", "center")
+CASCADE_SCORES = ("top1_softmax",)
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,6 +114,15 @@ class TierSpec:
     name: str
     variant: str
     max_cost: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class CascadeSpec:
+    """Re-run an edge answer on center when the model is not confident enough about it."""
+
+    output: str
+    threshold: float
+    score: str = "top1_softmax"  # the only hook so far: the top class's softmax probability
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,6 +161,7 @@ class ModelConfig:
     # Where the model is served, lightest first (edge before center); empty: center only,
     # with the default variant.
     tiers: tuple[TierSpec, ...] = ()
+    cascade: CascadeSpec | None = None
     # The model whose queues, batching and weights this one uses ("" = itself).
     companion_of: str = ""
 
@@ -259,6 +270,7 @@ def parse_config(raw: Any, where: str) -> ModelConfig:
         variants = {str(k): str(v) for k, v in (raw.get("variants") or {}).items()}
         scheduling = _optional(raw, "scheduling") or {}
         cache = _optional(raw, "response_cache") or {}
+        cascade = _optional(raw, "cascade")
         max_batch = int(raw.get("max_batch_size", 0))
         buckets = _buckets(
             raw.get("length_buckets") or [],
@@ -309,6 +321,13 @@ def parse_config(raw: Any, where: str) -> ModelConfig:
             if pool
             else None,
             max_sequence=int(tokenize["max_length"]) if tokenize else 0,
+            cascade=CascadeSpec(
+                output=str(cascade["output"]),
+                threshold=float(cascade["threshold"]),
+                score=str(cascade.get("score", "top1_softmax")),
+            )
+            if cascade
+            else None,
             tiers=tuple(
                 TierSpec(
                     name=str(name),
@@ -360,6 +379,13 @@ def _check(cfg: ModelConfig, where: str) -> None:
             raise RepositoryError(f"{where}: tier {tier.name} names unknown variant {tier.variant}")
         if tier.max_cost < 0:
             raise RepositoryError(f"{where}: tier {tier.name} max_cost must be >= 0")
+    if cfg.cascade is not None:
+        if cfg.cascade.score not in CASCADE_SCORES:
+            raise RepositoryError(f"{where}: cascade score must be one of {CASCADE_SCORES}")
+        if cfg.cascade.output not in {t.name for t in cfg.runs_outputs}:
+            raise RepositoryError(f"{where}: cascade output {cfg.cascade.output!r} unknown")
+        if len(cfg.tiers) < 2:
+            raise RepositoryError(f"{where}: a cascade needs two tiers (edge and center)")
     if cfg.response_cache.ttl_s <= 0 or cfg.response_cache.max_entries < 1:
         raise RepositoryError(f"{where}: response_cache ttl_s must be > 0, max_entries >= 1")
     if cfg.default_variant not in cfg.variants:

@@ -126,6 +126,9 @@ def response_facts(
             facts[key] = int(result.annotations[key])
     if "truncated" in result.annotations:
         facts["truncated"] = result.annotations["truncated"] == "true"
+    if result.annotations.get("cascaded") == "true":
+        facts["cascaded"] = True
+        facts["edge_confidence"] = float(result.annotations.get("edge_confidence", "nan"))
     return facts
 
 

@@ -113,6 +113,7 @@ async def serve(
             computed_rows=worker.computed_rows,
             expired=worker.expired,
             cancelled=worker.cancelled,
+            cascaded=worker.cascaded,
         )
 
 

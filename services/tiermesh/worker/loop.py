@@ -20,7 +20,7 @@ from tiermesh.core.jobs import JobResult
 from tiermesh.core.keys import StreamKey
 from tiermesh.core.repository import ModelConfig
 from tiermesh.core.telemetry import Telemetry, span_context_of
-from tiermesh.core.wire import decode_job
+from tiermesh.core.wire import decode_job, encode_job
 from tiermesh.worker import results
 from tiermesh.worker.batching import (
     QueuedJob,
@@ -29,6 +29,7 @@ from tiermesh.worker.batching import (
     take_count,
     view_of,
 )
+from tiermesh.worker.cascade import escalates
 from tiermesh.worker.handoff import PostprocessClient
 from tiermesh.worker.metrics import WorkerMetrics
 from tiermesh.worker.runner import ModelRunner
@@ -94,6 +95,7 @@ class Worker:
         self.computed_rows = 0
         self.expired = 0
         self.cancelled = 0
+        self.cascaded = 0
 
     def stop(self) -> None:
         """Stop intake: no more reads; buffered entries are still finished."""
@@ -289,12 +291,40 @@ class Worker:
         cfg = self._configs[key.model]
         for q, out in zip(live, outputs, strict=True):
             request_spans(self._tracer, q, start, end, rows, batch_context)
+            confidence = escalates(cfg, key.tier, out.outputs)
+            if confidence is not None and await self._cascade(cfg, q, confidence):
+                continue
             done.append(results.computed(cfg, q, out, start, end, rows, self._streams.consumer))
         if self._metrics is not None:
             tokens = sum(int(r.annotations.get("tokens", 0)) for r in done)
             padded = sum(int(r.annotations.get("padded_tokens", 0)) for r in done)
             self._metrics.batch(key, rows, end - start, tokens, padded)
         return live, done
+
+    async def _cascade(self, cfg: ModelConfig, q: QueuedJob, confidence: float) -> bool:
+        """Send a job whose edge answer was not confident enough to the last tier; True when
+        it went (its answer then comes from there, marked as cascaded)."""
+        last = cfg.tiers[-1]
+        job = dataclasses.replace(
+            q.job,
+            tier=last.name,
+            variant=last.variant or cfg.default_variant,
+            annotations={
+                **q.job.annotations,
+                "cascaded": "true",
+                "edge_confidence": f"{confidence:.4f}",
+            },
+        )
+        target = StreamKey(
+            keys.compute_unit(cfg.queue_model, job.variant), last.name, job.priority, job.bucket
+        )
+        try:
+            sent = await self._streams.requeue(target, encode_job(job), dict(job.trace_context))
+        except (aioredis.RedisError, OSError):
+            sent = False
+        if sent:
+            self.cascaded += 1
+        return sent
 
     async def _finish(
         self,
@@ -305,8 +335,9 @@ class Worker:
         interval: int,
     ) -> None:
         """Publish, then ack: entries are deleted only after postprocess took the batch.
-        When the hand-off keeps failing they stay pending for recovery."""
-        for attempt in range(HANDOFF_ATTEMPTS):
+        When the hand-off keeps failing they stay pending for recovery. (With nothing to
+        hand off - every request cascaded to another tier - it only acknowledges.)"""
+        for attempt in range(HANDOFF_ATTEMPTS if done else 0):
             try:
                 await self._handoff.process(done)
                 break
@@ -314,8 +345,9 @@ class Worker:
                 log.warning("hand-off failed", attempt=attempt + 1, code=exc.code().name)
                 await asyncio.sleep(min(0.1 * 2**attempt, 1.0))
         else:
-            log.error("hand-off gave up; entries stay pending", stream=key.name, n=len(batch))
-            return
+            if done:
+                log.error("hand-off gave up; entries stay pending", stream=key.name, n=len(batch))
+                return
         rate = self._drain_rate(key, len(batch), max(self._clock_ns() - started, interval))
         try:
             await self._streams.done(key, [q.entry_id for q in batch], rate)

@@ -80,6 +80,24 @@ class StreamClient:
                 )
             await pipe.execute()
 
+    async def requeue(self, stream: StreamKey, job: bytes, trace_context: dict[str, str]) -> bool:
+        """XADD a job to another tier's stream (a cascade); False when no worker lives there
+        (the caller then keeps its own answer)."""
+        now_ms = int(time.time() * 1000)
+        if not await self._redis.zcount(
+            keys.workers_key(stream.model, stream.tier), now_ms, "+inf"
+        ):
+            return False
+        await self._redis.xadd(
+            stream.name,
+            {
+                keys.JOB_FIELD: job,
+                keys.TRACEPARENT_FIELD: trace_context.get("traceparent", ""),
+                keys.TRACESTATE_FIELD: trace_context.get("tracestate", ""),
+            },
+        )
+        return True
+
     async def cancelled(self, request_ids: Sequence[str]) -> set[str]:
         """The ids among `request_ids` whose callers have given up."""
         if not request_ids:
