@@ -32,6 +32,7 @@ def cmd_up(args: argparse.Namespace) -> int:
             trace_ui=os.environ.get("TIERMESH_TRACE_UI", "") not in ("", "0", "false"),
             tiers=tuple(t.strip() for t in args.tiers.split(",") if t.strip()),
             edge_threads=args.edge_threads,
+            edge_link_ms=args.edge_link_ms,
         )
     )
 
@@ -111,6 +112,12 @@ def parser() -> argparse.ArgumentParser:
     up.add_argument("--tiers", default="center,edge", help="worker tiers to start")
     up.add_argument(
         "--edge-threads", type=int, default=1, help="onnxruntime threads of the edge worker"
+    )
+    up.add_argument(
+        "--edge-link-ms",
+        type=float,
+        default=0.0,
+        help="added round trip (ms) between the edge worker and redis/postprocess (0: none)",
     )
     up.set_defaults(func=cmd_up)
 

@@ -1,17 +1,20 @@
 """Starts redis (unless given), postprocess, router, worker and gateway as separate
 processes, waits until each is healthy, and stops them in drain order on SIGINT/SIGTERM:
 gateway first (it refuses new requests and waits for the pending ones), then router,
-worker, postprocess, and redis last."""
+worker, postprocess, and redis last. With `edge_link_ms`, the edge worker reaches redis and
+postprocess through latency proxies (stopped right after the workers)."""
 
 from __future__ import annotations
 
 import contextlib
 import signal
+import socket
 import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -42,6 +45,8 @@ class UpOptions:
     # Worker tiers to start; the edge worker gets fewer onnxruntime threads.
     tiers: tuple[str, ...] = ("center", "edge")
     edge_threads: int = 1
+    # Added round trip (ms) on the edge worker's links to redis and postprocess; 0 = none.
+    edge_link_ms: float = 0.0
     ready_timeout_s: float = 60.0
     extra_env: dict[str, str] = field(default_factory=dict)
 
@@ -55,6 +60,8 @@ class Service:
 
 # Process name of each tier's worker.
 WORKERS = {"center": "worker", "edge": "worker-edge"}
+# Latency proxies between the edge worker and what it talks to in the center.
+EDGE_LINKS = ("edge-link-redis", "edge-link-postprocess")
 
 
 class StartupError(RuntimeError):
@@ -82,6 +89,37 @@ def wait_healthy(svc: Service, timeout_s: float) -> None:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 svc.proc.wait(timeout=0.05)
     raise StartupError(f"{svc.name} not healthy within {timeout_s}s")
+
+
+def wait_listening(svc: Service, timeout_s: float) -> None:
+    """Block until the service accepts TCP connections on its address, or raise
+    StartupError when it exits or the timeout passes."""
+    host, _, port = svc.health_address.rpartition(":")
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if svc.proc.poll() is not None:
+            raise StartupError(f"{svc.name} exited with code {svc.proc.returncode}")
+        try:
+            socket.create_connection((host, int(port)), timeout=1.0).close()
+            return
+        except OSError:  # not listening yet: give it a moment (returns early if it dies)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                svc.proc.wait(timeout=0.05)
+    raise StartupError(f"{svc.name} not listening within {timeout_s}s")
+
+
+def redis_target(url: str) -> tuple[str, int]:
+    parts = urlsplit(url)
+    if parts.scheme not in ("redis", "rediss") or not parts.hostname:
+        raise StartupError(f"edge_link_ms needs a TCP redis URL, not {url!r}")
+    return parts.hostname, parts.port or 6379
+
+
+def with_address(url: str, address: str) -> str:
+    """`url` with its host:port replaced (credentials, database and query kept)."""
+    parts = urlsplit(url)
+    userinfo, at, _ = parts.netloc.rpartition("@")
+    return urlunsplit(parts._replace(netloc=f"{userinfo}{at}{address}"))
 
 
 class Mesh:
@@ -140,24 +178,55 @@ class Mesh:
             name: opts.metrics_port if name == "gateway" and opts.metrics_port else free_port()
             for name, _ in plan
         }
+        edge_link: dict[str, str] = {}
+        if opts.edge_link_ms > 0 and "edge" in opts.tiers:
+            edge_link = self._start_edge_links(env)
         for name, address in plan:
             child_env = {**env, "TIERMESH_METRICS_PORT": str(self.metrics_ports[name])}
             if name == WORKERS["edge"]:
-                # The edge tier: its own heartbeats and streams, deliberately less compute.
+                # The edge tier: its own heartbeats and streams, deliberately less compute,
+                # and (with edge_link_ms) a slow link to the center.
                 child_env.update(
                     TIERMESH_WORKER_TIER="edge",
                     TIERMESH_WORKER_HEALTH_PORT=str(ports[name]),
                     TIERMESH_INTRA_OP_THREADS=str(opts.edge_threads),
+                    **edge_link,
                 )
             module = "tiermesh.worker" if name in WORKERS.values() else f"tiermesh.{name}"
             svc = Service(name, spawn(python_module(module), child_env), address)
             self.services.append(svc)
             wait_healthy(svc, opts.ready_timeout_s)
 
+    def _start_edge_links(self, env: dict[str, str]) -> dict[str, str]:
+        """Start a latency proxy in front of redis and one in front of postprocess (which
+        need not be up yet: a proxy connects per accepted connection); returns the edge
+        worker's environment pointing at them."""
+        redis_host, redis_port = redis_target(self.redis_url)
+        post_host, _, post_port = env["TIERMESH_POSTPROCESS_ADDRESS"].rpartition(":")
+        targets = {
+            EDGE_LINKS[0]: f"{redis_host}:{redis_port}",
+            EDGE_LINKS[1]: f"{post_host}:{post_port}",
+        }
+        listen = {}
+        for name, target in targets.items():
+            listen[name] = f"127.0.0.1:{free_port()}"
+            argv = [
+                *python_module("tiermesh.up.latency_proxy"),
+                *("--listen", listen[name], "--target", target),
+                *("--rtt-ms", str(self.opts.edge_link_ms)),
+            ]
+            svc = Service(name, spawn(argv, env), listen[name])
+            self.services.append(svc)
+            wait_listening(svc, self.opts.ready_timeout_s)
+        return {
+            "TIERMESH_REDIS_URL": with_address(self.redis_url, listen[EDGE_LINKS[0]]),
+            "TIERMESH_POSTPROCESS_ADDRESS": listen[EDGE_LINKS[1]],
+        }
+
     def stop(self) -> dict[str, int]:
         """Stop in drain order; returns each process's exit code."""
         codes: dict[str, int] = {}
-        order = ["gateway", "router", *WORKERS.values(), "postprocess"]
+        order = ["gateway", "router", *WORKERS.values(), *EDGE_LINKS, "postprocess"]
         for name in order:
             for svc in self.services:
                 if svc.name == name:
@@ -169,15 +238,15 @@ class Mesh:
         return codes
 
     def exited(self) -> str | None:
-        """The name of an essential child that has exited, if any. Workers are not essential:
-        the router routes around a tier without live workers, so a worker's exit is only
-        reported (once) and the mesh keeps serving."""
+        """The name of an essential child that has exited, if any. Workers (and the edge
+        link's proxies) are not essential: the router routes around a tier without live
+        workers, so their exit is only reported (once) and the mesh keeps serving."""
         if self.redis is not None and self.redis.poll() is not None:
             return "redis-server"
         for svc in self.services:
             if svc.proc.poll() is None:
                 continue
-            if svc.name not in WORKERS.values():
+            if svc.name not in (*WORKERS.values(), *EDGE_LINKS):
                 return svc.name
             if svc.name not in self._reported:
                 self._reported.add(svc.name)
