@@ -12,6 +12,7 @@ from typing import Any
 import grpc
 import numpy as np
 import pytest
+import redis.asyncio as aioredis
 import tritonclient.grpc as grpcclient
 import tritonclient.grpc.aio as aioclient
 from tritonclient.grpc import service_pb2, service_pb2_grpc
@@ -19,6 +20,7 @@ from tritonclient.utils import InferenceServerException
 
 from tests.e2e.conftest import UpProcess, start_up
 from tests.e2e.test_requests_e2e import mlp_input, worker_paused
+from tiermesh.core.keys import StreamKey
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 MODEL_INFER = "/inference.GRPCInferenceService/ModelInfer"
@@ -65,9 +67,16 @@ def test_cancelled_request_is_not_computed(up: UpProcess) -> None:
         try:
             inp = aioclient.InferInput("INPUT0", [1, 4], "FP32")
             inp.set_data_from_numpy(np.ones((1, 4), np.float32))
+            queue = aioredis.Redis.from_url(up.redis_url())
+            stream = StreamKey("mlp.fp32", "center", 2, 0).name
+            before = await queue.xlen(stream)
             call = asyncio.ensure_future(client.infer("mlp", [inp], request_id="bye"))
-            # Cancel once the gateway has routed it (its span starts at the call).
-            await asyncio.sleep(0.5)
+            # Cancel once the request sits in its stream (routed, waiting for the worker).
+            deadline = time.monotonic() + 20
+            while await queue.xlen(stream) <= before:
+                assert time.monotonic() < deadline, "the request never reached its stream"
+                await asyncio.sleep(0.01)
+            await queue.aclose()
             call.cancel()
             with pytest.raises(asyncio.CancelledError):
                 await call
