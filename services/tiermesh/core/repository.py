@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -56,7 +57,7 @@ class ModelRepository:
                 raw = yaml.safe_load(path.read_text())
             except yaml.YAMLError as exc:
                 raise RepositoryError(f"{path}: not valid YAML: {exc}") from exc
-            cfg = parse_config(raw, str(path))
+            cfg = parse_config(with_built_variants(raw, path.parent), str(path))
             if cfg.name != path.parent.name:
                 raise RepositoryError(f"{path}: name {cfg.name!r} != folder {path.parent.name!r}")
             for model in (cfg, *companions(raw, cfg, str(path))):
@@ -118,6 +119,34 @@ class ModelRepository:
 
 
 PROVENANCE = "provenance"
+# Written by `tiermesh optimize` into a version folder: variant name -> file, for variants
+# built on this machine (their checksums are in the folder's provenance.yaml).
+BUILT_VARIANTS = "variants.yaml"
+
+
+def with_built_variants(raw: Any, model_dir: Path) -> Any:
+    """The config with the variants `tiermesh optimize` wrote into its version folders."""
+    if not isinstance(raw, dict) or not isinstance(raw.get("versions"), dict):
+        return raw
+    merged = dict(raw)
+    variants = dict(merged.get("variants") or {"fp32": merged.get("model_file", "model.onnx")})
+    versions = {v: dict(files or {}) for v, files in merged["versions"].items()}
+    for version, files in versions.items():
+        path = model_dir / str(version) / BUILT_VARIANTS
+        if not path.is_file():
+            continue
+        try:
+            built = yaml.safe_load(path.read_text()) or {}
+        except yaml.YAMLError as exc:
+            raise RepositoryError(f"{path}: not valid YAML: {exc}") from exc
+        for variant, file in dict(built).items():
+            if str(variant) in variants:
+                continue  # the committed config wins
+            variants[str(variant)] = str(file)
+            files.setdefault(str(file), PROVENANCE)
+    merged["variants"] = variants
+    merged["versions"] = versions
+    return merged
 
 
 def _provenance_files(folder: Path) -> dict[str, str]:
