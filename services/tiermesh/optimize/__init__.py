@@ -1,0 +1,1 @@
+"""Quantize, calibrate, gate, profile and report: `tiermesh optimize` and `tiermesh profile`."""
