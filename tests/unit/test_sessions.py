@@ -45,12 +45,24 @@ def test_every_inference_session_in_the_code_gets_session_options() -> None:
         if "v1" in source.parts:
             continue
         tree = ast.parse(source.read_text())
+        # Names bound to session_options(...) in this module (options tweaked, then passed).
+        bound = {
+            t.id
+            for node in ast.walk(tree)
+            if isinstance(node, ast.Assign) and _is_session_options(node.value)
+            for t in node.targets
+            if isinstance(t, ast.Name)
+        }
         for node in ast.walk(tree):
             if isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "InferenceSession":
-                calls.append((source.name, node))
+                calls.append((source.name, node, bound))
     assert calls, "no InferenceSession found: the scan is broken"
-    for name, call in calls:
+    for name, call, bound in calls:
         args = [*call.args, *(k.value for k in call.keywords)]
         assert any(
-            isinstance(a, ast.Call) and getattr(a.func, "id", "") == "session_options" for a in args
+            _is_session_options(a) or (isinstance(a, ast.Name) and a.id in bound) for a in args
         ), f"{name}:{call.lineno} creates an InferenceSession without session_options()"
+
+
+def _is_session_options(node: ast.AST) -> bool:
+    return isinstance(node, ast.Call) and getattr(node.func, "id", "") == "session_options"

@@ -9,6 +9,8 @@ import sys
 from pathlib import Path
 
 from tiermesh.cli.bench import add_bench_parser
+from tiermesh.cli.optimize import add_optimize_parser
+from tiermesh.cli.profile import add_profile_parser
 from tiermesh.core.builtin_models import build_into
 from tiermesh.core.repository import ModelRepository, RepositoryError
 
@@ -148,6 +150,8 @@ def parser() -> argparse.ArgumentParser:
     models.set_defaults(func=cmd_models)
 
     add_bench_parser(sub)
+    add_profile_parser(sub)
+    add_optimize_parser(sub)
     return p
 
 

@@ -1,0 +1,61 @@
+"""`tiermesh profile`: argument parsing and wiring for tiermesh.optimize.profile."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+
+def cmd_profile(args: argparse.Namespace) -> int:
+    """Print the profile of one model of the repository (checksums verified first)."""
+    import onnx
+    import onnxruntime as ort
+
+    from tiermesh.core.repository import ModelRepository, RepositoryError
+    from tiermesh.optimize import profile as prof
+
+    root = Path(args.repository or os.environ.get("TIERMESH_MODEL_REPOSITORY", "models"))
+    repo = ModelRepository(root)
+    try:
+        repo.load()
+        path = repo.checked_file(args.model, variant=args.variant)
+    except RepositoryError as exc:
+        print(f"tiermesh profile: {exc}", file=sys.stderr)
+        return 1
+    cfg = repo.configs[args.model]
+    variant = args.variant or cfg.default_variant
+    model = onnx.load(str(path))
+    available = ort.get_available_providers()
+    result = prof.profile(model, args.seq, args.balance, available)
+    matrix = prof.verify_installed(result.matrix, model.SerializeToString(), available, args.seq)
+    result = prof.ModelProfile(
+        result.parameters, result.ops, result.compute, result.dynamic_axes, matrix
+    )
+    if args.json:
+        print(prof.as_json(result))
+    else:
+        print(prof.render(args.model, variant, result, args.top), end="")
+    return 0
+
+
+def add_profile_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    from tiermesh.optimize.profile import CPU_MACHINE_BALANCE
+
+    p = sub.add_parser(
+        "profile", help="parameters, ops, FLOP estimates, dynamic axes and EP support of a model"
+    )
+    p.add_argument("model")
+    p.add_argument("--repository", default=None, help="model repository (default: models)")
+    p.add_argument("--variant", default="", help="fp32, int8, ... (default: the model's)")
+    p.add_argument("--seq", type=int, default=128, help="reference sequence length (tokens)")
+    p.add_argument(
+        "--balance",
+        type=float,
+        default=CPU_MACHINE_BALANCE,
+        help="machine balance, FLOP/byte, for the compute/memory-bound verdict",
+    )
+    p.add_argument("--top", type=int, default=10, help="op types shown before 'others'")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(func=cmd_profile)
