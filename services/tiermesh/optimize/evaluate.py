@@ -107,24 +107,33 @@ def speed(
 
 
 _RSS_PROBE = """
-import json, resource, sys, time
+import json, sys, time
 import numpy as np, onnxruntime as ort
 from tiermesh.worker.runner import session_options
+opts = session_options(0)
+if sys.argv[3] == "preoptimized":  # saved after graph optimisation: do not redo it
+    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
 t0 = time.perf_counter()
-s = ort.InferenceSession(sys.argv[1], session_options(0), providers=["CPUExecutionProvider"])
+s = ort.InferenceSession(sys.argv[1], opts, providers=["CPUExecutionProvider"])
 for n in json.loads(sys.argv[2]):
     ids = np.full((1, n), 1000, dtype=np.int64)
     s.run(None, {"input_ids": ids, "attention_mask": np.ones_like(ids)})
 cold = time.perf_counter() - t0
-peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+# VmHWM, not ru_maxrss: ru_maxrss survives exec, so a child of a big parent reports its size.
+status = open("/proc/self/status").read().split("\\n")
+peak = int(next(line.split()[1] for line in status if line.startswith("VmHWM:")))
 print(json.dumps({"peak_rss_kb": peak, "cold_s": cold}))
 """
 
 
-def process_footprint(path: Path, lengths: Sequence[int] = (16, 64, 128)) -> tuple[float, float]:
-    """(peak RSS in MB, cold start in s: load + one warm-up per length) of a fresh process."""
+def process_footprint(
+    path: Path, lengths: Sequence[int] = (16, 64, 128), preoptimized: bool = False
+) -> tuple[float, float]:
+    """(peak RSS in MB, cold start in s: load + one warm-up per length) of a fresh process.
+    A `preoptimized` model (saved after graph optimisation) loads with optimisation off."""
+    mode = "preoptimized" if preoptimized else "optimize"
     done = subprocess.run(
-        [sys.executable, "-c", _RSS_PROBE, str(path), json.dumps(list(lengths))],
+        [sys.executable, "-c", _RSS_PROBE, str(path), json.dumps(list(lengths)), mode],
         capture_output=True,
         text=True,
         timeout=300,

@@ -24,7 +24,9 @@ class VariantResult:
     note: str = ""
 
 
-def markdown(model: str, gate: str, results: list[VariantResult]) -> str:
+def markdown(
+    model: str, gate: str, results: list[VariantResult], skipped: dict[str, str] | None = None
+) -> str:
     base = next((r for r in results if r.name == "fp32"), None)
     lengths = sorted({n for r in results for n in r.speed.batch1_ms})
     head = ["variant", "gate", "cos mean", "cos p1", "cos min", "MB", "RSS MB", "cold s"]
@@ -69,6 +71,8 @@ def markdown(model: str, gate: str, results: list[VariantResult]) -> str:
             )
         if r.note:
             lines.append(f"- {r.name}: {r.note}")
+    for name, why in (skipped or {}).items():
+        lines.append(f"- **{name}: {why}**")
     return "\n".join(lines) + "\n"
 
 
@@ -95,12 +99,21 @@ def plot(path: Path, model: str, results: list[VariantResult]) -> None:
     fig.savefig(path, dpi=110)
 
 
-def write(out: Path, model: str, gate: str, results: list[VariantResult]) -> None:
+def write(
+    out: Path,
+    model: str,
+    gate: str,
+    results: list[VariantResult],
+    skipped: dict[str, str] | None = None,
+) -> None:
+    """`skipped`: variants that were not built or were rejected, with the reason."""
     out.mkdir(parents=True, exist_ok=True)
-    (out / "report.json").write_text(
-        json.dumps(
-            {"model": model, "gate": gate, "variants": [asdict(r) for r in results]}, indent=2
-        )
-    )
-    (out / "report.md").write_text(markdown(model, gate, results))
+    report = {
+        "model": model,
+        "gate": gate,
+        "variants": [asdict(r) for r in results],
+        "skipped": skipped or {},
+    }
+    (out / "report.json").write_text(json.dumps(report, indent=2))
+    (out / "report.md").write_text(markdown(model, gate, results, skipped))
     plot(out / "accuracy_vs_throughput.png", model, results)
