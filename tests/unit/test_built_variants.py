@@ -52,3 +52,21 @@ def test_a_config_variant_is_not_overridden(repo: Path) -> None:
     models = ModelRepository(repo)
     models.load()
     assert models.checked_file("mlp").name == "model.onnx"  # other.onnx is not required
+
+
+def test_a_preoptimized_variant_loads_without_graph_optimisation(repo: Path) -> None:
+    import onnxruntime as ort
+
+    from tiermesh.worker.runner import ModelRunner
+
+    prov = repo / "mlp" / "1" / "provenance.yaml"
+    data = yaml.safe_load(prov.read_text())
+    data["optimize"] = {"graph": {"preoptimized": True}}
+    prov.write_text(yaml.safe_dump(data))
+    models = ModelRepository(repo)
+    cfg = models.load()["mlp"]
+    assert models.preoptimized("mlp", "graph") and not models.preoptimized("mlp", "fp32")
+    runner = ModelRunner(cfg, models.checked_file("mlp", variant="graph"), preoptimized=True)
+    level = runner.session.get_session_options().graph_optimization_level
+    assert level == ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    assert runner.load_s > 0

@@ -108,6 +108,19 @@ class ModelRepository:
                 )
         return folder
 
+    def preoptimized(self, name: str, variant: str, version: str = "") -> bool:
+        """Whether `tiermesh optimize` saved this variant after graph optimisation."""
+        cfg = self._configs[name]
+        ver = cfg.version(version)
+        if ver is None:
+            return False
+        path = self.root / cfg.queue_model / ver.version / "provenance.yaml"
+        try:
+            raw = yaml.safe_load(path.read_text()) or {}
+        except (OSError, yaml.YAMLError):
+            return False
+        return bool(((raw.get("optimize") or {}).get(variant) or {}).get("preoptimized"))
+
     def checked_file(self, name: str, version: str = "", variant: str = "") -> Path:
         """The model file of (name, version, variant) after the folder's checksums matched."""
         folder = self.checked_folder(name, version)

@@ -144,6 +144,8 @@ def _write_back(folder: Path, passed: list[VariantResult], work: Path, plan: Pla
             "eval_sha256": datasets.texts_sha256(plan.evaluation),
             "excluded_nodes": r.excluded_nodes,
             "cosine_mean": r.accuracy.mean,
+            # Saved after graph optimisation: workers load it without redoing it.
+            "preoptimized": r.name == "graph",
         }
         built[r.name] = target.name
     prov_path.write_text(yaml.safe_dump(prov, sort_keys=False))

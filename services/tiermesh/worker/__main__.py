@@ -51,10 +51,15 @@ async def serve(
     }
     runners = {
         unit: ModelRunner(
-            cfg, repo.checked_file(cfg.name, variant=split_unit(unit)[1]), settings.intra_op_threads
+            cfg,
+            repo.checked_file(cfg.name, variant=split_unit(unit)[1]),
+            settings.intra_op_threads,
+            preoptimized=repo.preoptimized(cfg.name, split_unit(unit)[1]),
         )
         for unit, cfg in served.items()
     }
+    for unit, runner in runners.items():
+        log.info("model loaded", unit=unit, load_s=round(runner.load_s, 3))
     redis = connect(settings.redis_url)
     channel = make_channel(settings.postprocess_address, telemetry)
     consumer = settings.worker_id or f"{socket.gethostname()}-{settings.worker_tier}-{os.getpid()}"

@@ -3,6 +3,7 @@ worker calls `run` in a thread so the event loop keeps moving data."""
 
 from __future__ import annotations
 
+import time
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -43,11 +44,18 @@ def pad_to(tensor: TensorData, shape: tuple[int, ...], value: int) -> TensorData
 
 
 class ModelRunner:
-    def __init__(self, cfg: ModelConfig, path: Path, intra_op_threads: int = 0) -> None:
+    def __init__(
+        self, cfg: ModelConfig, path: Path, intra_op_threads: int = 0, preoptimized: bool = False
+    ) -> None:
+        """`preoptimized`: the file was saved after graph optimisation (tiermesh optimize's
+        `graph` variant), so loading skips it instead of redoing it at every start."""
         self.cfg = cfg
-        self.session = ort.InferenceSession(
-            str(path), session_options(intra_op_threads), providers=["CPUExecutionProvider"]
-        )
+        opts = session_options(intra_op_threads)
+        if preoptimized:
+            opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+        started = time.perf_counter()
+        self.session = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
+        self.load_s = time.perf_counter() - started
         self._outputs = [o.name for o in cfg.runs_outputs]
         self._types = {o.name: o.datatype for o in cfg.runs_outputs}
 
