@@ -7,6 +7,7 @@ import time
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import grpc
 import numpy as np
@@ -83,7 +84,11 @@ class RecordingStreams(StreamClient):
 
 
 def make_worker(
-    redis: aioredis.Redis, repo_path: Path, postprocess: str, streams: StreamClient | None = None
+    redis: aioredis.Redis,
+    repo_path: Path,
+    postprocess: str,
+    streams: StreamClient | None = None,
+    **options: Any,
 ) -> Worker:
     telemetry = Telemetry("worker-test")
     repo = ModelRepository(repo_path)
@@ -96,6 +101,7 @@ def make_worker(
         handoff=PostprocessClient(make_channel(postprocess, telemetry), timeout_s=1),
         telemetry=telemetry,
         poll_block_ms=50,
+        **options,
     )
 
 
@@ -200,4 +206,82 @@ async def test_batch_wait_never_blocks_in_redis(
     fills = [block for n, block in streams.reads if n == 1]
     assert fills, "a lone request should have waited for company"
     assert all(block is None for block in fills)
+    await redis.aclose()
+
+
+async def test_a_dead_workers_entries_are_reclaimed(
+    redis_url: str, model_repo: Path, downstream: Downstream
+) -> None:
+    redis = aioredis.Redis.from_url(redis_url)
+    dead = StreamClient(redis, "dead-worker")
+    await dead.ensure_groups([STREAM])
+    answer = downstream.pending.register("orphan")
+    x = np.ones((1, 4), np.float32)
+    await redis.xadd(
+        STREAM.name,
+        {
+            keys.JOB_FIELD: job(
+                "orphan", downstream.delivery_address, time.time_ns() + 30 * 10**9, x
+            )
+        },
+    )
+    assert len(await dead.read([STREAM], 10, None)) == 1  # read, then it "dies"
+    worker = make_worker(
+        redis,
+        model_repo,
+        downstream.postprocess_address,
+        reclaim_interval_ms=50,
+        reclaim_min_idle_ms=100,
+    )
+    task = asyncio.create_task(worker.run())
+    try:
+        result = await asyncio.wait_for(answer, 10)
+    finally:
+        worker.stop()
+        await asyncio.wait_for(task, 10)
+    assert result.code == grpc.StatusCode.OK and result.outputs[0].shape == (1, 3)
+    assert worker.reclaimed == 1
+    assert await redis.xlen(STREAM.name) == 0
+    await redis.aclose()
+
+
+async def test_an_entry_delivered_too_often_is_dead_lettered(
+    redis_url: str, model_repo: Path, downstream: Downstream
+) -> None:
+    redis = aioredis.Redis.from_url(redis_url)
+    dead = StreamClient(redis, "dead-1")
+    await dead.ensure_groups([STREAM])
+    answer = downstream.pending.register("poison")
+    x = np.ones((1, 4), np.float32)
+    entry_id = await redis.xadd(
+        STREAM.name,
+        {
+            keys.JOB_FIELD: job(
+                "poison", downstream.delivery_address, time.time_ns() + 30 * 10**9, x
+            )
+        },
+    )
+    await dead.read([STREAM], 10, None)  # delivery 1
+    for name in ("dead-2", "dead-3"):  # deliveries 2 and 3, each worker died with it
+        await redis.xclaim(STREAM.name, keys.GROUP, name, 0, [entry_id])
+    worker = make_worker(
+        redis,
+        model_repo,
+        downstream.postprocess_address,
+        reclaim_interval_ms=50,
+        reclaim_min_idle_ms=1,
+        max_deliveries=3,
+    )
+    task = asyncio.create_task(worker.run())
+    try:
+        result = await asyncio.wait_for(answer, 10)
+    finally:
+        worker.stop()
+        await asyncio.wait_for(task, 10)
+    assert result.code == grpc.StatusCode.ABORTED
+    assert "4 failed deliveries" in result.message
+    assert worker.dead_lettered == 1 and worker.computed_rows == 0
+    dlq = await redis.xrange(keys.dead_letter_key(STREAM.model, STREAM.tier))
+    assert len(dlq) == 1 and dlq[0][1][b"reason"] == b"delivered 4 times"
+    assert await redis.xlen(STREAM.name) == 0
     await redis.aclose()

@@ -52,6 +52,11 @@ def rate_field(bucket: int) -> str:
     return f"b{bucket}"
 
 
+def dead_letter_key(unit: str, tier: str) -> str:
+    """Stream of entries given up on after too many deliveries (kept for inspection)."""
+    return f"{PREFIX}:dlq:{unit}:{tier}"
+
+
 def cancel_key(request_id: str) -> str:
     """Set (with a TTL) when a caller gave up: workers skip the request if not yet computed."""
     return f"{PREFIX}:cancel:{request_id}"

@@ -68,6 +68,11 @@ class WorkerSettings(ServiceSettings):
     heartbeat_interval_ms: int = Field(default=1000, gt=0)
     heartbeat_ttl_ms: int = Field(default=10_000, gt=0)
     poll_block_ms: int = Field(default=200, gt=0)
+    # Entries another worker left unacknowledged this long are taken over (it died).
+    reclaim_interval_ms: int = Field(default=1000, gt=0)
+    reclaim_min_idle_ms: int = Field(default=5000, gt=0)
+    # An entry delivered more often than this is dead-lettered; its caller gets ABORTED.
+    max_deliveries: int = Field(default=3, ge=1)
 
     @property
     def model_names(self) -> list[str]:

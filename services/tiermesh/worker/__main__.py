@@ -76,6 +76,9 @@ async def serve(
         heartbeat_interval_ms=settings.heartbeat_interval_ms,
         heartbeat_ttl_ms=settings.heartbeat_ttl_ms,
         metrics=WorkerMetrics(registry),
+        reclaim_interval_ms=settings.reclaim_interval_ms,
+        reclaim_min_idle_ms=settings.reclaim_min_idle_ms,
+        max_deliveries=settings.max_deliveries,
     )
     server = make_server(telemetry)
     health = add_health(server)
@@ -119,6 +122,8 @@ async def serve(
             expired=worker.expired,
             cancelled=worker.cancelled,
             cascaded=worker.cascaded,
+            reclaimed=worker.reclaimed,
+            dead_lettered=worker.dead_lettered,
         )
 
 

@@ -64,7 +64,13 @@ class Worker:
         heartbeat_ttl_ms: int = 10_000,
         clock_ns: Callable[[], int] = time.time_ns,
         metrics: WorkerMetrics | None = None,
+        reclaim_interval_ms: int = 1000,
+        reclaim_min_idle_ms: int = 5000,
+        max_deliveries: int = 3,
     ) -> None:
+        self._reclaim_interval_s = reclaim_interval_ms / 1000
+        self._reclaim_min_idle_ms = reclaim_min_idle_ms
+        self._max_deliveries = max_deliveries
         self.tier = tier
         self._metrics = metrics
         self._configs = configs
@@ -96,6 +102,8 @@ class Worker:
         self.expired = 0
         self.cancelled = 0
         self.cascaded = 0
+        self.reclaimed = 0
+        self.dead_lettered = 0
 
     def stop(self) -> None:
         """Stop intake: no more reads; buffered entries are still finished."""
@@ -106,6 +114,7 @@ class Worker:
         await self._streams.heartbeat(self._configs, self.tier, self._hb_ttl_ms)
         self.started.set()
         heartbeat = asyncio.create_task(self._heartbeat(), name="worker-heartbeat")
+        reclaimer = asyncio.create_task(self._reclaim(), name="worker-reclaimer")
         try:
             await self._collect(await self._streams.read(self._keys, 10_000, None, pending=True))
             while not self._stopping.is_set() or self._buffered():
@@ -122,7 +131,8 @@ class Worker:
             # Hand-offs are never cancelled: publish, then ack, even while stopping.
             await asyncio.gather(*self._finishing, return_exceptions=True)
             heartbeat.cancel()
-            await asyncio.gather(heartbeat, return_exceptions=True)
+            reclaimer.cancel()
+            await asyncio.gather(heartbeat, reclaimer, return_exceptions=True)
             try:
                 await self._streams.leave(self._configs, self.tier)
             except (aioredis.RedisError, OSError):
@@ -362,6 +372,55 @@ class Worker:
         old = self._rates.get(key)
         self._rates[key] = rate if old is None else RATE_ALPHA * rate + (1 - RATE_ALPHA) * old
         return self._rates[key]
+
+    async def _reclaim(self) -> None:
+        """Take over what dead workers read and never acknowledged. An entry delivered more
+        than max_deliveries times is poison: dead-lettered, its caller told ABORTED."""
+        while True:
+            await asyncio.sleep(self._reclaim_interval_s)
+            for key in self._keys:
+                room = self._room(key)
+                if room <= 0 or self._stopping.is_set():
+                    continue
+                try:
+                    entries = await self._streams.reclaim(key, self._reclaim_min_idle_ms, room)
+                    mine = {q.entry_id for q in self._buffer[key]}
+                    entries = [e for e in entries if e.entry_id not in mine]
+                    counts = await self._streams.deliveries(key, [e.entry_id for e in entries])
+                except (aioredis.RedisError, OSError) as exc:
+                    log.warning("reclaim failed", stream=key.name, error=str(exc))
+                    continue
+                poison = [e for e in entries if counts.get(e.entry_id, 1) > self._max_deliveries]
+                fresh = [e for e in entries if e not in poison]
+                if poison:
+                    await self._give_up(poison, counts)
+                if fresh:
+                    self.reclaimed += len(fresh)
+                    log.warning("reclaimed entries of a dead worker", stream=key.name, n=len(fresh))
+                    await self._collect(fresh)
+
+    async def _give_up(self, entries: Sequence[Entry], counts: Mapping[str, int]) -> None:
+        answers = []
+        for e in entries:
+            await self._streams.dead_letter(e, f"delivered {counts.get(e.entry_id)} times")
+            self.dead_lettered += 1
+            try:
+                job = decode_job(e.fields[keys.JOB_FIELD.encode()])
+            except Exception:
+                continue
+            answers.append(
+                JobResult.for_job(
+                    job,
+                    code=grpc.StatusCode.ABORTED,
+                    message=f"given up after {counts.get(e.entry_id)} failed deliveries",
+                )
+            )
+        log.error("dead-lettered entries", n=len(entries))
+        if answers:
+            try:
+                await self._handoff.process(answers)
+            except grpc.aio.AioRpcError as exc:
+                log.warning("could not tell callers of dead-lettered entries", code=exc.code().name)
 
     async def _heartbeat(self) -> None:
         while True:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import cast
+from typing import Any, cast
 
 import redis.asyncio as aioredis
 from redis.exceptions import ResponseError
@@ -80,6 +80,42 @@ class StreamClient:
                 )
             await pipe.execute()
 
+    async def reclaim(self, stream: StreamKey, min_idle_ms: int, count: int) -> list[Entry]:
+        """Take over entries other consumers read but left unacknowledged for `min_idle_ms`
+        (their worker died): XAUTOCLAIM, which also counts the delivery."""
+        reply = await self._redis.xautoclaim(
+            stream.name, keys.GROUP, self.consumer, min_idle_ms, start_id="0-0", count=count
+        )
+        claimed = cast(list[tuple[bytes, dict[bytes, bytes] | None]], reply[1] if reply else [])
+        return [Entry(stream, eid.decode(), fields) for eid, fields in claimed if fields]
+
+    async def deliveries(self, stream: StreamKey, entry_ids: Sequence[str]) -> dict[str, int]:
+        """How many times each pending entry has been delivered."""
+        if not entry_ids:
+            return {}
+        lo, hi = min(entry_ids, key=_id_key), max(entry_ids, key=_id_key)
+        rows = await self._redis.xpending_range(
+            stream.name, keys.GROUP, lo, hi, 10 * len(entry_ids)
+        )
+        wanted = set(entry_ids)
+        out = {}
+        for row in rows:
+            eid = row["message_id"]
+            eid = eid.decode() if isinstance(eid, bytes) else str(eid)
+            if eid in wanted:
+                out[eid] = int(row["times_delivered"])
+        return out
+
+    async def dead_letter(self, entry: Entry, reason: str) -> None:
+        """Move an entry to its dead-letter stream, atomically with its acknowledgement."""
+        async with self._redis.pipeline(transaction=True) as pipe:
+            fields: dict[Any, Any] = dict(entry.fields)
+            fields.update({"reason": reason, "stream": entry.stream.name})
+            pipe.xadd(keys.dead_letter_key(entry.stream.model, entry.stream.tier), fields)
+            pipe.xack(entry.stream.name, keys.GROUP, entry.entry_id)
+            pipe.xdel(entry.stream.name, entry.entry_id)
+            await pipe.execute()
+
     async def requeue(self, stream: StreamKey, job: bytes, trace_context: dict[str, str]) -> bool:
         """XADD a job to another tier's stream (a cascade); False when no worker lives there
         (the caller then keeps its own answer)."""
@@ -119,3 +155,8 @@ class StreamClient:
             for model in models:
                 pipe.zrem(keys.workers_key(model, tier), self.consumer)
             await pipe.execute()
+
+
+def _id_key(entry_id: str) -> tuple[int, int]:
+    ms, _, seq = entry_id.partition("-")
+    return int(ms), int(seq or 0)
