@@ -285,3 +285,44 @@ async def test_an_entry_delivered_too_often_is_dead_lettered(
     assert len(dlq) == 1 and dlq[0][1][b"reason"] == b"delivered 4 times"
     assert await redis.xlen(STREAM.name) == 0
     await redis.aclose()
+
+
+async def test_a_poison_request_is_dead_lettered_and_spares_its_batch(
+    redis_url: str, model_repo: Path, downstream: Downstream
+) -> None:
+    """A request the model fails on (a shape only a client bypassing the gateway could send)
+    is batched beside a good one: the good one is answered, the poison one dead-lettered."""
+    redis = aioredis.Redis.from_url(redis_url)
+    good = downstream.pending.register("good")
+    bad = downstream.pending.register("bad")
+    later = time.time_ns() + 30 * 10**9
+    await redis.xadd(
+        STREAM.name,
+        {
+            keys.JOB_FIELD: job(
+                "bad", downstream.delivery_address, later, np.ones((1, 5), np.float32)
+            )
+        },
+    )
+    await redis.xadd(
+        STREAM.name,
+        {
+            keys.JOB_FIELD: job(
+                "good", downstream.delivery_address, later, np.ones((1, 4), np.float32)
+            )
+        },
+    )
+    worker = make_worker(redis, model_repo, downstream.postprocess_address)
+    task = asyncio.create_task(worker.run())
+    try:
+        good_result = await asyncio.wait_for(good, 10)
+        bad_result = await asyncio.wait_for(bad, 10)
+    finally:
+        worker.stop()
+        await asyncio.wait_for(task, 10)
+    assert good_result.code == grpc.StatusCode.OK and good_result.outputs[0].shape == (1, 3)
+    assert bad_result.code == grpc.StatusCode.ABORTED
+    assert worker.dead_lettered == 1 and worker.computed_rows == 1
+    assert await redis.xlen(keys.dead_letter_key(STREAM.model, STREAM.tier)) == 1
+    assert await redis.xlen(STREAM.name) == 0
+    await redis.aclose()

@@ -32,7 +32,7 @@ from tiermesh.worker.batching import (
 from tiermesh.worker.cascade import escalates
 from tiermesh.worker.handoff import PostprocessClient
 from tiermesh.worker.metrics import WorkerMetrics
-from tiermesh.worker.runner import ModelRunner
+from tiermesh.worker.runner import JobOutputs, ModelRunner
 from tiermesh.worker.scheduler import Scheduler
 from tiermesh.worker.spans import request_spans, skipped_span
 from tiermesh.worker.streams import Entry, StreamClient
@@ -210,7 +210,7 @@ class Worker:
         except BaseException:
             self._handoff_slots.release()
             raise
-        if not live:
+        if not live and not done:
             self._handoff_slots.release()
             return
         task = asyncio.create_task(self._finish(key, live, done, started, interval))
@@ -288,14 +288,15 @@ class Worker:
                     self._runners[key.model].run, [q.job for q in live]
                 )
             except Exception as exc:
-                log.exception("model execution failed", model=key.model)
+                log.warning("batch failed; running its requests one by one", model=key.model)
                 span.record_exception(exc)
-                return live, [
-                    results.failed(q, grpc.StatusCode.INTERNAL, "model execution failed")
-                    for q in live
-                ]
+                live, outputs, poison = await self._isolate(key, live)
+                done.extend(await self._poisoned(poison))
+                rows = sum(q.job.rows for q in live)
             end = self._clock_ns()
             batch_context = span.get_span_context()
+        if not live:
+            return live, done
         self.computed_rows += rows
         self._scheduler.observe(key, rows, end - start)
         cfg = self._configs[key.model]
@@ -310,6 +311,40 @@ class Worker:
             padded = sum(int(r.annotations.get("padded_tokens", 0)) for r in done)
             self._metrics.batch(key, rows, end - start, tokens, padded)
         return live, done
+
+    async def _isolate(
+        self, key: StreamKey, batch: list[QueuedJob]
+    ) -> tuple[list[QueuedJob], list[JobOutputs], list[QueuedJob]]:
+        """After a batch failed: each request alone, so one poison request cannot fail the
+        others. Returns (computed, their outputs, the ones that fail even alone)."""
+        ok: list[QueuedJob] = []
+        outputs: list[JobOutputs] = []
+        poison: list[QueuedJob] = []
+        for q in batch:
+            try:
+                outputs.extend(await asyncio.to_thread(self._runners[key.model].run, [q.job]))
+                ok.append(q)
+            except Exception:
+                poison.append(q)
+        return ok, outputs, poison
+
+    async def _poisoned(self, poison: list[QueuedJob]) -> list[JobResult]:
+        """Requests the model fails on: dead-lettered at once (retrying cannot help), their
+        callers told ABORTED."""
+        out = []
+        for q in poison:
+            entry = Entry(q.stream, q.entry_id, {keys.JOB_FIELD.encode(): encode_job(q.job)})
+            try:
+                await self._streams.dead_letter(entry, "model execution failed on this request")
+            except (aioredis.RedisError, OSError):
+                log.warning("could not dead-letter a poison request", stream=q.stream.name)
+            self.dead_lettered += 1
+            out.append(
+                results.failed(q, grpc.StatusCode.ABORTED, "the model fails on this request")
+            )
+        if poison:
+            log.error("poison requests dead-lettered", n=len(poison))
+        return out
 
     async def _cascade(self, cfg: ModelConfig, q: QueuedJob, confidence: float) -> bool:
         """Send a job whose edge answer was not confident enough to the last tier; True when
