@@ -9,6 +9,7 @@ import re
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -59,15 +60,23 @@ class UpProcess:
                     out.append(json.loads(line))
         return out
 
+    def banner(self) -> str:
+        """The log once `tiermesh up` printed its banner (just after the gateway is healthy)."""
+        deadline = time.monotonic() + 30
+        while "tiermesh is serving" not in (text := self.log.read_text()):
+            assert time.monotonic() < deadline, "tiermesh up never printed its banner"
+            time.sleep(0.02)
+        return text
+
     def redis_url(self) -> str:
         """The private redis-server `tiermesh up` started (from its banner)."""
-        found = re.search(r"\(redis: (redis://[^)]+)\)", self.log.read_text())
+        found = re.search(r"\(redis: (redis://[^)]+)\)", self.banner())
         assert found, "no redis URL in the tiermesh up banner"
         return found.group(1)
 
     def metrics_urls(self) -> dict[str, str]:
         """Each service's Prometheus endpoint, from the tiermesh up banner."""
-        return dict(re.findall(r"(\w+) (http://127\.0\.0\.1:\d+/metrics)", self.log.read_text()))
+        return dict(re.findall(r"(\w+) (http://127\.0\.0\.1:\d+/metrics)", self.banner()))
 
     def interrupt(self, timeout_s: float = 60) -> int:
         """Ctrl-C, as a terminal sends it to the foreground process; its exit code."""

@@ -73,6 +73,8 @@ class WorkerSettings(ServiceSettings):
     reclaim_min_idle_ms: int = Field(default=5000, gt=0)
     # An entry delivered more often than this is dead-lettered; its caller gets ABORTED.
     max_deliveries: int = Field(default=3, ge=1)
+    # On stop: after deregistering, entries routed here meanwhile are still read this long.
+    leave_window_ms: int = Field(default=500, ge=0)
 
     @property
     def model_names(self) -> list[str]:

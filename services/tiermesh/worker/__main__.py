@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import socket
 
@@ -105,6 +106,10 @@ async def serve(
         await asyncio.wait({loop_task, stopper}, return_when=asyncio.FIRST_COMPLETED)
     finally:
         await set_serving(health, False)
+        # Deregister, keep reading what routers sent until now for a moment, then stop intake.
+        await worker.leave()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(asyncio.shield(loop_task), settings.leave_window_ms / 1000)
         worker.stop()
         stopper.cancel()
         try:

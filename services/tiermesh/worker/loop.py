@@ -95,6 +95,7 @@ class Worker:
         self._finishing: set[asyncio.Task[None]] = set()
         self._handoff_slots = asyncio.Semaphore(MAX_HANDOFFS_IN_FLIGHT)
         self._stopping = asyncio.Event()
+        self._leaving = False
         # Set once the consumer groups exist and the first heartbeat is out: from then on
         # routers admit work for this worker's models.
         self.started = asyncio.Event()
@@ -457,8 +458,18 @@ class Worker:
             except grpc.aio.AioRpcError as exc:
                 log.warning("could not tell callers of dead-lettered entries", code=exc.code().name)
 
+    async def leave(self) -> None:
+        """First stage of a graceful stop: stop heartbeating and deregister, so routers send
+        nothing more here, while intake goes on (what was routed here meanwhile still gets
+        read). Call `stop()` after a short window."""
+        self._leaving = True
+        try:
+            await self._streams.leave(self._configs, self.tier)
+        except (aioredis.RedisError, OSError):
+            log.warning("could not deregister worker")
+
     async def _heartbeat(self) -> None:
-        while True:
+        while not self._leaving:
             try:
                 await self._streams.heartbeat(self._configs, self.tier, self._hb_ttl_ms)
             except (aioredis.RedisError, OSError) as exc:
