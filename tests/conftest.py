@@ -77,10 +77,11 @@ async def redis_url(redis_server: str) -> AsyncIterator[str]:
 
 
 def copy_repository(dest: Path, bounded_queue: int = 2, fetched: Sequence[str] = ()) -> Path:
-    """The built-in models' committed configs with freshly built weights, plus
-    `mlp_bounded` (the mlp with a tiny queue bound, for admission tests) and `mlp_cached`
-    (the mlp with a response cache: 1 s TTL, 3 entries). `fetched` names
-    real models to add (configs copied, weights linked from the project's models/)."""
+    """The built-in models' committed configs with freshly built weights, plus mlp
+    variations for the tests: `mlp_bounded` (a tiny queue bound, for admission),
+    `mlp_cached` (a response cache: 1 s TTL, 3 entries) and `mlp_cascade` (edge takes all,
+    unsure answers re-run on center). `fetched` names real models to add (configs copied,
+    weights linked from the project's models/)."""
     for name in BUILTINS:
         (dest / name).mkdir(parents=True, exist_ok=True)
         shutil.copy(MODELS / name / "config.yaml", dest / name / "config.yaml")
@@ -89,30 +90,32 @@ def copy_repository(dest: Path, bounded_queue: int = 2, fetched: Sequence[str] =
         (dest / name).mkdir(parents=True, exist_ok=True)
         shutil.copy(MODELS / name / "config.yaml", dest / name / "config.yaml")
         (dest / name / "1").symlink_to((MODELS / name / "1").resolve())
-    bounded = dest / "mlp_bounded"
-    (bounded / "1").mkdir(parents=True)
-    text = (dest / "mlp" / "config.yaml").read_text()
-    text = text.replace("name: mlp", "name: mlp_bounded").replace(
-        "queue_bound: 1024", f"queue_bound: {bounded_queue}"
+    _mlp_variation(
+        dest, "mlp_bounded", replace=("queue_bound: 1024", f"queue_bound: {bounded_queue}")
     )
-    (bounded / "config.yaml").write_text(text)
-    shutil.copy(dest / "mlp" / "1" / "model.onnx", bounded / "1" / "model.onnx")
-    cached = dest / "mlp_cached"
-    (cached / "1").mkdir(parents=True)
-    (cached / "config.yaml").write_text(
-        (dest / "mlp" / "config.yaml").read_text().replace("name: mlp", "name: mlp_cached")
-        + "response_cache: {enabled: true, ttl_s: 1.0, max_entries: 3}\n"
+    _mlp_variation(
+        dest, "mlp_cached", extra="response_cache: {enabled: true, ttl_s: 1.0, max_entries: 3}\n"
     )
-    shutil.copy(dest / "mlp" / "1" / "model.onnx", cached / "1" / "model.onnx")
-    cascade = dest / "mlp_cascade"
-    (cascade / "1").mkdir(parents=True)
-    (cascade / "config.yaml").write_text(
-        (dest / "mlp" / "config.yaml").read_text().replace("name: mlp", "name: mlp_cascade")
-        + "tiers: {edge: {max_cost: 0}, center: {}}\n"
-        + "cascade: {output: OUTPUT0, threshold: 0.99}\n"
+    _mlp_variation(
+        dest,
+        "mlp_cascade",
+        extra="tiers: {edge: {max_cost: 0}, center: {}}\n"
+        "cascade: {output: OUTPUT0, threshold: 0.99}\n",
     )
-    shutil.copy(dest / "mlp" / "1" / "model.onnx", cascade / "1" / "model.onnx")
     return dest
+
+
+def _mlp_variation(
+    dest: Path, name: str, extra: str = "", replace: tuple[str, str] = ("", "")
+) -> None:
+    """Another model built from the mlp: same weights, its config changed."""
+    folder = dest / name
+    (folder / "1").mkdir(parents=True)
+    text = (dest / "mlp" / "config.yaml").read_text().replace("name: mlp", f"name: {name}")
+    if replace[0]:
+        text = text.replace(*replace)
+    (folder / "config.yaml").write_text(text + extra)
+    shutil.copy(dest / "mlp" / "1" / "model.onnx", folder / "1" / "model.onnx")
 
 
 @pytest.fixture(scope="session")

@@ -110,9 +110,10 @@ def _probe(path: Path, output: str = OUTPUT) -> np.ndarray:
 
 
 @contextmanager
-def _quiet_preprocess_hint() -> Iterator[None]:
-    """quantize_dynamic logs a pre-processing hint on the root logger on every call; it
-    does not apply to these graphs (shapes are static enough) and would break the bars."""
+def quiet_quantizer_hints() -> Iterator[None]:
+    """onnxruntime's quantization tools log a pre-processing hint on the root logger on
+    every call; it does not apply to these graphs (shapes are static enough) and would
+    break the progress bars."""
 
     def drop(record: logging.LogRecord) -> bool:
         return "pre-processing before quantization" not in record.getMessage()
@@ -138,7 +139,7 @@ def quantize_int8(src: Path, dst: Path) -> None:
     dst.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=dst.parent, prefix=f".{dst.name}.") as tmp:
         out = Path(tmp) / dst.name
-        with _quiet_preprocess_hint():
+        with quiet_quantizer_hints():
             quantize_dynamic(
                 src,
                 out,

@@ -27,7 +27,6 @@ refuses. The inputs and outputs keep their names and FP32/INT64 types in every v
 
 from __future__ import annotations
 
-import logging
 import tempfile
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -43,6 +42,7 @@ from onnxruntime.quantization import (
     quantize_static,
 )
 
+from tiermesh.convert.minilm import quantize_int8, quiet_quantizer_hints
 from tiermesh.worker.runner import session_options
 
 QUANTIZED_OP_TYPES = ("MatMul", "Gemm")
@@ -70,21 +70,6 @@ def _building(kind: str, src: Path, dst: Path) -> Iterator[Path]:
         if not out.is_file():
             raise VariantError(f"{kind}: building from {src} wrote no model")
         out.replace(dst)
-
-
-@contextmanager
-def _quiet_quantizer_hints() -> Iterator[None]:
-    """The quantization tools log a pre-processing hint on the root logger on every call."""
-
-    def drop(record: logging.LogRecord) -> bool:
-        return "pre-processing before quantization" not in record.getMessage()
-
-    root = logging.getLogger()
-    root.addFilter(drop)
-    try:
-        yield
-    finally:
-        root.removeFilter(drop)
 
 
 def _node_names(model_path: Path, op_types: Sequence[str] | None = None) -> list[str]:
@@ -116,8 +101,6 @@ def fp16(src: Path, dst: Path) -> Path:
 
 def int8_dynamic(src: Path, dst: Path) -> Path:
     """Dynamic INT8 (the `tiermesh models fetch` recipe, `convert.minilm.quantize_int8`)."""
-    from tiermesh.convert.minilm import quantize_int8
-
     with _building("int8_dynamic", src, dst) as out:
         quantize_int8(Path(src), out)
     return dst
@@ -136,7 +119,7 @@ def int8_static(
         unknown = sorted(set(excluded) - set(_node_names(Path(src))))
         if unknown:
             raise VariantError(f"int8_static: {src} has no nodes named {unknown}")
-        with _quiet_quantizer_hints():
+        with quiet_quantizer_hints():
             quantize_static(
                 str(src),
                 str(out),
@@ -174,7 +157,7 @@ def int4_weight_only(src: Path, dst: Path, block_size: int = 32) -> Path:
             is_symmetric=True,
             op_types_to_quantize=("MatMul",),
         )
-        with _quiet_quantizer_hints():
+        with quiet_quantizer_hints():
             quantizer.process()
         quantizer.model.save_model_to_file(str(out), use_external_data_format=False)
     return dst
