@@ -425,19 +425,6 @@ def load_model(repo_root: Path, name: str) -> tuple[ModelConfig, Path]:
     return cfg, repo.checked_file(name)
 
 
-def start_quietly(mesh: Mesh) -> None:
-    """Start the mesh with the children's stdout pointed at our stderr, so that their
-    output (redis-server's banner) never mixes with the table printed on stdout."""
-    sys.stdout.flush()
-    saved = os.dup(1)
-    try:
-        os.dup2(2, 1)
-        mesh.start()
-    finally:
-        os.dup2(saved, 1)
-        os.close(saved)
-
-
 async def run(args: argparse.Namespace) -> int:
     def log(msg: str) -> None:
         print(f"[bench] {msg}", file=sys.stderr, flush=True)
@@ -465,7 +452,7 @@ async def run(args: argparse.Namespace) -> int:
         try:
             t0 = time.perf_counter()
             log("starting the mesh...")
-            start_quietly(mesh)
+            mesh.start()
             log(f"mesh serving on 127.0.0.1:{port} after {time.perf_counter() - t0:.1f}s")
             client = grpcaio.InferenceServerClient(f"127.0.0.1:{port}")
             target = MeshTarget(

@@ -224,19 +224,6 @@ def cores_used(
     return {k: (after[k] - before[k]) / wall_s if wall_s > 0 else math.nan for k in after}
 
 
-def start_quietly(mesh: Mesh) -> None:
-    """Start with the children's stdout on our stderr (redis-server's banner), so that
-    only the table reaches stdout."""
-    sys.stdout.flush()
-    saved = os.dup(1)
-    try:
-        os.dup2(2, 1)
-        mesh.start()
-    finally:
-        os.dup2(saved, 1)
-        os.close(saved)
-
-
 # --- load ----------------------------------------------------------------------------
 
 
@@ -805,7 +792,7 @@ async def run(args: argparse.Namespace) -> int:
                 )
                 meshes[name] = mesh
                 started = time.perf_counter()
-                start_quietly(mesh)
+                mesh.start()
                 client = grpcaio.InferenceServerClient(f"127.0.0.1:{port}")
                 targets[name] = Target(name, port, client, pids_of(mesh))
                 log(f"{name} mesh on 127.0.0.1:{port} in {time.perf_counter() - started:.1f}s")

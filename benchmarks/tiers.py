@@ -149,18 +149,6 @@ def build_repo(root: Path, model_dir: Path, all_edge: bool) -> Path:
     return root
 
 
-def start_quietly(mesh: Mesh) -> None:
-    """Start with the children's stdout (redis-server's banner) on our stderr."""
-    sys.stdout.flush()
-    saved = os.dup(1)
-    try:
-        os.dup2(2, 1)
-        mesh.start()
-    finally:
-        os.dup2(saved, 1)
-        os.close(saved)
-
-
 def plan_cases(
     tmp: Path, model_dir: Path, links: Sequence[float], args: argparse.Namespace
 ) -> list[Case]:
@@ -368,7 +356,7 @@ async def run(args: argparse.Namespace) -> int:
         try:
             for case in cases:
                 started = time.perf_counter()
-                start_quietly(case.mesh)
+                case.mesh.start()
                 case.client = grpcaio.InferenceServerClient(f"127.0.0.1:{case.mesh.opts.port}")
                 log(f"{case.name}: mesh up in {time.perf_counter() - started:.1f}s")
             for case in cases:

@@ -13,6 +13,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 PR_SET_PDEATHSIG = 1
+STDERR_FD = 2
 SUPERVISED_SIGNALS = {signal.SIGINT, signal.SIGTERM, signal.SIGCHLD}
 
 
@@ -26,7 +27,9 @@ def _child_setup() -> None:  # runs in the child between fork and exec
 def spawn(
     argv: Sequence[str], env: Mapping[str, str], cwd: Path | None = None
 ) -> subprocess.Popen[bytes]:
-    """Start a child in its own session (no terminal SIGINT), killed if we die."""
+    """Start a child in its own session (no terminal SIGINT), killed if we die. Its stdout
+    goes to our stderr (where the services log anyway), so the supervisor's own stdout
+    carries only what it prints itself (redis-server's banner never mixes in)."""
     return subprocess.Popen(
         list(argv),
         env=dict(env),
@@ -34,6 +37,7 @@ def spawn(
         start_new_session=True,
         preexec_fn=_child_setup,
         stdin=subprocess.DEVNULL,
+        stdout=STDERR_FD,
     )
 
 
