@@ -8,14 +8,22 @@ import grpc
 import numpy as np
 import pytest
 import tritonclient.grpc as triton
-from tritonclient.grpc import model_config_pb2, service_pb2
+from tritonclient.grpc import model_config_pb2, service_pb2, service_pb2_grpc
 from tritonclient.grpc._utils import _get_inference_request
 
 from tiermesh.core.errors import MeshError
 from tiermesh.core.jobs import JobResult, Timing
 from tiermesh.core.repository import ModelConfig, parse_config
 from tiermesh.core.tensors import from_numpy, join_bytes, to_numpy
-from tiermesh.gateway.converters import infer_request, infer_response, model_config, model_metadata
+from tiermesh.gateway.converters import (
+    MAX_INPUTS,
+    MAX_RANK,
+    infer_request,
+    infer_response,
+    model_config,
+    model_metadata,
+)
+from tiermesh.gateway.decoding import UNDECODABLE_MESSAGE, add_inference_servicer
 from tiermesh.gateway.requests import validate
 
 
@@ -251,3 +259,72 @@ def test_model_config_maps_every_fixed_type(datatype: str) -> None:
     cfg = _cfg(outputs=[{"name": "Y", "datatype": datatype, "dims": [1]}])
     config = model_config(cfg).config
     assert model_config_pb2.DataType.Name(config.output[0].data_type) == f"TYPE_{datatype}"
+
+
+# -- hostile input (bugs the hostile e2e run found) -----------------------------------------
+
+
+@pytest.mark.parametrize("field", ["fp32_contents", "bytes_contents", "int_contents"])
+def test_contents_beside_raw_contents_is_invalid(field: str) -> None:
+    """Which would the caller mean? The typed contents were silently ignored before."""
+    msg = service_pb2.ModelInferRequest(model_name="mix")
+    msg.inputs.add(name="X", datatype="FP32", shape=[1, 3])
+    msg.raw_input_contents.append(np.zeros(3, np.float32).tobytes())
+    getattr(msg.inputs[0].contents, field).append(b"1" if field == "bytes_contents" else 1)
+    assert "contents given beside raw_input_contents" in _invalid(msg)
+
+
+def test_an_empty_contents_message_beside_raw_is_fine() -> None:
+    msg = service_pb2.ModelInferRequest(model_name="mix")
+    msg.inputs.add(name="X", datatype="FP32", shape=[1, 3])
+    msg.inputs[0].contents.SetInParent()
+    msg.raw_input_contents.append(np.zeros(3, np.float32).tobytes())
+    assert infer_request(msg).inputs[0].raw == bytes(12)
+
+
+def test_rank_and_input_count_limits() -> None:
+    msg = service_pb2.ModelInferRequest(model_name="mix")
+    msg.inputs.add(name="X", datatype="FP32", shape=[1] * (MAX_RANK + 1))
+    assert f"rank {MAX_RANK + 1} over the limit" in _invalid(msg)
+    msg = service_pb2.ModelInferRequest(model_name="mix")
+    for i in range(MAX_INPUTS + 1):
+        msg.inputs.add(name=f"X{i}", datatype="FP32", shape=[1])
+    assert f"{MAX_INPUTS + 1} inputs, over the limit" in _invalid(msg)
+
+
+# -- requests that do not parse ------------------------------------------------------------
+
+
+class _Servicer(service_pb2_grpc.GRPCInferenceServiceServicer):
+    async def ModelInfer(self, request, context):  # type: ignore[no-untyped-def]
+        return service_pb2.ModelInferResponse(model_name=request.model_name)
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [
+        b"\xff\xff\xff\xff",  # not protobuf
+        b"\x0a\x03\xff\xfe\x00",  # model_name (field 1) that is not UTF-8
+        b"\x2a\x03\x0a\x01\xff",  # inputs[0].name that is not UTF-8
+        service_pb2.ModelInferRequest(model_name="m").SerializeToString()[:-1],  # cut short
+    ],
+)
+async def test_unparseable_request_is_invalid_argument(payload: bytes) -> None:
+    """grpc itself answers UNKNOWN, with the parser's exception type in the details."""
+    server = grpc.aio.server()
+    add_inference_servicer(_Servicer(), server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+            call = channel.unary_unary("/inference.GRPCInferenceService/ModelInfer")
+            with pytest.raises(grpc.aio.AioRpcError) as exc:
+                await call(payload, timeout=10)
+            assert exc.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            assert exc.value.details() == UNDECODABLE_MESSAGE
+            # A well-formed request still reaches the servicer, on the same server.
+            stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+            reply = await stub.ModelInfer(service_pb2.ModelInferRequest(model_name="ok"))
+            assert reply.model_name == "ok"
+    finally:
+        await server.stop(None)

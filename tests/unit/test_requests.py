@@ -10,10 +10,11 @@ import numpy as np
 import pytest
 import yaml
 
-from tiermesh.core.errors import MeshError
+from tiermesh.core.errors import MAX_MESSAGE_CHARS, MeshError, shown, shown_shape
 from tiermesh.core.repository import ModelConfig, ModelRepository, parse_config
 from tiermesh.core.tensors import TensorData, from_numpy
 from tiermesh.gateway.requests import (
+    MAX_WAIT_NS,
     InferRequest,
     effective_deadline_ns,
     find_model,
@@ -220,3 +221,60 @@ def test_negative_timeout_invalid() -> None:
 def test_zero_timeout_means_none_as_in_triton() -> None:
     assert effective_deadline_ns(NOW, None, 0, default_timeout_ms=1234) == NOW + 1_234_000_000
     assert effective_deadline_ns(NOW, 2.0, 0, default_timeout_ms=1234) == NOW + 2_000_000_000
+
+
+# -- hostile input (bugs the hostile e2e run found) -----------------------------------------
+
+
+def test_huge_timeout_is_capped_not_an_int64_overflow() -> None:
+    """A `timeout` of 2**64-1 us is valid protocol; the deadline once overflowed int64 ns
+    and the request got INTERNAL from the serialisation of the internal job."""
+    for timeout_us in (2**63 - 1, 2**64 - 1):
+        deadline = effective_deadline_ns(NOW, None, timeout_us, default_timeout_ms=1000)
+        assert deadline == NOW + MAX_WAIT_NS
+        assert deadline < 2**63
+    assert effective_deadline_ns(NOW, 1e12, None, default_timeout_ms=1000) == NOW + MAX_WAIT_NS
+
+
+def test_a_timeout_under_the_cap_is_kept() -> None:
+    assert effective_deadline_ns(NOW, None, 3_600_000_000, 1000) == NOW + 3_600_000_000_000
+
+
+@pytest.mark.parametrize(
+    ("name", "version"), [("m" * 100_000, ""), ("pair", "9" * 100_000), ("x\x00\n" * 999, "")]
+)
+def test_not_found_quotes_a_huge_name_briefly(
+    repo: ModelRepository, name: str, version: str
+) -> None:
+    """The message travels in the trailers, which a client caps at 8 KiB: quoting a 100 kB
+    name made the client see RESOURCE_EXHAUSTED instead of NOT_FOUND."""
+    with pytest.raises(MeshError) as exc:
+        find_model(repo, name, version)
+    assert exc.value.code == grpc.StatusCode.NOT_FOUND
+    assert len(exc.value.message) < 200
+    assert "\x00" not in exc.value.message and "\n" not in exc.value.message
+
+
+def test_invalid_messages_quote_huge_names_and_shapes_briefly(cfg: ModelConfig) -> None:
+    name = "N" * 50_000
+    msg = _invalid(cfg, _req(TensorData(name, "FP32", (2, 4), b""), _ids()))
+    assert "unknown input 'NNN" in msg and len(msg) < 300
+    shape = (2,) * 10_000
+    msg = _invalid(cfg, _req(_ids(), TensorData("FEAT", "FP32", shape, b"")))
+    assert "rank 10000" in msg and len(msg) < 300
+    msg = _invalid(cfg, _req(_ids(), _feat(), outputs=("O" * 50_000,)))
+    assert "unknown output" in msg and len(msg) < 300
+
+
+def test_mesh_error_messages_are_capped() -> None:
+    err = MeshError(grpc.StatusCode.INVALID_ARGUMENT, "x" * 100_000)
+    assert len(err.message) <= MAX_MESSAGE_CHARS + 3
+
+
+def test_shown_escapes_and_cuts() -> None:
+    assert shown("mlp") == "mlp"
+    assert shown("a\x00b\n") == "a\\x00b\\n"
+    assert shown("é✓") == "é✓"
+    assert shown("m" * 100) == "m" * 64 + "... (100 characters)"
+    assert shown_shape([1, 2]) == "[1, 2]"
+    assert shown_shape(range(20)) == "[0, 1, 2, 3, 4, 5, 6, 7, ... (20 dimensions)]"

@@ -5,7 +5,29 @@ Domain code raises :class:`MeshError`; only servicers turn it into a gRPC status
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import grpc
+
+MAX_MESSAGE_CHARS = 1024
+
+
+def shown(text: str, limit: int = 64) -> str:
+    """A caller-supplied string as an error message quotes it: control characters escaped,
+    cut to `limit` characters (a model name may be megabytes of anything)."""
+    head = text[:limit]  # never escape (or copy) megabytes to show 64 characters
+    out = head if head.isprintable() else head.encode("unicode_escape").decode("ascii")
+    if len(text) <= limit and len(out) <= limit:
+        return out
+    return f"{out[:limit]}... ({len(text)} characters)"
+
+
+def shown_shape(shape: Sequence[int], limit: int = 8) -> str:
+    """A caller-supplied shape as an error message quotes it (at most `limit` dimensions)."""
+    dims = [str(d) for d in shape[:limit]]
+    if len(shape) > limit:
+        dims.append(f"... ({len(shape)} dimensions)")
+    return "[" + ", ".join(dims) + "]"
 
 
 class MeshError(Exception):
@@ -18,6 +40,10 @@ class MeshError(Exception):
         *,
         retry_after_ms: int | None = None,
     ) -> None:
+        if len(message) > MAX_MESSAGE_CHARS:
+            # The message travels in the trailers, which clients cap at 8 KiB by default; one
+            # quoting a huge client-supplied value would turn into a RESOURCE_EXHAUSTED there.
+            message = message[:MAX_MESSAGE_CHARS] + "..."
         super().__init__(message)
         self.code = code
         self.message = message

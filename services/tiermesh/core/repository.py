@@ -20,6 +20,16 @@ from tiermesh.core.model_config import (
     companions,
     parse_config,
 )
+from tiermesh.core.model_files import (
+    VerifiedModel,
+    check_external,
+    check_file,
+    existing_file,
+    external_locations,
+    inside,
+    plain_relative,
+    read_checked,
+)
 
 __all__ = [
     "ModelConfig",
@@ -27,6 +37,7 @@ __all__ = [
     "ModelVersion",
     "RepositoryError",
     "TensorSpec",
+    "VerifiedModel",
     "parse_config",
     "sha256_file",
 ]
@@ -80,33 +91,77 @@ class ModelRepository:
         A checksum of ``provenance`` in the config stands for the one recorded in the
         folder's provenance.yaml by `tiermesh models fetch` (files built on this machine,
         such as INT8 quantizations, whose bytes depend on the installed onnxruntime).
-        Raises RepositoryError naming the file, the expected and the actual digest.
+        Raises RepositoryError naming the file, the expected and the actual digest; also
+        for a file named with '..' or an absolute path, or reached through a symlink that
+        leads out of the repository (see core/model_files.py).
         """
+        folder, _ = self._verify(name, version, keep=())
+        return folder
+
+    def verified_model(self, name: str, version: str = "", variant: str = "") -> VerifiedModel:
+        """The model file of (name, version, variant) as verified bytes, with the bytes of
+        the ONNX external data it refers to: what an onnxruntime session is built from.
+
+        Called right before a session is created: every file of the version is checked
+        (sha256, no way out of the repository), the model and its external data are read
+        once and the session gets those bytes, so nothing changed on disk afterwards can
+        reach it. External data must stay inside the version folder and be one of the
+        version's checksummed files.
+        """
+        cfg, ver = self._config(name, version)
+        variant = variant or cfg.default_variant
+        if variant not in cfg.variants:
+            raise RepositoryError(f"model {name!r} has no variant {variant!r}")
+        file = cfg.variants[variant]
+        folder, data = self._verify(name, version, keep=(file,))
+        path = folder / file
+        external: dict[str, bytes] = {}
+        for location in external_locations(data[file], path):
+            rel = str(check_external(folder, location, path))
+            if rel not in ver.files:
+                raise RepositoryError(
+                    f"{path}: external data {location!r} has no recorded sha256 in the "
+                    f"config of {name!r} version {ver.version}; refusing to load"
+                )
+            if rel not in data:  # checked above; read again to keep the bytes
+                expected = _expected(self.root, folder, ver, rel)
+                data[rel] = read_checked(self.root, folder / rel, expected)
+            external[location] = data[rel]
+        return VerifiedModel(path, data[file], external)
+
+    def _config(self, name: str, version: str) -> tuple[ModelConfig, ModelVersion]:
         cfg = self._configs.get(name)
         if cfg is None:
             raise RepositoryError(f"unknown model {name!r}")
         ver = cfg.version(version)
         if ver is None:
             raise RepositoryError(f"model {name!r} has no version {version!r}")
+        return cfg, ver
+
+    def _verify(
+        self, name: str, version: str, keep: tuple[str, ...]
+    ) -> tuple[Path, dict[str, bytes]]:
+        """Check every file of (name, version); return its folder and the bytes of `keep`."""
+        cfg, ver = self._config(name, version)
+        where = f"model {name!r} version {ver.version}"
+        plain_relative(cfg.queue_model, where)
+        plain_relative(ver.version, where)
         folder = self.root / cfg.queue_model / ver.version
         recorded: dict[str, str] | None = None
+        kept: dict[str, bytes] = {}
         for file, expected in ver.files.items():
-            path = folder / file
-            if not path.is_file():
-                raise RepositoryError(
-                    f"{path} is missing; build or fetch it first "
-                    "(`tiermesh models build` / `tiermesh models fetch`)"
-                )
+            plain_relative(file, where)
+            existing_file(self.root, folder / file)  # a missing file says so first
             if expected == PROVENANCE:
-                recorded = recorded if recorded is not None else _provenance_files(folder)
-                expected = recorded.get(file, "")
-            actual = sha256_file(path)
-            if actual != expected:
-                raise RepositoryError(
-                    f"{path}: sha256 mismatch, refusing to load (expected {expected or 'none'}"
-                    f", found {actual})"
+                recorded = (
+                    recorded if recorded is not None else _provenance_files(self.root, folder)
                 )
-        return folder
+                expected = recorded.get(file, "")
+            if file in keep:
+                kept[file] = read_checked(self.root, folder / file, expected)
+            else:
+                check_file(self.root, folder / file, expected)
+        return folder, kept
 
     def preoptimized(self, name: str, variant: str, version: str = "") -> bool:
         """Whether `tiermesh optimize` saved this variant after graph optimisation."""
@@ -162,8 +217,16 @@ def with_built_variants(raw: Any, model_dir: Path) -> Any:
     return merged
 
 
-def _provenance_files(folder: Path) -> dict[str, str]:
+def _expected(root: Path, folder: Path, ver: ModelVersion, file: str) -> str:
+    """The sha256 recorded for `file` (from provenance.yaml when the config says so)."""
+    expected = ver.files[file]
+    return _provenance_files(root, folder).get(file, "") if expected == PROVENANCE else expected
+
+
+def _provenance_files(root: Path, folder: Path) -> dict[str, str]:
     path = folder / "provenance.yaml"
+    # The recorded checksums are only as trustworthy as the file: it must be the repository's.
+    inside(root, path)
     try:
         raw = yaml.safe_load(path.read_text())
         return {str(k): str(v) for k, v in raw["files"].items()}

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from tiermesh.core.errors import invalid
+from tiermesh.core.errors import invalid, shown, shown_shape
 
 _FIXED: dict[str, np.dtype[np.generic]] = {
     "BOOL": np.dtype(np.bool_),
@@ -67,20 +67,22 @@ def split_bytes(raw: bytes, count: int, name: str) -> list[bytes]:
     while pos < len(raw):
         if len(raw) - pos < 4:
             raise invalid(
-                f"input '{name}': BYTES framing broken: {len(raw) - pos} trailing bytes "
+                f"input '{shown(name)}': BYTES framing broken: {len(raw) - pos} trailing bytes "
                 "are too short for a 4-byte length prefix"
             )
         (length,) = _LEN.unpack_from(raw, pos)
         pos += 4
         if length > len(raw) - pos:
             raise invalid(
-                f"input '{name}': BYTES framing broken: element {len(out)} declares "
+                f"input '{shown(name)}': BYTES framing broken: element {len(out)} declares "
                 f"{length} bytes but only {len(raw) - pos} remain"
             )
         out.append(bytes(view[pos : pos + length]))
         pos += length
     if len(out) != count:
-        raise invalid(f"input '{name}': BYTES holds {len(out)} elements, shape needs {count}")
+        raise invalid(
+            f"input '{shown(name)}': BYTES holds {len(out)} elements, shape needs {count}"
+        )
     return out
 
 
@@ -97,14 +99,15 @@ def validate_raw(name: str, datatype: str, shape: Sequence[int], raw: bytes) -> 
                 item.decode("utf-8")
             except UnicodeDecodeError as exc:
                 raise invalid(
-                    f"input '{name}': BYTES element {i} is not valid UTF-8 (byte {exc.start})"
+                    f"input '{shown(name)}': BYTES element {i} is not valid UTF-8 "
+                    f"(byte {exc.start})"
                 ) from None
         return
     expected = count * element_size(datatype)
     if len(raw) != expected:
         raise invalid(
-            f"input '{name}': byte size {len(raw)} does not match shape "
-            f"{list(shape)} x {datatype} ({element_size(datatype)} bytes) = {expected}"
+            f"input '{shown(name)}': byte size {len(raw)} does not match shape "
+            f"{shown_shape(shape)} x {datatype} ({element_size(datatype)} bytes) = {expected}"
         )
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 from tritonclient.grpc import model_config_pb2, service_pb2
 
-from tiermesh.core.errors import invalid
+from tiermesh.core.errors import invalid, shown
 from tiermesh.core.jobs import JobResult
 from tiermesh.core.repository import ModelConfig, TensorSpec
 from tiermesh.core.tensors import BYTES, TensorData, join_bytes
@@ -25,6 +25,12 @@ _CONTENTS: dict[str, tuple[str, str]] = {
     "FP32": ("fp32_contents", "<f4"),
     "FP64": ("fp64_contents", "<f8"),
 }
+
+
+# Far beyond any model the mesh serves; refused before a request's lists are walked (a 64 MiB
+# message could otherwise carry millions of dimensions or inputs).
+MAX_RANK = 32
+MAX_INPUTS = 256
 
 
 def _param_int(params: object, key: str) -> int | None:
@@ -51,22 +57,38 @@ def _typed_contents(t: service_pb2.ModelInferRequest.InferInputTensor) -> bytes:
     if t.datatype == BYTES:
         return join_bytes(list(contents.bytes_contents))
     if t.datatype not in _CONTENTS:
-        raise invalid(f"input '{t.name}': datatype {t.datatype} must be sent as raw contents")
+        raise invalid(
+            f"input '{shown(t.name)}': datatype {shown(t.datatype)} must be sent as raw contents"
+        )
     field, dtype = _CONTENTS[t.datatype]
     values = list(getattr(contents, field))
     try:
         return bytes(np.asarray(values, dtype=dtype).tobytes())
     except OverflowError:
-        raise invalid(f"input '{t.name}': a value does not fit {t.datatype}") from None
+        raise invalid(
+            f"input '{shown(t.name)}': a value does not fit {shown(t.datatype)}"
+        ) from None
 
 
 def infer_request(msg: service_pb2.ModelInferRequest) -> InferRequest:
     """The domain request; INVALID_ARGUMENT for framing the protocol itself forbids."""
+    if len(msg.inputs) > MAX_INPUTS:
+        raise invalid(f"{len(msg.inputs)} inputs, over the limit of {MAX_INPUTS}")
     raw = list(msg.raw_input_contents)
     if raw and len(raw) != len(msg.inputs):
         raise invalid(f"raw_input_contents has {len(raw)} entries for {len(msg.inputs)} inputs")
     inputs = []
     for i, t in enumerate(msg.inputs):
+        if raw and t.contents.ByteSize():
+            # Which of the two would the caller mean? Triton refuses the mix too.
+            raise invalid(
+                f"input '{shown(t.name)}': contents given beside raw_input_contents; send every "
+                "input one way"
+            )
+        if len(t.shape) > MAX_RANK:
+            raise invalid(
+                f"input '{shown(t.name)}': rank {len(t.shape)} over the limit of {MAX_RANK}"
+            )
         data = raw[i] if raw else _typed_contents(t)
         inputs.append(TensorData(t.name, t.datatype, tuple(int(d) for d in t.shape), data))
     priority = _param_int(msg.parameters, "priority") or 0

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tiermesh.core.errors import invalid, not_found
+from tiermesh.core.errors import invalid, not_found, shown, shown_shape
 from tiermesh.core.repository import ModelConfig, ModelRepository
 from tiermesh.core.tensors import BYTES, TensorData, element_count, split_bytes, validate_raw
 
@@ -31,38 +31,40 @@ def find_model(repo: ModelRepository, name: str, version: str) -> ModelConfig:
     """The config of (name, version); NOT_FOUND when either is unknown."""
     cfg = repo.get(name)
     if cfg is None:
-        raise not_found(f"unknown model '{name}'")
+        raise not_found(f"unknown model '{shown(name)}'")
     if cfg.version(version) is None:
-        raise not_found(f"model '{name}' has no version '{version}'")
+        raise not_found(f"model '{name}' has no version '{shown(version)}'")
     return cfg
 
 
 def _check_shape(cfg: ModelConfig, t: TensorData, expected_dims: tuple[int, ...]) -> None:
     shape = t.shape
     if any(d < 1 for d in shape):
-        raise invalid(f"input '{t.name}': every dimension must be positive, got {list(shape)}")
+        raise invalid(
+            f"input '{shown(t.name)}': every dimension must be positive, got {shown_shape(shape)}"
+        )
     dims = shape
     if cfg.max_batch_size > 0:
         if len(shape) != len(expected_dims) + 1:
             raise invalid(
-                f"input '{t.name}': rank {len(shape)} does not match the model's rank "
+                f"input '{shown(t.name)}': rank {len(shape)} does not match the model's rank "
                 f"{len(expected_dims) + 1} (shape {[-1, *expected_dims]})"
             )
         if shape[0] > cfg.max_batch_size:
             raise invalid(
-                f"input '{t.name}': batch size {shape[0]} exceeds max_batch_size "
+                f"input '{shown(t.name)}': batch size {shape[0]} exceeds max_batch_size "
                 f"{cfg.max_batch_size}"
             )
         dims = shape[1:]
     elif len(shape) != len(expected_dims):
         raise invalid(
-            f"input '{t.name}': rank {len(shape)} does not match the model's rank "
+            f"input '{shown(t.name)}': rank {len(shape)} does not match the model's rank "
             f"{len(expected_dims)} (shape {list(expected_dims)})"
         )
     for i, (got, want) in enumerate(zip(dims, expected_dims, strict=True)):
         if want != -1 and got != want:
             raise invalid(
-                f"input '{t.name}': dimension {i + (cfg.max_batch_size > 0)} is {got}, "
+                f"input '{shown(t.name)}': dimension {i + (cfg.max_batch_size > 0)} is {got}, "
                 f"the model expects {want}"
             )
 
@@ -74,13 +76,15 @@ def validate(cfg: ModelConfig, req: InferRequest) -> None:
         spec = cfg.input(t.name)
         if spec is None:
             known = ", ".join(i.name for i in cfg.inputs)
-            raise invalid(f"unknown input '{t.name}' for model '{cfg.name}' (inputs: {known})")
+            raise invalid(
+                f"unknown input '{shown(t.name)}' for model '{cfg.name}' (inputs: {known})"
+            )
         if t.name in seen:
-            raise invalid(f"input '{t.name}' given more than once")
+            raise invalid(f"input '{shown(t.name)}' given more than once")
         seen.add(t.name)
         if t.datatype != spec.datatype:
             raise invalid(
-                f"input '{t.name}': datatype {t.datatype} does not match the model's "
+                f"input '{shown(t.name)}': datatype {shown(t.datatype)} does not match the model's "
                 f"{spec.datatype}"
             )
         _check_shape(cfg, t, spec.dims)
@@ -94,7 +98,7 @@ def validate(cfg: ModelConfig, req: InferRequest) -> None:
     outputs = {o.name for o in cfg.outputs}
     for name in req.requested_outputs:
         if name not in outputs:
-            raise invalid(f"unknown output '{name}' for model '{cfg.name}'")
+            raise invalid(f"unknown output '{shown(name)}' for model '{cfg.name}'")
 
 
 def _check_limits(cfg: ModelConfig, t: TensorData, dims: tuple[int, ...]) -> None:
@@ -104,7 +108,7 @@ def _check_limits(cfg: ModelConfig, t: TensorData, dims: tuple[int, ...]) -> Non
         for i, item in enumerate(split_bytes(t.raw, element_count(t.shape), t.name)):
             if len(item) > limit:
                 raise invalid(
-                    f"input '{t.name}': text element {i} is {len(item)} bytes, over the "
+                    f"input '{shown(t.name)}': text element {i} is {len(item)} bytes, over the "
                     f"limit of {limit}"
                 )
     if cfg.max_sequence:
@@ -112,7 +116,7 @@ def _check_limits(cfg: ModelConfig, t: TensorData, dims: tuple[int, ...]) -> Non
         for i, want in enumerate(dims):
             if want == -1 and t.shape[i + offset] > cfg.max_sequence:
                 raise invalid(
-                    f"input '{t.name}': dimension {i + offset} is {t.shape[i + offset]}, "
+                    f"input '{shown(t.name)}': dimension {i + offset} is {t.shape[i + offset]}, "
                     f"longer than the model's {cfg.max_sequence}"
                 )
 
@@ -123,7 +127,7 @@ def variant_of(cfg: ModelConfig, requested: str) -> str:
         return cfg.default_variant
     if requested not in cfg.variants:
         known = ", ".join(sorted(cfg.variants))
-        raise invalid(f"model '{cfg.name}' has no variant '{requested}' (variants: {known})")
+        raise invalid(f"model '{cfg.name}' has no variant '{shown(requested)}' (variants: {known})")
     return requested
 
 
@@ -139,6 +143,10 @@ def priority_level(cfg: ModelConfig, requested: int) -> int:
     return requested
 
 
+# The longest a request may wait, whatever its `timeout` parameter or gRPC deadline says.
+MAX_WAIT_NS = 24 * 3600 * 1_000_000_000
+
+
 def effective_deadline_ns(
     now_ns: int,
     grpc_remaining_s: float | None,
@@ -148,9 +156,11 @@ def effective_deadline_ns(
     """The earliest of the gRPC deadline and the `timeout` parameter, as absolute unix ns.
 
     A `timeout` of 0 means none, as in Triton. With neither, the gateway's default timeout
-    applies so that nothing waits forever.
+    applies so that nothing waits forever. Nothing waits longer than MAX_WAIT_NS either:
+    a `timeout` of 2**64-1 us (valid for the protocol) would not even fit the int64
+    nanoseconds the deadline travels as.
     """
-    candidates = []
+    candidates = [now_ns + MAX_WAIT_NS]
     if grpc_remaining_s is not None:
         candidates.append(now_ns + int(grpc_remaining_s * 1e9))
     if timeout_us is not None:
@@ -158,6 +168,6 @@ def effective_deadline_ns(
             raise invalid(f"timeout {timeout_us} us is negative")
         if timeout_us > 0:
             candidates.append(now_ns + timeout_us * 1000)
-    if not candidates:
+    if len(candidates) == 1:
         candidates.append(now_ns + default_timeout_ms * 1_000_000)
     return min(candidates)

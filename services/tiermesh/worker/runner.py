@@ -13,6 +13,7 @@ import numpy as np
 import onnxruntime as ort
 
 from tiermesh.core.jobs import Job
+from tiermesh.core.model_files import VerifiedModel
 from tiermesh.core.repository import ModelConfig
 from tiermesh.core.tensors import TensorData, concat_batch, from_numpy, split_batch, to_numpy
 
@@ -45,16 +46,32 @@ def pad_to(tensor: TensorData, shape: tuple[int, ...], value: int) -> TensorData
 
 class ModelRunner:
     def __init__(
-        self, cfg: ModelConfig, path: Path, intra_op_threads: int = 0, preoptimized: bool = False
+        self,
+        cfg: ModelConfig,
+        model: VerifiedModel | Path,
+        intra_op_threads: int = 0,
+        preoptimized: bool = False,
     ) -> None:
-        """`preoptimized`: the file was saved after graph optimisation (tiermesh optimize's
-        `graph` variant), so loading skips it instead of redoing it at every start."""
+        """`model`: what `ModelRepository.verified_model` returned (the worker's way: the
+        session is built from the bytes that matched their sha256, external data included,
+        and reads nothing from disk), or a path for files the caller vouches for (tests,
+        tools). `preoptimized`: the file was saved after graph optimisation (tiermesh
+        optimize's `graph` variant), so loading skips it instead of redoing it at every start."""
         self.cfg = cfg
         opts = session_options(intra_op_threads)
         if preoptimized:
             opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
         started = time.perf_counter()
-        self.session = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
+        source: bytes | str = str(model)
+        if isinstance(model, VerifiedModel):
+            source = model.data
+            if model.external:
+                names = list(model.external)
+                buffers = [model.external[n] for n in names]
+                opts.add_external_initializers_from_files_in_memory(
+                    names, buffers, [len(b) for b in buffers]
+                )
+        self.session = ort.InferenceSession(source, opts, providers=["CPUExecutionProvider"])
         self.load_s = time.perf_counter() - started
         self._outputs = [o.name for o in cfg.runs_outputs]
         self._types = {o.name: o.datatype for o in cfg.runs_outputs}
