@@ -3,6 +3,7 @@ repository built into a temporary folder from the committed configs."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 from collections.abc import AsyncIterator, Iterator, Sequence
@@ -15,6 +16,7 @@ import redis.asyncio as aioredis
 from tiermesh.convert.fetch import default_cache_dir
 from tiermesh.convert.minilm import fetch_minilm
 from tiermesh.core.builtin_models import BUILDERS, build_into
+from tiermesh.up.certs import DevCerts, write_dev_certs
 from tiermesh.up.processes import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -89,7 +91,7 @@ def copy_repository(dest: Path, bounded_queue: int = 2, fetched: Sequence[str] =
     for name in fetched:
         (dest / name).mkdir(parents=True, exist_ok=True)
         shutil.copy(MODELS / name / "config.yaml", dest / name / "config.yaml")
-        (dest / name / "1").symlink_to((MODELS / name / "1").resolve())
+        _link_files(MODELS / name / "1", dest / name / "1")
     _mlp_variation(
         dest, "mlp_bounded", replace=("queue_bound: 1024", f"queue_bound: {bounded_queue}")
     )
@@ -103,6 +105,22 @@ def copy_repository(dest: Path, bounded_queue: int = 2, fetched: Sequence[str] =
         "cascade: {output: OUTPUT0, threshold: 0.99}\n",
     )
     return dest
+
+
+def _link_files(src: Path, dest: Path) -> None:
+    """A copy of `src`'s files in `dest`, large ones as hard links (cheap, same bytes). Not a
+    symlink: the repository refuses model folders that lead out of it."""
+    dest.mkdir(parents=True, exist_ok=True)
+    for path in src.iterdir():
+        if not path.is_file():
+            continue
+        if path.stat().st_size > 1 << 20:
+            try:
+                os.link(path, dest / path.name)
+                continue
+            except OSError:  # another filesystem: copy instead
+                pass
+        shutil.copy(path, dest / path.name)
 
 
 def _mlp_variation(
@@ -130,3 +148,10 @@ def fetched_models() -> tuple[str, ...]:
 @pytest.fixture(scope="session")
 def model_repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return copy_repository(tmp_path_factory.mktemp("models"))
+
+
+@pytest.fixture(scope="session")
+def certs(tmp_path_factory: pytest.TempPathFactory) -> DevCerts:
+    """A CA and the server, client and internal (server + client) certificates it signed,
+    generated with `cryptography` for 127.0.0.1, ::1 and localhost."""
+    return write_dev_certs(tmp_path_factory.mktemp("certs"))

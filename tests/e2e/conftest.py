@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import grpc
 import pytest
 
 from tests.conftest import copy_repository
@@ -99,7 +100,11 @@ def start_up(
     fetched: Sequence[str] = (),
     extra_env: dict[str, str] | None = None,
     tiers: Sequence[str] = ("center",),
+    up_args: Sequence[str] = (),
+    credentials: grpc.ChannelCredentials | None = None,
 ) -> UpProcess:
+    """`up_args` are added to the `tiermesh up` command line (e.g. TLS flags); with
+    `credentials` the first health check of the public port speaks TLS."""
     repo = copy_repository(tmp / "models", fetched=fetched)
     port = free_port()
     env = dict(os.environ)
@@ -129,6 +134,7 @@ def start_up(
             "0",
             "--tiers",
             ",".join(tiers),
+            *up_args,
         ],
         env=env,
         stdout=log.open("wb"),
@@ -136,7 +142,7 @@ def start_up(
     )
     up = UpProcess(proc, f"127.0.0.1:{port}", tmp / "traces", log)
     try:
-        wait_healthy(Service("gateway", proc, up.url), timeout_s=90)
+        wait_healthy(Service("gateway", proc, up.url), timeout_s=90, credentials=credentials)
     except Exception:
         proc.kill()
         proc.wait()
@@ -170,3 +176,25 @@ def new_up(tmp_path: Path) -> Iterator[Callable[..., UpProcess]]:
         for up in started:
             if up.proc.poll() is None:
                 up.interrupt()
+
+
+def gateway_counts(up: UpProcess) -> dict[str, int]:
+    """What the gateway counted over its life, from its `gateway stopped` log line (read
+    once `tiermesh up` has stopped): requests `accepted` (placed on a queue), `answered`
+    (their result reached the waiting call) and `late_results` (results for a call already
+    answered or gone: duplicates and stragglers, dropped)."""
+    for line in up.log.read_text().splitlines():
+        if '"gateway stopped"' in line:
+            doc = json.loads(line)
+            return {k: int(doc[k]) for k in ("accepted", "answered", "late_results")}
+    raise AssertionError("the gateway never logged `gateway stopped`")
+
+
+def report_figures(
+    name: str, figures: dict[str, Any], out: Path, record_property: Callable[[str, Any], None]
+) -> str:
+    """Writes a scenario's figures to `out` (JSON), records them as a junit property, and
+    returns the one-line table row (print it with capsys disabled so it shows without -s)."""
+    out.write_text(json.dumps(figures, indent=2, sort_keys=True, default=str))
+    record_property(name, json.dumps(figures, sort_keys=True, default=str))
+    return f"{name}: " + ", ".join(f"{k} {v}" for k, v in figures.items()) + f" ({out})"

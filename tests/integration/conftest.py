@@ -58,7 +58,16 @@ async def _start(
     return ready.result()
 
 
-async def start_mesh(redis_url: str, repo: Path, **worker_overrides: Any) -> InProcessMesh:
+async def start_mesh(
+    redis_url: str,
+    repo: Path,
+    *,
+    common_overrides: dict[str, Any] | None = None,
+    gateway_overrides: dict[str, Any] | None = None,
+    **worker_overrides: Any,
+) -> InProcessMesh:
+    """The four services in this process; `common_overrides` go to every service's
+    settings, `gateway_overrides` to the gateway's, the rest to the worker's."""
     exporter = InMemorySpanExporter()
     mesh = InProcessMesh(gateway="", exporter=exporter)
     common = {
@@ -66,6 +75,7 @@ async def start_mesh(redis_url: str, repo: Path, **worker_overrides: Any) -> InP
         "model_repository": repo,
         "shutdown_grace_s": 5,
         "metrics_port": 0,
+        **(common_overrides or {}),
     }
     try:
         post = await _start(
@@ -99,6 +109,7 @@ async def start_mesh(redis_url: str, repo: Path, **worker_overrides: Any) -> InP
                 gateway_port=0,
                 delivery_port=0,
                 router_address=f"127.0.0.1:{router['port']}",
+                **(gateway_overrides or {}),
             ),
             exporter,
         )

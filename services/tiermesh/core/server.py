@@ -24,8 +24,24 @@ SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 
 
-def make_server(telemetry: Telemetry, max_message_bytes: int = 64 * 1024 * 1024) -> grpc.aio.Server:
-    """A grpc.aio server with the OpenTelemetry server interceptor."""
+def make_server(
+    telemetry: Telemetry,
+    max_message_bytes: int = 64 * 1024 * 1024,
+    max_metadata_bytes: int | None = None,
+) -> grpc.aio.Server:
+    """A grpc.aio server with the OpenTelemetry server interceptor. `max_metadata_bytes`
+    bounds the request headers of a call (gRPC's own default when None)."""
+    options: list[tuple[str, int]] = [
+        ("grpc.max_receive_message_length", max_message_bytes),
+        ("grpc.max_send_message_length", max_message_bytes),
+    ]
+    if max_metadata_bytes is not None:
+        # gRPC has a soft limit (calls over it refused at random) and a hard one (all refused);
+        # both at one value make the limit exact.
+        options += [
+            ("grpc.max_metadata_size", max_metadata_bytes),
+            ("grpc.absolute_max_metadata_size", max_metadata_bytes),
+        ]
     return grpc.aio.server(
         # Health checks stay out of traces: they are frequent and say nothing about requests.
         interceptors=[
@@ -33,27 +49,28 @@ def make_server(telemetry: Telemetry, max_message_bytes: int = 64 * 1024 * 1024)
                 tracer_provider=telemetry.provider, filter_=filters.negate(filters.health_check())
             )
         ],
-        options=[
-            ("grpc.max_receive_message_length", max_message_bytes),
-            ("grpc.max_send_message_length", max_message_bytes),
-        ],
+        options=options,
     )
 
 
 def make_channel(
-    address: str, telemetry: Telemetry, max_message_bytes: int = 64 * 1024 * 1024
+    address: str,
+    telemetry: Telemetry,
+    max_message_bytes: int = 64 * 1024 * 1024,
+    credentials: grpc.ChannelCredentials | None = None,
 ) -> grpc.aio.Channel:
-    """An insecure internal channel that propagates trace context."""
-    return grpc.aio.insecure_channel(
-        address,
-        interceptors=aio_client_interceptors(
-            tracer_provider=telemetry.provider, filter_=filters.negate(filters.health_check())
-        ),
-        options=[
-            ("grpc.max_receive_message_length", max_message_bytes),
-            ("grpc.max_send_message_length", max_message_bytes),
-        ],
+    """An internal channel that propagates trace context: TLS with `credentials` (see
+    core/tls.py), plaintext when None."""
+    interceptors = aio_client_interceptors(
+        tracer_provider=telemetry.provider, filter_=filters.negate(filters.health_check())
     )
+    options = [
+        ("grpc.max_receive_message_length", max_message_bytes),
+        ("grpc.max_send_message_length", max_message_bytes),
+    ]
+    if credentials is None:
+        return grpc.aio.insecure_channel(address, options=options, interceptors=interceptors)
+    return grpc.aio.secure_channel(address, credentials, options=options, interceptors=interceptors)
 
 
 def add_health(server: grpc.aio.Server) -> health_aio.HealthServicer:
@@ -67,9 +84,19 @@ async def set_serving(health: health_aio.HealthServicer, serving: bool) -> None:
     await health.set("", SERVING if serving else NOT_SERVING)
 
 
-def bind(server: grpc.aio.Server, host: str, port: int) -> int:
-    """Bind an insecure port and return the port actually bound (port 0 picks one)."""
-    bound = server.add_insecure_port(f"{host}:{port}")
+def bind(
+    server: grpc.aio.Server,
+    host: str,
+    port: int,
+    credentials: grpc.ServerCredentials | None = None,
+) -> int:
+    """Bind a port, TLS only with `credentials` (see core/tls.py), plaintext when None;
+    return the port actually bound (port 0 picks one)."""
+    address = f"{host}:{port}"
+    if credentials is None:
+        bound = server.add_insecure_port(address)
+    else:
+        bound = server.add_secure_port(address, credentials)
     if bound == 0:
         raise OSError(f"could not bind {host}:{port}")
     return int(bound)

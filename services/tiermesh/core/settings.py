@@ -29,6 +29,12 @@ class ServiceSettings(BaseSettings):
     shutdown_grace_s: float = Field(default=10.0, ge=0)
     # Prometheus text format at http://metrics_host:metrics_port/metrics (0 picks a port).
     metrics_host: str = "127.0.0.1"
+    # Mutual TLS between services (all three PEM files or none; core/tls.py): every internal
+    # server requires a client certificate signed by this CA and every internal channel
+    # presents this certificate. One certificate serves as both server and client identity.
+    internal_tls_ca_file: Path | None = None
+    internal_tls_cert_file: Path | None = None
+    internal_tls_key_file: Path | None = None
 
 
 class GatewaySettings(ServiceSettings):
@@ -46,6 +52,17 @@ class GatewaySettings(ServiceSettings):
     # Requests this gateway waits on at once; beyond it callers are refused at once.
     max_in_flight: int = Field(default=4096, gt=0)
     retry_after_ms: int = Field(default=100, ge=0)
+    # Tenants, their API-key hashes, models and limits (YAML); unset = no authentication.
+    tenants_file: Path | None = None
+    # Request headers (metadata) the public port accepts, all of them together.
+    max_metadata_bytes: int = Field(default=8192, gt=0)
+    # The audit stream keeps about this many entries (approximate MAXLEN).
+    audit_max_len: int = Field(default=100_000, gt=0)
+    # TLS on the public port (PEM certificate chain and key, both or neither): when set the
+    # port serves TLS only. With a client CA, clients must present a certificate it signed.
+    tls_cert_file: Path | None = None
+    tls_key_file: Path | None = None
+    tls_client_ca_file: Path | None = None
 
 
 class RouterSettings(ServiceSettings):

@@ -19,6 +19,7 @@ from tiermesh.core.server import (
 )
 from tiermesh.core.settings import PostprocessSettings
 from tiermesh.core.telemetry import Telemetry
+from tiermesh.core.tls import internal_channel_credentials, internal_server_credentials
 from tiermesh.postprocess.gateways import GatewayClients
 from tiermesh.postprocess.metrics import PostprocessMetrics
 from tiermesh.postprocess.servicer import PostprocessServicer
@@ -36,7 +37,9 @@ async def serve(
 ) -> None:
     telemetry = telemetry or Telemetry("postprocess", settings.trace_dir)
     repo = ModelRepository(settings.model_repository)
-    gateways = GatewayClients(telemetry, settings.delivery_timeout_ms / 1000)
+    gateways = GatewayClients(
+        telemetry, settings.delivery_timeout_ms / 1000, internal_channel_credentials(settings)
+    )
     server = make_server(telemetry)
     registry = new_registry()
     metrics_server = MetricsServer(registry, settings.metrics_host, settings.metrics_port)
@@ -45,7 +48,12 @@ async def serve(
     )
     postprocess_pb2_grpc.add_PostprocessServicer_to_server(servicer, server)
     health = add_health(server)
-    port = bind(server, settings.postprocess_host, settings.postprocess_port)
+    port = bind(
+        server,
+        settings.postprocess_host,
+        settings.postprocess_port,
+        internal_server_credentials(settings),
+    )
     await server.start()
     await set_serving(health, True)
     log.info("postprocess serving", port=port, metrics_port=metrics_server.port)

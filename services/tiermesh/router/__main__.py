@@ -20,6 +20,7 @@ from tiermesh.core.server import (
 )
 from tiermesh.core.settings import RouterSettings
 from tiermesh.core.telemetry import Telemetry
+from tiermesh.core.tls import internal_server_credentials
 from tiermesh.router.admission import Admitter
 from tiermesh.router.metrics import QueueCollector, RouterMetrics
 from tiermesh.router.servicer import RouterServicer
@@ -56,7 +57,9 @@ async def serve(
         RouterServicer(settings, repo, Admitter(redis), encoders, telemetry, metrics), server
     )
     health = add_health(server)
-    port = bind(server, settings.router_host, settings.router_port)
+    port = bind(
+        server, settings.router_host, settings.router_port, internal_server_credentials(settings)
+    )
     await server.start()
     await set_serving(health, True)
     log.info("router serving", port=port, metrics_port=metrics_server.port)

@@ -25,6 +25,7 @@ from tiermesh.core.server import (
 )
 from tiermesh.core.settings import WorkerSettings
 from tiermesh.core.telemetry import Telemetry
+from tiermesh.core.tls import internal_channel_credentials, internal_server_credentials
 from tiermesh.worker.handoff import PostprocessClient
 from tiermesh.worker.loop import Worker
 from tiermesh.worker.metrics import WorkerMetrics
@@ -53,7 +54,7 @@ async def serve(
     runners = {
         unit: ModelRunner(
             cfg,
-            repo.checked_file(cfg.name, variant=split_unit(unit)[1]),
+            repo.verified_model(cfg.name, variant=split_unit(unit)[1]),
             settings.intra_op_threads,
             preoptimized=repo.preoptimized(cfg.name, split_unit(unit)[1]),
         )
@@ -62,7 +63,11 @@ async def serve(
     for unit, runner in runners.items():
         log.info("model loaded", unit=unit, load_s=round(runner.load_s, 3))
     redis = connect(settings.redis_url)
-    channel = make_channel(settings.postprocess_address, telemetry)
+    channel = make_channel(
+        settings.postprocess_address,
+        telemetry,
+        credentials=internal_channel_credentials(settings),
+    )
     consumer = settings.worker_id or f"{socket.gethostname()}-{settings.worker_tier}-{os.getpid()}"
     registry = new_registry()
     metrics_server = MetricsServer(registry, settings.metrics_host, settings.metrics_port)
@@ -83,7 +88,12 @@ async def serve(
     )
     server = make_server(telemetry)
     health = add_health(server)
-    port = bind(server, settings.worker_host, settings.worker_health_port)
+    port = bind(
+        server,
+        settings.worker_host,
+        settings.worker_health_port,
+        internal_server_credentials(settings),
+    )
     await server.start()
     loop_task = asyncio.create_task(worker.run(), name="worker-loop")
     started = asyncio.create_task(worker.started.wait(), name="worker-started")
