@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -13,13 +15,43 @@ from tritonclient.utils import triton_to_np_dtype
 SHOWN_VALUES = 8
 
 
+@dataclass(frozen=True)
+class Endpoint:
+    """Where the gateway is and how to reach it: TLS (with the CA that signed its
+    certificate, and a client certificate when it asks for one) and an API key."""
+
+    url: str = "127.0.0.1:8001"
+    api_key: str = ""
+    tls: bool = False
+    ca_file: Path | None = None
+    cert_file: Path | None = None
+    key_file: Path | None = None
+
+    def client(self) -> grpcclient.InferenceServerClient:
+        if (self.cert_file is None) != (self.key_file is None):
+            raise SystemExit("--tls-client-cert and --tls-client-key go together")
+        secure = self.tls or self.ca_file is not None or self.cert_file is not None
+        return grpcclient.InferenceServerClient(
+            self.url,
+            ssl=secure,
+            root_certificates=str(self.ca_file) if self.ca_file else None,
+            private_key=str(self.key_file) if self.key_file else None,
+            certificate_chain=str(self.cert_file) if self.cert_file else None,
+        )
+
+    @property
+    def headers(self) -> dict[str, str] | None:
+        return {"authorization": f"Bearer {self.api_key}"} if self.api_key else None
+
+
 def _request(
     client: grpcclient.InferenceServerClient,
     model: str,
     data: str | None,
     texts: list[str] | None,
+    headers: dict[str, str] | None = None,
 ) -> tuple[list[grpcclient.InferInput], dict[str, Any]]:
-    meta = client.get_model_metadata(model, as_json=True)
+    meta = client.get_model_metadata(model, headers=headers, as_json=True)
     if len(meta["inputs"]) != 1:
         raise SystemExit(f"model {model} has {len(meta['inputs'])} inputs; infer supports one")
     spec = meta["inputs"][0]
@@ -53,7 +85,7 @@ def _summary(value: npt.NDArray[Any]) -> Any:
 
 
 def infer(
-    url: str,
+    endpoint: Endpoint,
     model: str,
     data: str | None,
     texts: list[str] | None,
@@ -63,10 +95,17 @@ def infer(
 ) -> dict[str, Any]:
     """Send one request built from --data (JSON array) or texts to the model's only input;
     return the outputs (long vectors summarised) and the mesh's timing parameters."""
-    client = grpcclient.InferenceServerClient(url)
-    inputs, meta = _request(client, model, data, texts)
+    client = endpoint.client()
+    inputs, meta = _request(client, model, data, texts, endpoint.headers)
     params = {"variant": variant} if variant else None
-    result = client.infer(model, inputs, timeout=timeout_us, priority=priority, parameters=params)
+    result = client.infer(
+        model,
+        inputs,
+        timeout=timeout_us,
+        priority=priority,
+        parameters=params,
+        headers=endpoint.headers,
+    )
     response = result.get_response(as_json=True)
     outputs = {}
     for out in meta["outputs"]:
@@ -77,12 +116,12 @@ def infer(
     return {"model": model, "outputs": outputs, "parameters": found}
 
 
-def similarity(url: str, model: str, a: str, b: str, variant: str = "") -> float:
+def similarity(endpoint: Endpoint, model: str, a: str, b: str, variant: str = "") -> float:
     """Cosine similarity of the embeddings of two texts, computed in one request."""
-    client = grpcclient.InferenceServerClient(url)
-    inputs, meta = _request(client, model, None, [a, b])
+    client = endpoint.client()
+    inputs, meta = _request(client, model, None, [a, b], endpoint.headers)
     params = {"variant": variant} if variant else None
-    result = client.infer(model, inputs, parameters=params)
+    result = client.infer(model, inputs, parameters=params, headers=endpoint.headers)
     vectors = result.as_numpy(meta["outputs"][0]["name"]).astype(np.float64)
     u, v = vectors[0], vectors[1]
     return float(u @ v / (np.linalg.norm(u) * np.linalg.norm(v)))

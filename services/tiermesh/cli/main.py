@@ -7,12 +7,18 @@ import json
 import os
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from tiermesh.cli.bench import add_bench_parser
+from tiermesh.cli.keys import add_keys_parser
 from tiermesh.cli.optimize import add_optimize_parser
 from tiermesh.cli.profile import add_profile_parser
 from tiermesh.core.builtin_models import build_into
 from tiermesh.core.repository import ModelRepository, RepositoryError
+
+if TYPE_CHECKING:
+    from tiermesh.cli.infer import Endpoint
+    from tiermesh.up.tls import TlsFiles
 
 
 def _repo_path(args: argparse.Namespace) -> Path:
@@ -35,8 +41,79 @@ def cmd_up(args: argparse.Namespace) -> int:
             tiers=tuple(t.strip() for t in args.tiers.split(",") if t.strip()),
             edge_threads=args.edge_threads,
             edge_link_ms=args.edge_link_ms,
+            tls=_tls_files(args),
         )
     )
+
+
+# `tiermesh up` TLS file -> where `--tls-dir` finds it (a DevCerts field; "": not there).
+IN_TLS_DIR = {
+    "tls_cert": "server_cert",
+    "tls_key": "server_key",
+    "tls_client_ca": "",
+    "internal_tls_ca": "ca",
+    "internal_tls_cert": "internal_cert",
+    "internal_tls_key": "internal_key",
+}
+
+
+def _tls_files(args: argparse.Namespace) -> TlsFiles:
+    """Each file: its flag, else what --tls-dir holds, else its TIERMESH_ variable (which
+    the services would read anyway, so the supervisor must know it too)."""
+    from tiermesh.up.certs import DevCerts
+    from tiermesh.up.tls import ENV, TlsFiles
+
+    in_dir = DevCerts.at(Path(args.tls_dir)) if args.tls_dir else None
+    found: dict[str, Path | None] = {}
+    for name, field in IN_TLS_DIR.items():
+        value = getattr(args, name) or ""
+        if not value and in_dir is not None and field:
+            value = getattr(in_dir, field)
+        value = value or os.environ.get(ENV[name], "")
+        found[name] = Path(value) if value else None
+    return TlsFiles(**found)
+
+
+def cmd_certs(args: argparse.Namespace) -> int:
+    from tiermesh.up.certs import write_dev_certs
+
+    made = write_dev_certs(Path(args.directory), extra_names=args.name or [])
+    print(
+        f"wrote a CA and certificates for 127.0.0.1, ::1, localhost"
+        f"{''.join(', ' + n for n in args.name or [])} into {args.directory}\n"
+        f"  tiermesh up --tls-dir {args.directory}   "
+        "(public TLS with server.pem, internal mTLS with internal.pem)\n"
+        f"  clients trust {made.ca}"
+    )
+    return 0
+
+
+def endpoint_of(args: argparse.Namespace) -> Endpoint:
+    from tiermesh.cli.infer import Endpoint
+
+    return Endpoint(
+        url=args.url,
+        api_key=args.api_key or os.environ.get("TIERMESH_API_KEY", ""),
+        tls=args.tls,
+        ca_file=args.tls_ca,
+        cert_file=args.tls_client_cert,
+        key_file=args.tls_client_key,
+    )
+
+
+def add_endpoint_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--url", default="127.0.0.1:8001")
+    p.add_argument(
+        "--api-key",
+        default="",
+        help="tenant API key (default: $TIERMESH_API_KEY, kept out of history)",
+    )
+    p.add_argument("--tls", action="store_true", help="TLS with the system's trusted CAs")
+    p.add_argument(
+        "--tls-ca", type=Path, help="CA that signed the gateway's certificate (implies --tls)"
+    )
+    p.add_argument("--tls-client-cert", type=Path, help="client certificate, when the port asks")
+    p.add_argument("--tls-client-key", type=Path, help="its private key")
 
 
 def cmd_infer(args: argparse.Namespace) -> int:
@@ -44,7 +121,13 @@ def cmd_infer(args: argparse.Namespace) -> int:
 
     texts = [*(args.texts or []), *(args.text or [])]
     answer = infer(
-        args.url, args.model, args.data, texts, args.timeout_us, args.priority, args.variant
+        endpoint_of(args),
+        args.model,
+        args.data,
+        texts,
+        args.timeout_us,
+        args.priority,
+        args.variant,
     )
     print(json.dumps(answer, indent=2))
     return 0
@@ -53,7 +136,7 @@ def cmd_infer(args: argparse.Namespace) -> int:
 def cmd_similarity(args: argparse.Namespace) -> int:
     from tiermesh.cli.infer import similarity
 
-    print(f"{similarity(args.url, args.model, args.a, args.b, args.variant):.6f}")
+    print(f"{similarity(endpoint_of(args), args.model, args.a, args.b, args.variant):.6f}")
     return 0
 
 
@@ -121,11 +204,32 @@ def parser() -> argparse.ArgumentParser:
         default=0.0,
         help="added round trip (ms) between the edge worker and redis/postprocess (0: none)",
     )
+    tls = up.add_argument_group(
+        "TLS", "each file defaults to its TIERMESH_ variable (e.g. TIERMESH_TLS_CERT_FILE)"
+    )
+    tls.add_argument("--tls-cert", help="PEM certificate (chain): the public port serves TLS only")
+    tls.add_argument("--tls-key", help="PEM private key of --tls-cert")
+    tls.add_argument("--tls-client-ca", help="require client certificates signed by this CA")
+    tls.add_argument("--internal-tls-ca", help="mTLS between services: the CA they trust")
+    tls.add_argument("--internal-tls-cert", help="mTLS: certificate every service presents")
+    tls.add_argument("--internal-tls-key", help="mTLS: private key of --internal-tls-cert")
+    tls.add_argument(
+        "--tls-dir",
+        help="what `tiermesh certs DIR` wrote: public TLS with server.pem/server.key, "
+        "internal mTLS with ca.pem and internal.pem/internal.key (flags above win)",
+    )
     up.set_defaults(func=cmd_up)
+
+    certs = sub.add_parser(
+        "certs", help="write a development CA and certificates for 127.0.0.1 / localhost"
+    )
+    certs.add_argument("directory")
+    certs.add_argument("--name", action="append", help="another DNS name or IP (repeatable)")
+    certs.set_defaults(func=cmd_certs)
 
     inf = sub.add_parser("infer", help="send one request with tritonclient")
     inf.add_argument("texts", nargs="*", help="texts for a model that takes text")
-    inf.add_argument("--url", default="127.0.0.1:8001")
+    add_endpoint_args(inf)
     inf.add_argument("--model", default="mlp")
     inf.add_argument("--data", help="JSON array for a numeric input, batch first")
     inf.add_argument("--text", action="append", help="text for a BYTES input (repeatable)")
@@ -137,7 +241,7 @@ def parser() -> argparse.ArgumentParser:
     sim = sub.add_parser("similarity", help="cosine similarity of two texts' embeddings")
     sim.add_argument("a")
     sim.add_argument("b")
-    sim.add_argument("--url", default="127.0.0.1:8001")
+    add_endpoint_args(sim)
     sim.add_argument("--model", default="minilm-l6")
     sim.add_argument("--variant", default="")
     sim.set_defaults(func=cmd_similarity)
@@ -152,6 +256,7 @@ def parser() -> argparse.ArgumentParser:
     add_bench_parser(sub)
     add_profile_parser(sub)
     add_optimize_parser(sub)
+    add_keys_parser(sub)
     return p
 
 

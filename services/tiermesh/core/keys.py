@@ -62,6 +62,12 @@ def cancel_key(request_id: str) -> str:
     return f"{PREFIX}:cancel:{request_id}"
 
 
+def enqueued_key(request_id: str) -> str:
+    """Entry id a request was queued under (with a TTL): a retried enqueue of the same
+    request finds it and is not queued twice."""
+    return f"{PREFIX}:enq:{request_id}"
+
+
 def stream_keys(model: str, tier: str, priority_levels: int, buckets: int) -> list[StreamKey]:
     """All work streams of one model on one tier, highest priority (1) first."""
     return [
@@ -97,3 +103,23 @@ def cache_entry_key(model: str, digest: str) -> str:
 def cache_index_key(model: str) -> str:
     """Sorted set of the digests cached for `model`, scored by insertion time (ms)."""
     return f"{PREFIX}:cache:{model}:index"
+
+
+# Per-tenant quotas, shared by every gateway replica. The tenant sits in braces, a Redis
+# Cluster hash tag, so both keys of a tenant live on one node and one script can use both.
+
+
+def quota_rate_key(tenant: str) -> str:
+    """Hash of the tenant's token bucket (fields `tokens`, `ms`); expires once full again."""
+    return f"{PREFIX}:quota:{{{tenant}}}:rate"
+
+
+def quota_in_flight_key(tenant: str) -> str:
+    """Sorted set of the tenant's request ids in flight, scored by their deadline (ms), so
+    the entries of a gateway that died expire by themselves."""
+    return f"{PREFIX}:quota:{{{tenant}}}:inflight"
+
+
+# Who called what with which outcome: one entry per ModelInfer on an authenticated port.
+# Unlike the work streams it is trimmed (approximate MAXLEN): it is a record, not work.
+AUDIT_STREAM = f"{PREFIX}:audit"

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import sys
 
 import structlog
-from tritonclient.grpc import service_pb2_grpc
 
 from tiermesh.core.logging import configure_logging
 from tiermesh.core.metrics import MetricsServer, new_registry
@@ -22,10 +22,21 @@ from tiermesh.core.server import (
 )
 from tiermesh.core.settings import GatewaySettings
 from tiermesh.core.telemetry import Telemetry
+from tiermesh.core.tls import (
+    internal_channel_credentials,
+    internal_server_credentials,
+    public_server_credentials,
+)
+from tiermesh.gateway.audit import AuditLog
+from tiermesh.gateway.auth import Tenants
 from tiermesh.gateway.cache import ResponseCache
+from tiermesh.gateway.decoding import add_inference_servicer
 from tiermesh.gateway.metrics import GatewayMetrics
 from tiermesh.gateway.pending import PendingRequests
+from tiermesh.gateway.quota import Quota
+from tiermesh.gateway.security import Gate, Security
 from tiermesh.gateway.servicer import DeliveryServicer, InferenceServicer
+from tiermesh.gateway.tenants import TenantsFileError, load_tenants
 from tiermesh.gateway.upstream import Cancellations, Liveness, RouterClient, Upstream
 from tiermesh.v1 import delivery_pb2_grpc
 
@@ -40,16 +51,28 @@ async def serve(
 ) -> None:
     """Run the gateway until `stop` is set, then drain: refuse new requests, wait for the
     pending ones (at most shutdown_grace_s), and close."""
+    # A bad tenants file stops the start before anything listens (TenantsFileError).
+    tenants = Tenants(load_tenants(settings.tenants_file)) if settings.tenants_file else None
     telemetry = telemetry or Telemetry("gateway", settings.trace_dir)
     repo = ModelRepository(settings.model_repository)
     repo.load()
     redis = connect(settings.redis_url)
-    router_channel = make_channel(settings.router_address, telemetry, settings.max_message_bytes)
+    router_channel = make_channel(
+        settings.router_address,
+        telemetry,
+        settings.max_message_bytes,
+        internal_channel_credentials(settings),
+    )
     pending = PendingRequests()
     internal = make_server(telemetry, settings.max_message_bytes)
     delivery_pb2_grpc.add_DeliveryServicer_to_server(DeliveryServicer(pending, telemetry), internal)
     internal_health = add_health(internal)
-    delivery_port = bind(internal, settings.delivery_host, settings.delivery_port)
+    delivery_port = bind(
+        internal,
+        settings.delivery_host,
+        settings.delivery_port,
+        internal_server_credentials(settings),
+    )
     delivery_address = settings.delivery_advertise or f"{settings.delivery_host}:{delivery_port}"
     upstream = Upstream(
         RouterClient(router_channel), Liveness(redis), Cancellations(redis), ResponseCache(redis)
@@ -58,11 +81,26 @@ async def serve(
     metrics = GatewayMetrics(registry)
     metrics.in_flight.set_function(lambda: len(pending))
     metrics_server = MetricsServer(registry, settings.metrics_host, settings.metrics_port)
-    inference = InferenceServicer(settings, repo, upstream, pending, delivery_address, metrics)
-    public = make_server(telemetry, settings.max_message_bytes)
-    service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(inference, public)
+    security = None
+    if tenants is None:
+        log.warning(
+            "the public port is unauthenticated: anyone who reaches it may use every model; "
+            "set TIERMESH_TENANTS_FILE to require API keys"
+        )
+    else:
+        audit = AuditLog(redis, settings.audit_max_len, on_lost=metrics.audit_lost.inc)
+        security = Security(tenants, Quota(redis, settings.retry_after_ms), audit)
+        log.info("API keys required on the public port", tenants=list(tenants.names))
+    inference = InferenceServicer(
+        settings, repo, upstream, pending, delivery_address, metrics, Gate(security, metrics)
+    )
+    public = make_server(telemetry, settings.max_message_bytes, settings.max_metadata_bytes)
+    # Like tritonclient's add_..._to_server; unparseable requests get INVALID_ARGUMENT.
+    add_inference_servicer(inference, public)
     health = add_health(public)
-    port = bind(public, settings.gateway_host, settings.gateway_port)
+    port = bind(
+        public, settings.gateway_host, settings.gateway_port, public_server_credentials(settings)
+    )
     await internal.start()
     await public.start()
     await set_serving(health, True)
@@ -76,6 +114,8 @@ async def serve(
     )
     if ready is not None:
         ready({"port": port, "delivery_port": delivery_port, "metrics_port": metrics_server.port})
+    # Owned here: cancelled after the public port closed, then the last entries flushed.
+    audit_task = asyncio.create_task(security.audit.run()) if security else None
     try:
         await stop.wait()
     finally:
@@ -90,6 +130,10 @@ async def serve(
         # grace too; stop() returns as soon as they are done.
         await public.stop(grace=max(1.0, settings.shutdown_grace_s))
         await internal.stop(grace=1.0)
+        if audit_task is not None and security is not None:
+            audit_task.cancel()
+            await asyncio.gather(audit_task, return_exceptions=True)
+            await security.audit.flush()  # the entries of the last calls
         await router_channel.close()
         await redis.aclose()
         metrics_server.close()
@@ -105,7 +149,11 @@ async def serve(
 async def _main() -> None:
     settings = GatewaySettings()
     configure_logging("gateway", settings.log_level, settings.log_format)
-    await serve(settings, stop_event_on_signals())
+    try:
+        await serve(settings, stop_event_on_signals())
+    except TenantsFileError as exc:
+        log.error("gateway not started: bad tenants file", problem=str(exc))
+        sys.exit(2)
 
 
 if __name__ == "__main__":

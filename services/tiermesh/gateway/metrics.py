@@ -1,5 +1,6 @@
 """The gateway's metrics: requests by status code, latencies by model/tier/priority/bucket/
-variant from each answer's own timeline, in-flight requests, response-cache lookups."""
+variant from each answer's own timeline, in-flight requests, response-cache lookups, auth
+and quota refusals, lost audit entries."""
 
 from __future__ import annotations
 
@@ -55,6 +56,24 @@ class GatewayMetrics:
             "tiermesh_cache_lookups",
             "Response-cache lookups, by model and result",
             ["model", "result"],
+            registry=registry,
+        )
+        # Tenants come from the tenants file, so the `tenant` label stays bounded.
+        self.auth_refusals = Counter(
+            "tiermesh_auth_refusals",
+            "Calls refused UNAUTHENTICATED or PERMISSION_DENIED, by reason",
+            ["reason"],
+            registry=registry,
+        )
+        self.quota_refusals = Counter(
+            "tiermesh_quota_refusals",
+            "Requests refused over a tenant's rate limit or in-flight cap",
+            ["tenant", "kind"],
+            registry=registry,
+        )
+        self.audit_lost = Counter(
+            "tiermesh_audit_entries_lost",
+            "Audit entries that could not be written (Redis trouble or a full queue)",
             registry=registry,
         )
 

@@ -9,6 +9,7 @@ import asyncio
 import time
 import uuid
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import grpc
@@ -36,6 +37,7 @@ from tiermesh.gateway.requests import (
     validate,
     variant_of,
 )
+from tiermesh.gateway.security import Gate
 from tiermesh.gateway.shedding import Shedder, ShedKey
 from tiermesh.gateway.upstream import Upstream
 from tiermesh.v1 import delivery_pb2, delivery_pb2_grpc
@@ -54,9 +56,11 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
         pending: PendingRequests,
         delivery_address: str,
         metrics: GatewayMetrics,
+        gate: Gate,
         clock_ns: Callable[[], int] = time.time_ns,
     ) -> None:
         self._metrics = metrics
+        self._gate = gate
         self._settings = settings
         self._delivery_address = delivery_address
         self._repo = repo
@@ -80,6 +84,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
 
     @grpc_method
     async def ModelReady(self, request, context):  # type: ignore[no-untyped-def]
+        self._gate.authorize(context.invocation_metadata(), request.name)
         cfg = self._repo.get(request.name)
         if cfg is None or cfg.version(request.version) is None or self.draining:
             return service_pb2.ModelReadyResponse(ready=False)
@@ -95,19 +100,23 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
 
     @grpc_method
     async def ModelMetadata(self, request, context):  # type: ignore[no-untyped-def]
+        self._gate.authorize(context.invocation_metadata(), request.name)
         return converters.model_metadata(find_model(self._repo, request.name, request.version))
 
     @grpc_method
     async def ModelConfig(self, request, context):  # type: ignore[no-untyped-def]
+        self._gate.authorize(context.invocation_metadata(), request.name)
         return converters.model_config(find_model(self._repo, request.name, request.version))
 
     @grpc_method
     async def ModelInfer(self, request, context):  # type: ignore[no-untyped-def]
-        """Counts every answer by model and status code around `_infer`."""
+        """Counts every answer by model and status code around `_infer`, and leaves its
+        audit entry (when the port is authenticated)."""
+        call = _Call(request_id=uuid.uuid4().hex, received_ns=self._clock_ns())
         model = request.model_name if self._repo.get(request.model_name) else "unknown"
         code = grpc.StatusCode.OK
         try:
-            return await self._infer(request, context)
+            return await self._infer(request, context, call)
         except MeshError as err:
             code = err.code
             raise
@@ -119,9 +128,20 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
             raise
         finally:
             self._metrics.answered(model, code)
+            ended_ns = self._clock_ns()
+            self._gate.audit(
+                time_ms=ended_ns // 1_000_000,
+                tenant=call.tenant,
+                model=request.model_name,
+                variant=call.variant,
+                outcome=code.name,
+                request_id=call.request_id,
+                peer=context.peer() or "",
+                duration_ms=(ended_ns - call.received_ns) / 1e6,
+            )
 
-    async def _infer(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
-        received_ns = self._clock_ns()
+    async def _infer(self, request: Any, context: grpc.aio.ServicerContext, call: _Call) -> Any:
+        received_ns = call.received_ns
         if self.draining:
             raise unavailable("gateway is draining; retry on another replica")
         if len(self._pending) >= self._settings.max_in_flight:
@@ -129,12 +149,17 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
                 f"too many requests in flight at this gateway ({self._settings.max_in_flight})",
                 self._settings.retry_after_ms,
             )
+        # Credentials and the model's name first: a caller without them learns nothing more.
+        tenant = self._gate.authenticate(context.invocation_metadata())
+        call.tenant = tenant.name if tenant else ""
+        self._gate.check_model(tenant, request.model_name)
         req = converters.infer_request(request)
         cfg = find_model(self._repo, req.model, req.version)
         validate(cfg, req)
         job = Job(
-            request_id=uuid.uuid4().hex,
+            request_id=call.request_id,
             client_request_id=req.client_request_id,
+            tenant=call.tenant,
             model=cfg.name,
             version=req.version or cfg.latest.version,
             inputs=req.inputs,
@@ -152,10 +177,19 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
             timing=Timing(received_ns=received_ns),
             trace_context=inject_current(),
         )
+        call.variant = job.variant
         structlog.contextvars.bind_contextvars(request_id=job.request_id, model=job.model)
         span = trace.get_current_span()
         span.set_attribute("tiermesh.request_id", job.request_id)
         span.set_attribute("tiermesh.client_request_id", job.client_request_id)
+        if tenant is not None:
+            span.set_attribute("tiermesh.tenant", tenant.name)
+        async with self._gate.hold(tenant, job.request_id, job.deadline_ns):
+            return await self._answer(cfg, job, call)
+
+    async def _answer(self, cfg: model_config.ModelConfig, job: Job, call: _Call) -> Any:
+        """From the response cache, or routed and awaited; the call counts against its
+        tenant's limits meanwhile."""
         digest = self._cache_digest(cfg, job)
         if digest is not None:
             hit = await self._up.cache.get(cfg.name, digest)  # type: ignore[union-attr]
@@ -167,7 +201,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
                 )
             if self.draining:  # the drain may have begun while the cache answered
                 raise unavailable("gateway is draining; retry on another replica")
-        shed_ms = self._shedder.remaining_ms(_shed_key(job), self._clock_ns())
+        shed_ms = self._shedder.remaining_ms(_shed_key(job), self._clock_ns(), job.deadline_ns)
         if shed_ms:
             raise exhausted(
                 f"model '{job.model}' is refusing priority {job.priority} work for now; "
@@ -175,6 +209,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
                 shed_ms,
             )
         result = await self._await_result(job)
+        call.variant = result.variant or call.variant
         if result.code != grpc.StatusCode.OK:
             raise MeshError(result.code, result.message)
         if digest is not None:
@@ -210,7 +245,9 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
                 await self._up.router.route(job, self._remaining_s(job))
             except MeshError as err:
                 if err.retry_after_ms is not None:  # no room or no time: shed this class
-                    self._shedder.refused(_shed_key(job), err.retry_after_ms, self._clock_ns())
+                    late = err.code == grpc.StatusCode.DEADLINE_EXCEEDED
+                    key, now = _shed_key(job), self._clock_ns()
+                    self._shedder.refused(key, err.retry_after_ms, now, late=late)
                 raise
             routed = True
             self.accepted += 1
@@ -233,6 +270,16 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
 
     def _remaining_s(self, job: Job) -> float:
         return (job.deadline_ns - self._clock_ns()) / 1e9
+
+
+@dataclass
+class _Call:
+    """What one ModelInfer call has learnt so far, for its audit entry."""
+
+    request_id: str
+    received_ns: int
+    tenant: str = ""
+    variant: str = ""
 
 
 def _shed_key(job: Job) -> ShedKey:

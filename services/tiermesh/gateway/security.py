@@ -1,0 +1,117 @@
+"""What the public servicer asks about a call's caller: who it is and whether it may use the
+model (auth.py), whether its tenant has room (quota.py), and the audit entry it leaves
+(audit.py), each refusal counted in the gateway's metrics.
+
+Without a tenants file every call passes and nothing is audited: the laptop default.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Iterable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+
+from tiermesh.gateway.audit import NO_TENANT, AuditEntry, AuditLog
+from tiermesh.gateway.auth import AuthRefused, Tenants, authenticate, check_model
+from tiermesh.gateway.metrics import GatewayMetrics
+from tiermesh.gateway.quota import Quota, QuotaRefused
+from tiermesh.gateway.tenants import Tenant
+
+# Model names in audit entries are what the caller sent: bounded, it is a record not a dump.
+MAX_AUDITED_NAME = 256
+
+
+@dataclass(frozen=True)
+class Security:
+    """Built in __main__ when a tenants file is configured."""
+
+    tenants: Tenants
+    quota: Quota
+    audit: AuditLog
+
+
+class Gate:
+    def __init__(self, security: Security | None, metrics: GatewayMetrics) -> None:
+        self._security = security
+        self._metrics = metrics
+
+    @property
+    def enabled(self) -> bool:
+        return self._security is not None
+
+    def authorize(self, metadata: Iterable[tuple[str, str | bytes]], model: str) -> Tenant | None:
+        """Called first by every model-level method. The caller's tenant (None when auth is
+        off); UNAUTHENTICATED or PERMISSION_DENIED otherwise."""
+        tenant = self.authenticate(metadata)
+        self.check_model(tenant, model)
+        return tenant
+
+    def authenticate(self, metadata: Iterable[tuple[str, str | bytes]]) -> Tenant | None:
+        """The caller's tenant (None when auth is off), or UNAUTHENTICATED."""
+        if self._security is None:
+            return None
+        try:
+            return authenticate(self._security.tenants, metadata)
+        except AuthRefused as err:
+            self._metrics.auth_refusals.labels(reason=err.reason).inc()
+            raise
+
+    def check_model(self, tenant: Tenant | None, model: str) -> None:
+        """PERMISSION_DENIED unless `tenant` may use `model` (None: auth is off)."""
+        if tenant is None:
+            return
+        try:
+            check_model(tenant, model)
+        except AuthRefused as err:
+            self._metrics.auth_refusals.labels(reason=err.reason).inc()
+            raise
+
+    @asynccontextmanager
+    async def hold(
+        self, tenant: Tenant | None, request_id: str, deadline_ns: int
+    ) -> AsyncIterator[None]:
+        """Count the request against its tenant's limits for the body's duration. Refuses
+        with RESOURCE_EXHAUSTED (over a limit) or UNAVAILABLE (Redis away) before the body;
+        the release runs on every exit and a cancellation cannot interrupt it."""
+        if self._security is None or tenant is None:
+            yield
+            return
+        quota = self._security.quota
+        try:
+            held = await quota.acquire(tenant, request_id, deadline_ns // 1_000_000)
+        except QuotaRefused as err:
+            self._metrics.quota_refusals.labels(tenant=err.tenant, kind=err.kind).inc()
+            raise
+        try:
+            yield
+        finally:
+            await asyncio.shield(quota.release(held))
+
+    def audit(
+        self,
+        *,
+        time_ms: int,
+        tenant: str,
+        model: str,
+        variant: str,
+        outcome: str,
+        request_id: str,
+        peer: str,
+        duration_ms: float,
+    ) -> None:
+        """Called once as each ModelInfer ends, whatever the outcome; queues its entry."""
+        if self._security is None:
+            return
+        self._security.audit.record(
+            AuditEntry(
+                time_ms=time_ms,
+                tenant=tenant or NO_TENANT,
+                model=model[:MAX_AUDITED_NAME],
+                variant=variant[:MAX_AUDITED_NAME],
+                outcome=outcome,
+                request_id=request_id,
+                peer=peer,
+                duration_ms=duration_ms,
+            )
+        )
