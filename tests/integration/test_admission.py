@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+import uuid
 
 import pytest
 import redis.asyncio as aioredis
@@ -16,13 +17,17 @@ pytestmark = pytest.mark.integration
 STREAM = StreamKey("m", "center", 1, 0)
 
 
+def rid() -> str:
+    return uuid.uuid4().hex
+
+
 async def test_no_live_worker_is_refused(redis_url: str) -> None:
     redis = aioredis.Redis.from_url(redis_url)
     admitter = Admitter(redis)
-    assert (await admitter.admit(STREAM, 10, b"job", {})).outcome == "noworker"
+    assert (await admitter.admit(STREAM, 10, b"job", {}, request_id=rid())).outcome == "noworker"
     # A heartbeat that has expired does not count either.
     await redis.zadd(keys.workers_key("m", "center"), {"w-old": int(time.time() * 1000) - 1})
-    assert (await admitter.admit(STREAM, 10, b"job", {})).outcome == "noworker"
+    assert (await admitter.admit(STREAM, 10, b"job", {}, request_id=rid())).outcome == "noworker"
     assert await redis.xlen(STREAM.name) == 0
     await redis.aclose()
 
@@ -32,7 +37,9 @@ async def test_queue_bound_refuses_without_trimming(redis_url: str) -> None:
     await StreamClient(redis, "w1").heartbeat(["m"], "center", ttl_ms=60_000)
     admitter = Admitter(redis)
     tp = {"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"}
-    outcomes = [await admitter.admit(STREAM, 3, f"job{i}".encode(), tp) for i in range(5)]
+    outcomes = [
+        await admitter.admit(STREAM, 3, f"job{i}".encode(), tp, request_id=rid()) for i in range(5)
+    ]
     assert [o.outcome for o in outcomes] == ["ok", "ok", "ok", "full", "full"]
     assert outcomes[3].detail == "3"
     entries = await redis.xrange(STREAM.name)
@@ -40,7 +47,7 @@ async def test_queue_bound_refuses_without_trimming(redis_url: str) -> None:
     assert entries[0][1][keys.TRACEPARENT_FIELD.encode()] == tp["traceparent"].encode()
     # Work handed off is deleted, which makes room again.
     await redis.xdel(STREAM.name, entries[0][0])
-    assert (await admitter.admit(STREAM, 3, b"job5", tp)).outcome == "ok"
+    assert (await admitter.admit(STREAM, 3, b"job5", tp, request_id=rid())).outcome == "ok"
     await redis.aclose()
 
 
@@ -52,7 +59,13 @@ async def test_model_wide_bound_counts_every_stream(redis_url: str) -> None:
     outcomes = []
     for i, target in enumerate(streams * 2):  # two per stream, per-stream bound 10
         a = await admitter.admit(
-            target, 10, f"j{i}".encode(), {}, model_streams=streams, model_bound=5
+            target,
+            10,
+            f"j{i}".encode(),
+            {},
+            request_id=rid(),
+            model_streams=streams,
+            model_bound=5,
         )
         outcomes.append(a.outcome)
     assert outcomes == ["ok"] * 5 + ["modelfull"] * 3
@@ -65,11 +78,36 @@ async def test_a_queue_that_cannot_drain_in_time_is_refused(redis_url: str) -> N
     await StreamClient(redis, "w1").heartbeat(["m"], "center", ttl_ms=60_000)
     admitter = Admitter(redis)
     for i in range(4):
-        assert (await admitter.admit(STREAM, 100, f"j{i}".encode(), {})).outcome == "ok"
+        assert (
+            await admitter.admit(STREAM, 100, f"j{i}".encode(), {}, request_id=rid())
+        ).outcome == "ok"
     # Workers measured 10 entries/s on this stream: 4 ahead need ~400 ms.
     await redis.hset(keys.rate_key("m", "center"), keys.rate_field(0), "10.0")
-    late = await admitter.admit(STREAM, 100, b"x", {}, ms_left=300)
+    late = await admitter.admit(STREAM, 100, b"x", {}, request_id=rid(), ms_left=300)
     assert (late.outcome, late.detail) == ("late", "400")
-    assert (await admitter.admit(STREAM, 100, b"y", {}, ms_left=500)).outcome == "ok"
-    assert (await admitter.admit(STREAM, 100, b"z", {}, ms_left=-1)).outcome == "ok"  # none
+    assert (
+        await admitter.admit(STREAM, 100, b"y", {}, request_id=rid(), ms_left=500)
+    ).outcome == "ok"
+    assert (
+        await admitter.admit(STREAM, 100, b"z", {}, request_id=rid(), ms_left=-1)
+    ).outcome == "ok"  # none
+    await redis.aclose()
+
+
+async def test_enqueue_is_idempotent_by_request_id(redis_url: str) -> None:
+    redis = aioredis.Redis.from_url(redis_url)
+    await StreamClient(redis, "w1").heartbeat(["m"], "center", ttl_ms=60_000)
+    admitter = Admitter(redis)
+    first = await admitter.admit(STREAM, 2, b"job", {}, request_id="r1", ms_left=10_000)
+    again = await admitter.admit(STREAM, 2, b"job", {}, request_id="r1", ms_left=10_000)
+    assert first.outcome == "ok"
+    assert (again.outcome, again.detail) == ("dup", first.detail)
+    assert await redis.xlen(STREAM.name) == 1
+    # A retry is answered as queued even when the queue has filled up meanwhile.
+    assert (await admitter.admit(STREAM, 2, b"j2", {}, request_id="r2")).outcome == "ok"
+    assert (await admitter.admit(STREAM, 2, b"j3", {}, request_id="r3")).outcome == "full"
+    assert (await admitter.admit(STREAM, 2, b"job", {}, request_id="r1")).outcome == "dup"
+    # Remembered until the deadline has passed (plus a margin), not for ever.
+    ttl_ms = await redis.pttl(keys.enqueued_key("r1"))
+    assert 10_000 < ttl_ms <= 15_000
     await redis.aclose()

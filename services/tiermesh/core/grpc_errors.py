@@ -9,8 +9,17 @@ from typing import Any, TypeVar
 
 import grpc
 import structlog
+from redis import exceptions as redis_errors
 
 from tiermesh.core.errors import INTERNAL_MESSAGE, RETRY_AFTER_KEY, MeshError
+
+# Redis down, restarting, loading its AOF or not answering: the caller may retry soon.
+REDIS_OUTAGE = (
+    redis_errors.ConnectionError,
+    redis_errors.TimeoutError,
+    redis_errors.BusyLoadingError,
+)
+REDIS_OUTAGE_MESSAGE = "queue store unavailable (redis down or loading); retry shortly"
 
 log = structlog.get_logger("tiermesh.grpc")
 
@@ -38,7 +47,8 @@ def mesh_error_from_rpc(err: grpc.aio.AioRpcError) -> MeshError:
 
 
 def grpc_method(fn: Method[Req, Resp]) -> Method[Req, Resp]:
-    """Wrap a servicer method: MeshError -> its status; anything unexpected -> INTERNAL."""
+    """Wrap a servicer method: MeshError -> its status; a Redis outage -> UNAVAILABLE;
+    anything unexpected -> INTERNAL."""
 
     @functools.wraps(fn)
     async def wrapper(self: Any, request: Req, context: grpc.aio.ServicerContext) -> Resp:
@@ -48,6 +58,9 @@ def grpc_method(fn: Method[Req, Resp]) -> Method[Req, Resp]:
             await context.abort(err.code, err.message, trailing_metadata=trailers_of(err))
         except asyncio.CancelledError:
             raise
+        except REDIS_OUTAGE as exc:
+            log.warning("redis unavailable", method=fn.__name__, error=type(exc).__name__)
+            await context.abort(grpc.StatusCode.UNAVAILABLE, REDIS_OUTAGE_MESSAGE)
         except Exception:
             log.exception("unexpected error", method=fn.__name__)
             await context.abort(grpc.StatusCode.INTERNAL, INTERNAL_MESSAGE)

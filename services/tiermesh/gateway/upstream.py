@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 from dataclasses import dataclass
 
@@ -17,6 +18,11 @@ from tiermesh.gateway.cache import ResponseCache
 from tiermesh.v1 import router_pb2_grpc
 
 TIERS = ("edge", "center")
+# A router restarting, or a blip on its link to Redis, is retried a little before the
+# caller hears UNAVAILABLE. Safe: enqueues are idempotent by request id, so a Route whose
+# reply was lost after the job was queued is not queued twice.
+ROUTE_ATTEMPTS = 3
+ROUTE_BACKOFF_S = 0.05
 
 
 class RouterClient:
@@ -25,14 +31,22 @@ class RouterClient:
 
     async def route(self, job: Job, timeout_s: float) -> None:
         """Place the job on its stream; raises the router's refusal as a MeshError."""
-        if timeout_s <= 0:
-            raise deadline_exceeded("deadline passed before the request was routed")
-        try:
-            await self._stub.Route(job_to_proto(job), timeout=timeout_s)
-        except grpc.aio.AioRpcError as err:
-            if err.code() == grpc.StatusCode.UNAVAILABLE:
-                raise unavailable(f"router unavailable: {err.details()}") from None
-            raise mesh_error_from_rpc(err) from None
+        deadline = time.monotonic() + timeout_s
+        message = job_to_proto(job)
+        for attempt in range(ROUTE_ATTEMPTS):
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise deadline_exceeded("deadline passed before the request was routed")
+            try:
+                await self._stub.Route(message, timeout=left)
+                return
+            except grpc.aio.AioRpcError as err:
+                if err.code() != grpc.StatusCode.UNAVAILABLE:
+                    raise mesh_error_from_rpc(err) from None
+                if attempt + 1 == ROUTE_ATTEMPTS:
+                    raise unavailable(f"router unavailable: {err.details()}") from None
+            await asyncio.sleep(min(ROUTE_BACKOFF_S * 2**attempt, max(0.0, left)))
+        raise AssertionError("unreachable: the last attempt returns or raises")
 
 
 class Liveness:

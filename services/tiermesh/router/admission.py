@@ -5,6 +5,10 @@ backlog (XLEN: workers XDEL entries once handed off) is at its bound, or all of 
 streams together are at the model's bound; or when the queue ahead cannot drain before the
 request's deadline at the drain rate workers measured. Otherwise it XADDs. Streams are never
 trimmed by length. Every refusal is decided in Redis, at once: nobody waits to find out.
+
+Enqueues are idempotent by request id: the entry id is remembered (until the request's
+deadline), and a second admission of the same request (a gateway retrying after losing the
+router's reply) answers `dup` with the first entry id instead of queueing it again.
 """
 
 from __future__ import annotations
@@ -19,10 +23,15 @@ from tiermesh.core import keys
 from tiermesh.router.tier_state import read_tier_states
 from tiermesh.router.tiers import TierState
 
-# KEYS: 1 target stream, 2 workers zset, 3 rate hash, 4.. every stream of the model.
+# KEYS: 1 target stream, 2 workers zset, 3 rate hash, 4 enqueued key of the request,
+#       5.. every stream of the model.
 # ARGV: 1 stream bound, 2 model bound (0 = none), 3 rate field, 4 ms left (-1 = no deadline),
-#       5.. the entry's field/value pairs.
+#       5 how long to remember the enqueue (ms), 6.. the entry's field/value pairs.
 _SCRIPT = """
+local seen = redis.call('GET', KEYS[4])
+if seen then
+  return {'dup', seen}
+end
 local t = redis.call('TIME')
 local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 if redis.call('ZCOUNT', KEYS[2], now_ms, '+inf') == 0 then
@@ -35,7 +44,7 @@ end
 local model_bound = tonumber(ARGV[2])
 if model_bound > 0 then
   local total = 0
-  for i = 4, #KEYS do total = total + redis.call('XLEN', KEYS[i]) end
+  for i = 5, #KEYS do total = total + redis.call('XLEN', KEYS[i]) end
   if total >= model_bound then
     return {'modelfull', tostring(total)}
   end
@@ -50,17 +59,22 @@ if left_ms >= 0 and backlog > 0 then
     end
   end
 end
-local id = redis.call('XADD', KEYS[1], '*', unpack(ARGV, 5))
+local id = redis.call('XADD', KEYS[1], '*', unpack(ARGV, 6))
+redis.call('SET', KEYS[4], id, 'PX', ARGV[5])
 return {'ok', id}
 """
 
-Outcome = Literal["ok", "noworker", "full", "modelfull", "late"]
+Outcome = Literal["ok", "dup", "noworker", "full", "modelfull", "late"]
+# How long an enqueue is remembered past the request's deadline (or at all, without one).
+REMEMBER_MARGIN_MS = 5_000
+REMEMBER_NO_DEADLINE_MS = 600_000
 
 
 @dataclass(frozen=True, slots=True)
 class Admission:
     outcome: Outcome
-    # entry id when ok; the backlog when full or modelfull; the estimated drain ms when late
+    # entry id when ok (or dup: queued before); the backlog when full or modelfull; the
+    # estimated drain ms when late
     detail: str
 
 
@@ -80,16 +94,20 @@ class Admitter:
         job: bytes,
         trace_context: dict[str, str],
         *,
+        request_id: str,
         model_streams: Sequence[keys.StreamKey] = (),
         model_bound: int = 0,
         ms_left: int = -1,
     ) -> Admission:
-        """XADD `job` to `stream` unless refused; raises redis errors to the caller."""
+        """XADD `job` to `stream` unless refused or already queued; raises redis errors
+        to the caller."""
+        remember_ms = ms_left + REMEMBER_MARGIN_MS if ms_left >= 0 else REMEMBER_NO_DEADLINE_MS
         raw = await self._script(
             keys=[
                 stream.name,
                 keys.workers_key(stream.model, stream.tier),
                 keys.rate_key(stream.model, stream.tier),
+                keys.enqueued_key(request_id),
                 *(s.name for s in model_streams),
             ],
             args=[
@@ -97,6 +115,7 @@ class Admitter:
                 model_bound,
                 keys.rate_field(stream.bucket),
                 ms_left,
+                remember_ms,
                 keys.JOB_FIELD,
                 job,
                 keys.TRACEPARENT_FIELD,

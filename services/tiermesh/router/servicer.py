@@ -92,6 +92,7 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
                     cfg.queue_bound,
                     encode_job(job),
                     carrier,
+                    request_id=job.request_id,
                     model_streams=model_streams(cfg, stream),
                     model_bound=cfg.model_queue_bound,
                     ms_left=(job.deadline_ns - now) // 1_000_000 if job.deadline_ns else -1,
@@ -103,7 +104,9 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
         self._metrics.admissions.labels(cfg.name, admission.outcome).inc()
         if admission.outcome == "noworker":
             raise unavailable(f"no live worker for model '{cfg.name}' on tier '{stream.tier}'")
-        if admission.outcome != "ok":
+        if admission.outcome == "dup":  # a retry of a request already queued: same answer
+            log.info("request already queued", entry_id=admission.detail)
+        elif admission.outcome != "ok":
             raise refusal(cfg, admission, self._settings.retry_after_ms)
         return router_pb2.RouteReply(stream=stream.name, entry_id=admission.detail)
 

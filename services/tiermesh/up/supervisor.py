@@ -2,16 +2,22 @@
 processes, waits until each is healthy, and stops them in drain order on SIGINT/SIGTERM:
 gateway first (it refuses new requests and waits for the pending ones), then router,
 worker, postprocess, and redis last. With `edge_link_ms`, the edge worker reaches redis and
-postprocess through latency proxies (stopped right after the workers)."""
+postprocess through latency proxies (stopped right after the workers).
+
+While serving, a process that dies is started again with the same command line and
+environment after an exponential backoff (restarts.py), as Kubernetes restarts a crashed
+container; the private redis-server restarts on the same port and replays its AOF."""
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import signal
 import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
@@ -28,6 +34,8 @@ from tiermesh.up.processes import (
     stop,
 )
 from tiermesh.up.redis_server import start_redis
+from tiermesh.up.restarts import Backoff, RestartPolicy, next_wake_s
+from tiermesh.up.tls import TlsFiles, mesh_tls
 from tiermesh.up.trace_ui import TraceUI, start_trace_ui
 
 
@@ -48,7 +56,10 @@ class UpOptions:
     # Added round trip (ms) on the edge worker's links to redis and postprocess; 0 = none.
     edge_link_ms: float = 0.0
     ready_timeout_s: float = 60.0
+    restart: RestartPolicy = field(default_factory=RestartPolicy)
     extra_env: dict[str, str] = field(default_factory=dict)
+    # TLS on the public port and mutual TLS between services (none by default).
+    tls: TlsFiles = field(default_factory=TlsFiles)
 
 
 @dataclass
@@ -56,6 +67,10 @@ class Service:
     name: str
     proc: subprocess.Popen[bytes]
     health_address: str
+    # How to start it again after it dies (empty argv: never restarted).
+    argv: list[str] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)
+    backoff: Backoff | None = None
 
 
 # Process name of each tier's worker.
@@ -68,11 +83,19 @@ class StartupError(RuntimeError):
     pass
 
 
-def wait_healthy(svc: Service, timeout_s: float) -> None:
+def wait_healthy(
+    svc: Service, timeout_s: float, credentials: grpc.ChannelCredentials | None = None
+) -> None:
     """Block until the service's grpc.health.v1 says SERVING, or raise StartupError when it
-    exits or the timeout passes. Each check waits for the port to open (wait_for_ready)."""
+    exits or the timeout passes. Each check waits for the port to open (wait_for_ready).
+    With `credentials` the check speaks TLS (a TLS-only port, or mTLS with a client
+    certificate); a failing handshake looks like a port not open yet until the timeout."""
     deadline = time.monotonic() + timeout_s
-    with grpc.insecure_channel(svc.health_address) as channel:
+    with (
+        grpc.insecure_channel(svc.health_address)
+        if credentials is None
+        else grpc.secure_channel(svc.health_address, credentials)
+    ) as channel:
         stub = health_pb2_grpc.HealthStub(channel)
         while time.monotonic() < deadline:
             if svc.proc.poll() is not None:
@@ -129,17 +152,19 @@ class Mesh:
         self.opts = opts
         self.services: list[Service] = []
         self.redis: subprocess.Popen[bytes] | None = None
+        self.redis_port = 0
+        self.redis_backoff = Backoff(opts.restart, time.monotonic())
         self.redis_url = opts.redis_url
         self.metrics_ports: dict[str, int] = {}
-        self._reported: set[str] = set()
         self.trace_ui: TraceUI | None = None
 
     def start(self) -> None:
         opts = self.opts
+        tls = mesh_tls(opts.tls)  # checked before anything starts
         if not self.redis_url:
-            port = free_port()
-            self.redis = start_redis(port, opts.data_dir / "redis")
-            self.redis_url = f"redis://127.0.0.1:{port}/0"
+            self.redis_port = free_port()
+            self.redis = start_redis(self.redis_port, opts.data_dir / "redis")
+            self.redis_url = f"redis://127.0.0.1:{self.redis_port}/0"
         if opts.trace_ui:
             self.trace_ui = start_trace_ui(opts.data_dir)
         ports = {
@@ -162,6 +187,7 @@ class Mesh:
             TIERMESH_GATEWAY_HOST=opts.host,
             TIERMESH_GATEWAY_PORT=str(opts.port),
             **(self.trace_ui.otel_env() if self.trace_ui else {}),
+            **tls.env,
             **opts.extra_env,
         )
         plan = [
@@ -172,7 +198,11 @@ class Mesh:
                 for tier in ("center", "edge")
                 if tier in opts.tiers
             ),
-            ("gateway", f"{opts.host}:{opts.port}"),
+            # A TLS-only public port: its health is checked on the Delivery port (up/tls.py).
+            (
+                "gateway",
+                f"127.0.0.1:{ports['delivery']}" if tls.public else f"{opts.host}:{opts.port}",
+            ),
         ]
         self.metrics_ports = {
             name: opts.metrics_port if name == "gateway" and opts.metrics_port else free_port()
@@ -193,9 +223,14 @@ class Mesh:
                     **edge_link,
                 )
             module = "tiermesh.worker" if name in WORKERS.values() else f"tiermesh.{name}"
-            svc = Service(name, spawn(python_module(module), child_env), address)
-            self.services.append(svc)
-            wait_healthy(svc, opts.ready_timeout_s)
+            svc = self._spawn(name, python_module(module), child_env, address)
+            wait_healthy(svc, opts.ready_timeout_s, tls.internal)
+
+    def _spawn(self, name: str, argv: list[str], env: dict[str, str], address: str) -> Service:
+        backoff = Backoff(self.opts.restart, time.monotonic())
+        svc = Service(name, spawn(argv, env), address, argv, env, backoff)
+        self.services.append(svc)
+        return svc
 
     def _start_edge_links(self, env: dict[str, str]) -> dict[str, str]:
         """Start a latency proxy in front of redis and one in front of postprocess (which
@@ -215,8 +250,7 @@ class Mesh:
                 *("--listen", listen[name], "--target", target),
                 *("--rtt-ms", str(self.opts.edge_link_ms)),
             ]
-            svc = Service(name, spawn(argv, env), listen[name])
-            self.services.append(svc)
+            svc = self._spawn(name, argv, env, listen[name])
             wait_listening(svc, self.opts.ready_timeout_s)
         return {
             "TIERMESH_REDIS_URL": with_address(self.redis_url, listen[EDGE_LINKS[0]]),
@@ -237,26 +271,63 @@ class Mesh:
             codes["trace-ui"] = stop(self.trace_ui.proc, 10)
         return codes
 
-    def exited(self) -> str | None:
-        """The name of an essential child that has exited, if any. Workers (and the edge
-        link's proxies) are not essential: the router routes around a tier without live
-        workers, so their exit is only reported (once) and the mesh keeps serving."""
-        if self.redis is not None and self.redis.poll() is not None:
-            return "redis-server"
+    def supervise(self, now: float) -> float | None:
+        """Called whenever a child may have exited and when a restart falls due: notices
+        exits, restarts what is due. Returns the seconds until the next pending restart
+        (None when nothing waits). A restarted worker reclaims what the dead one had read;
+        a restarted redis-server replays its AOF, and every service reconnects by itself."""
+        if self.redis is not None:
+            self.redis = _revive(
+                "redis-server", self.redis, self.redis_backoff, now, self._restart_redis
+            )
         for svc in self.services:
-            if svc.proc.poll() is None:
-                continue
-            if svc.name not in (*WORKERS.values(), *EDGE_LINKS):
-                return svc.name
-            if svc.name not in self._reported:
-                self._reported.add(svc.name)
-                print(
-                    f"tiermesh up: {svc.name} exited with code {svc.proc.returncode}; "
-                    "the mesh serves on without it",
-                    file=sys.stderr,
-                    flush=True,
+            if svc.backoff is not None and svc.argv:
+                svc.proc = _revive(
+                    svc.name,
+                    svc.proc,
+                    svc.backoff,
+                    now,
+                    functools.partial(spawn, svc.argv, svc.env),
                 )
-        return None
+        return next_wake_s(
+            [self.redis_backoff, *(s.backoff for s in self.services if s.backoff)], now
+        )
+
+    def _restart_redis(self) -> subprocess.Popen[bytes]:
+        """Same port, same data folder: it replays its AOF before answering PING."""
+        return start_redis(self.redis_port, self.opts.data_dir / "redis")
+
+
+def _revive(
+    name: str,
+    proc: subprocess.Popen[bytes],
+    backoff: Backoff,
+    now: float,
+    restart: Callable[[], subprocess.Popen[bytes]],
+) -> subprocess.Popen[bytes]:
+    """The process to keep watching: `proc`, or its successor once its restart fell due."""
+    if backoff.due_at is None and proc.poll() is not None:
+        delay = backoff.exited(now)
+        _say(
+            f"{name} exited with code {proc.returncode}; restarting in {delay:.1f}s "
+            f"({backoff.crashes} crash(es) in a row)"
+        )
+    if not backoff.due(now):
+        return proc
+    try:
+        successor = restart()
+    except (RuntimeError, OSError) as exc:
+        backoff.restarted(now)  # a start that failed at once counts as one more crash
+        delay = backoff.exited(time.monotonic())
+        _say(f"{name} did not come back ({exc}); retrying in {delay:.1f}s")
+        return proc
+    backoff.restarted(now)
+    _say(f"{name} restarted (pid {successor.pid}, restart {backoff.restarts})")
+    return successor
+
+
+def _say(message: str) -> None:
+    print(f"tiermesh up: {message}", file=sys.stderr, flush=True)
 
 
 def run(opts: UpOptions) -> int:
@@ -283,18 +354,17 @@ def run(opts: UpOptions) -> int:
             "Ctrl-C drains and stops every process.\n",
             flush=True,
         )
+        wake_s: float | None = None
         while True:
-            info = signal.sigwaitinfo(SUPERVISED_SIGNALS)
-            if info.si_signo in (signal.SIGINT, signal.SIGTERM):
+            info: signal.struct_siginfo | None
+            if wake_s is None:
+                info = signal.sigwaitinfo(SUPERVISED_SIGNALS)
+            else:  # a restart falls due: wake for it even without a signal
+                info = signal.sigtimedwait(SUPERVISED_SIGNALS, wake_s)
+            if info is not None and info.si_signo in (signal.SIGINT, signal.SIGTERM):
                 print("tiermesh up: draining...", file=sys.stderr, flush=True)
                 return 0
-            dead = mesh.exited()
-            if dead is not None:
-                print(
-                    f"tiermesh up: {dead} exited unexpectedly; stopping the mesh",
-                    file=sys.stderr,
-                )
-                return 1
+            wake_s = mesh.supervise(time.monotonic())
     finally:
         codes = mesh.stop()
         print(f"tiermesh up: stopped {codes}", file=sys.stderr, flush=True)

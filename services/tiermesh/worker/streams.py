@@ -43,13 +43,15 @@ class StreamClient:
         if not streams:
             return []
         ident = "0" if pending else ">"
-        reply = await self._redis.xreadgroup(
-            keys.GROUP,
-            self.consumer,
-            {k.name: ident for k in streams},
-            count=count,
-            block=block_ms,
-        )
+        try:
+            reply = await self._xreadgroup(streams, ident, count, block_ms)
+        except ResponseError as exc:
+            # A Redis that came back without its data (no AOF, or flushed) lost the groups:
+            # create them again and go on rather than failing every read from now on.
+            if "NOGROUP" not in str(exc):
+                raise
+            await self.ensure_groups(streams)
+            reply = await self._xreadgroup(streams, ident, count, block_ms)
         by_name = {k.name: k for k in streams}
         out = []
         # RESP2 reply: [[stream, [[id, {field: value}], ...]], ...]
@@ -60,6 +62,17 @@ class StreamClient:
                 if fields:  # a pending entry deleted meanwhile comes back empty
                     out.append(Entry(stream, entry_id.decode(), fields))
         return out
+
+    async def _xreadgroup(
+        self, streams: Sequence[StreamKey], ident: str, count: int, block_ms: int | None
+    ) -> object:
+        return await self._redis.xreadgroup(
+            keys.GROUP,
+            self.consumer,
+            {k.name: ident for k in streams},
+            count=count,
+            block=block_ms,
+        )
 
     async def done(
         self, stream: StreamKey, entry_ids: Sequence[str], drain_rate: float | None = None
