@@ -102,18 +102,21 @@ def start_up(
     tiers: Sequence[str] = ("center",),
     up_args: Sequence[str] = (),
     credentials: grpc.ChannelCredentials | None = None,
+    span_files: bool = True,
 ) -> UpProcess:
     """`up_args` are added to the `tiermesh up` command line (e.g. TLS flags); with
-    `credentials` the first health check of the public port speaks TLS."""
+    `credentials` the first health check of the public port speaks TLS. Without
+    `span_files` no service writes its spans (each written synchronously: a cost that
+    load tests should not measure, and that production, exporting in batches, does not pay)."""
     repo = copy_repository(tmp / "models", fetched=fetched)
     port = free_port()
     env = dict(os.environ)
     env.pop("TIERMESH_REDIS_URL", None)
-    env.update(
-        TIERMESH_TRACE_DIR=str(tmp / "traces"),
-        TIERMESH_LOG_FORMAT="json",
-        TIERMESH_HEARTBEAT_TTL_MS="30000",
-    )
+    env.update(TIERMESH_LOG_FORMAT="json", TIERMESH_HEARTBEAT_TTL_MS="30000")
+    if span_files:
+        env["TIERMESH_TRACE_DIR"] = str(tmp / "traces")
+    else:
+        env.pop("TIERMESH_TRACE_DIR", None)
     env.update(extra_env or {})
     log = tmp / "up.log"
     proc = subprocess.Popen(

@@ -46,6 +46,25 @@ def mesh_error_from_rpc(err: grpc.aio.AioRpcError) -> MeshError:
     return MeshError(err.code(), err.details() or err.code().name, retry_after_ms=retry_after)
 
 
+def fail_call(
+    context: grpc.aio.ServicerContext,
+    code: grpc.StatusCode,
+    message: str,
+    trailers: tuple[tuple[str, str], ...] = (),
+) -> Any:
+    """End the call with `code` by setting the status and returning no message.
+
+    Not context.abort(): abort raises, and the OpenTelemetry server interceptor then
+    records the exception with a formatted traceback on every refused call, which made a
+    refusal cost nearly as much gateway CPU as an answer, exactly when the gateway is
+    shedding load. The interceptor still sees the code (it wraps set_code)."""
+    context.set_code(code)
+    context.set_details(message)
+    if trailers:
+        context.set_trailing_metadata(trailers)
+    return None
+
+
 def grpc_method(fn: Method[Req, Resp]) -> Method[Req, Resp]:
     """Wrap a servicer method: MeshError -> its status; a Redis outage -> UNAVAILABLE;
     anything unexpected -> INTERNAL."""
@@ -55,15 +74,14 @@ def grpc_method(fn: Method[Req, Resp]) -> Method[Req, Resp]:
         try:
             return await fn(self, request, context)
         except MeshError as err:
-            await context.abort(err.code, err.message, trailing_metadata=trailers_of(err))
+            return fail_call(context, err.code, err.message, trailers_of(err))  # type: ignore[no-any-return]
         except asyncio.CancelledError:
             raise
         except REDIS_OUTAGE as exc:
             log.warning("redis unavailable", method=fn.__name__, error=type(exc).__name__)
-            await context.abort(grpc.StatusCode.UNAVAILABLE, REDIS_OUTAGE_MESSAGE)
+            return fail_call(context, grpc.StatusCode.UNAVAILABLE, REDIS_OUTAGE_MESSAGE)  # type: ignore[no-any-return]
         except Exception:
             log.exception("unexpected error", method=fn.__name__)
-            await context.abort(grpc.StatusCode.INTERNAL, INTERNAL_MESSAGE)
-        raise AssertionError("unreachable: context.abort raises")
+            return fail_call(context, grpc.StatusCode.INTERNAL, INTERNAL_MESSAGE)  # type: ignore[no-any-return]
 
     return wrapper

@@ -17,6 +17,8 @@ import grpc
 from google.protobuf.message import DecodeError  # type: ignore[import-untyped]
 from tritonclient.grpc import service_pb2_grpc
 
+from tiermesh.core.grpc_errors import fail_call
+
 SERVICE = "inference.GRPCInferenceService"
 UNDECODABLE_MESSAGE = (
     "the request is not a valid message of the KServe v2 protocol (it does not parse, or a "
@@ -46,7 +48,7 @@ def _lenient(deserialize: Callable[[bytes], Any]) -> Callable[[bytes], Any]:
 def _guarded(behavior: Behavior) -> Behavior:
     async def guarded(request: Any, context: grpc.aio.ServicerContext) -> Any:
         if request is _UNDECODABLE:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, UNDECODABLE_MESSAGE)
+            return fail_call(context, grpc.StatusCode.INVALID_ARGUMENT, UNDECODABLE_MESSAGE)
         return await behavior(request, context)
 
     return guarded
