@@ -1,0 +1,230 @@
+"""Overload at 2x and 5x the capacity measured in the same run: open-loop Poisson arrivals
+with per-request deadlines against `tiermesh up` on the mlp. The excess is refused with
+RESOURCE_EXHAUSTED (and its retry-after-ms trailer), every call ends with a documented
+code, no accepted request is lost, and the requests the mesh accepts are still answered.
+
+The machine is small and shared, so every bound is a ratio to figures measured side by
+side in this run (capacity, the latency at capacity), never an absolute throughput.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from collections import Counter
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import tritonclient.grpc.aio as grpcaio
+
+from tests.e2e.conftest import UpProcess, gateway_counts, report_figures
+from tiermesh.bench import arrivals, runner
+from tiermesh.bench.calls import CLIENT_DEADLINE_SLACK_S, Sender, model_inputs
+from tiermesh.bench.records import OK, Record
+from tiermesh.bench.stats import figures, lag_figures, percentile
+from tiermesh.bench.workload import Workload
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+
+MODEL = "mlp"
+DEADLINE_S = 1.0
+# The gateway's own in-flight cap, the mesh's front-door queue bound. The default (4096)
+# lets ~deadline x capacity requests queue inside the mesh: under overload they all wait
+# until their deadline is nearly spent, and most of the work done is for callers that
+# time out. 64 keeps the queue inside the mesh to ~64 / capacity (0.1-0.3 s here).
+MAX_IN_FLIGHT = 64
+OVERLOAD_ENV = {"TIERMESH_MAX_IN_FLIGHT": str(MAX_IN_FLIGHT)}
+CAPACITY_CONCURRENCY = 32  # closed-loop callers when measuring capacity (< MAX_IN_FLIGHT)
+WARMUP_S = 2.0
+CAPACITY_S = 8.0
+OVERLOAD_S = 10.0
+RECOVERY_S = 4.0
+# Goodput floors, as fractions of the capacity measured in the same run. At 2x the mesh
+# keeps its capacity (measured 0.87-1.21x over five runs): refusals cost the gateway little
+# (no traceback per refused call) and come back in tens of ms. At 5x the load generator
+# itself, a Python process on the same two cores, cannot send 5x on time (its send lag
+# p99 reaches seconds) and the gateway's intake queues behind it: measured 0.25-0.74x.
+# The 5x floor only says the mesh keeps serving; the figures go in the report.
+GOODPUT_FLOOR = {2.0: 0.7, 5.0: 0.2}
+# At 2x refusals must be fast: measured p50 22-37 ms.
+REFUSED_P50_2X_MS = 150.0
+RECOVERED_FLOOR = 0.5
+MULTIPLES = (2.0, 5.0)
+DOCUMENTED = {"OK", "RESOURCE_EXHAUSTED", "DEADLINE_EXCEEDED", "UNAVAILABLE"}
+
+
+async def closed(send: Sender, workload: Workload, seconds: float, concurrency: int) -> Phase:
+    recorder = runner.Recorder()
+    start = time.perf_counter()
+    await runner.closed_loop(
+        send,
+        workload,
+        recorder,
+        concurrency=concurrency,
+        limit=1_000_000,
+        until=start + seconds,
+    )
+    return Phase(recorder.records, time.perf_counter() - start)
+
+
+async def open_loop(send: Sender, workload: Workload, rate_rps: float, seed: int) -> Phase:
+    """Poisson arrivals at `rate_rps` for OVERLOAD_S; returns once every call ended."""
+    recorder = runner.Recorder()
+    times = arrivals.arrival_times(
+        arrivals.BurstPlan(rate_rps=rate_rps),
+        OVERLOAD_S,
+        limit=1_000_000,
+        rng=np.random.default_rng(seed),
+    )
+    start = time.perf_counter()
+    # No client-side cap: every arrival is sent whatever the mesh is doing.
+    await runner.open_loop(send, workload, recorder, times, max_in_flight=1_000_000)
+    return Phase(recorder.records, time.perf_counter() - start)
+
+
+class Phase:
+    """The records of one phase and its figures."""
+
+    def __init__(self, records: Sequence[Record], wall_s: float) -> None:
+        self.records = list(records)
+        self.wall_s = wall_s
+        self.figures = figures(self.records, wall_s)
+        self.codes = Counter(r.outcome.code for r in self.records)
+
+    def latencies(self, code: str) -> list[float]:
+        return [r.outcome.latency_ms for r in self.records if r.outcome.code == code]
+
+    def row(self, capacity_rps: float, offered_rps: float) -> dict[str, Any]:
+        f = self.figures
+        refused = self.latencies("RESOURCE_EXHAUSTED")
+        trailers = sum(
+            1
+            for r in self.records
+            if r.outcome.code == "RESOURCE_EXHAUSTED" and r.outcome.retry_after_ms is not None
+        )
+        return {
+            "offered_rps": round(offered_rps, 1),
+            "sent": f.sent,
+            "sent_rps": round(f.sent_rps, 1),
+            "ok": f.ok,
+            "refused": {k: v for k, v in sorted(self.codes.items()) if k != OK},
+            "goodput_rps": round(f.throughput_rps, 1),
+            "goodput_x_capacity": round(f.throughput_rps / capacity_rps, 2),
+            "ok_p50_ms": _ms(f.p50_ms),
+            "ok_p99_ms": _ms(f.p99_ms),
+            "refused_p50_ms": _ms(percentile(refused, 50)),
+            "refused_p99_ms": _ms(percentile(refused, 99)),
+            "retry_after_trailers": trailers,
+            "send_lag_p99_ms": _ms(lag_figures(self.records)["p99_ms"]),
+        }
+
+
+def multiple_of(phase: str) -> float:
+    """The offered load of a phase in capacities (closed-loop phases count as 1)."""
+    return float(phase[:-1]) if phase.endswith("x") else 1.0
+
+
+def _ms(value: float) -> float | None:
+    return None if math.isnan(value) else round(value, 1)
+
+
+async def drive(url: str) -> tuple[Phase, Phase, dict[float, Phase], Phase]:
+    client = grpcaio.InferenceServerClient(url)
+    try:
+        workload = Workload(await model_inputs(client, MODEL), seed=8)
+        send = Sender(client, MODEL, DEADLINE_S)
+        warmup = await closed(send, workload, WARMUP_S, CAPACITY_CONCURRENCY)
+        capacity = await closed(send, workload, CAPACITY_S, CAPACITY_CONCURRENCY)
+        rate = capacity.figures.throughput_rps
+        assert rate > 0, f"no request answered while measuring capacity: {capacity.codes}"
+        overload = {}
+        for seed, multiple in enumerate(MULTIPLES):
+            overload[multiple] = await open_loop(send, workload, multiple * rate, seed)
+        recovered = await closed(send, workload, RECOVERY_S, CAPACITY_CONCURRENCY)
+        return warmup, capacity, overload, recovered
+    finally:
+        await client.close()
+
+
+def test_overload_at_2x_and_5x_capacity(
+    new_up: Callable[..., UpProcess],
+    tmp_path: Path,
+    record_property: Callable[[str, Any], None],
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    up = new_up(extra_env=OVERLOAD_ENV, span_files=False)
+    warmup, capacity, overload, recovered = asyncio.run(drive(up.url))
+    assert up.interrupt() == 0
+    gateway = gateway_counts(up)
+
+    cap_rps = capacity.figures.throughput_rps
+    phases = {
+        "capacity": capacity,
+        **{f"{m:g}x": p for m, p in overload.items()},
+        "after": recovered,
+    }
+    # The warm-up's calls count for the gateway's totals, not for the figures.
+    every = [r for p in (warmup, *phases.values()) for r in p.records]
+    codes = Counter(r.outcome.code for r in every)
+    deadline_exceeded = codes.get("DEADLINE_EXCEEDED", 0)
+    # Accepted (queued) requests whose result never reached the call: each must have ended
+    # DEADLINE_EXCEEDED (or the caller saw that much); more than that would be lost.
+    unanswered = gateway["accepted"] - gateway["answered"]
+    phase_rows = {
+        name: phase.row(cap_rps, cap_rps * multiple_of(name)) for name, phase in phases.items()
+    }
+    rows: dict[str, Any] = {
+        "capacity_rps": round(cap_rps, 1),
+        "capacity_p99_ms": _ms(capacity.figures.p99_ms),
+        "deadline_s": DEADLINE_S,
+        "max_in_flight": MAX_IN_FLIGHT,
+        "gateway": gateway,
+        "lost": max(0, unanswered - deadline_exceeded),
+        "phases": phase_rows,
+    }
+    line = report_figures("overload", rows, tmp_path / "overload.json", record_property)
+    with capsys.disabled():
+        print(f"\n{line}")
+        for name, row in phase_rows.items():
+            print(
+                f"| overload {name} | sent {row['sent']} | OK {row['ok']} | lost {rows['lost']} "
+                f"| late/dup dropped {gateway['late_results']} | refused {row['refused']} "
+                f"| goodput {row['goodput_rps']}/s = {row['goodput_x_capacity']}x "
+                f"| capacity {rows['capacity_rps']}/s | OK p50/p99 {row['ok_p50_ms']}/"
+                f"{row['ok_p99_ms']} ms | refused p50/p99 {row['refused_p50_ms']}/"
+                f"{row['refused_p99_ms']} ms |"
+            )
+
+    # Every call ended with a documented code; nothing unexpected, nothing failed client-side.
+    assert set(codes) <= DOCUMENTED, codes
+    assert codes.get("INTERNAL", 0) == 0
+    # Every refusal for lack of room says when to come back.
+    refusals = [r for r in every if r.outcome.code == "RESOURCE_EXHAUSTED"]
+    assert all(r.outcome.retry_after_ms is not None for r in refusals)
+    # Exactly once: every OK the callers saw is a result the gateway handed to a waiting
+    # call (a few more may have been handed over as the caller's own deadline cut the call:
+    # those callers saw DEADLINE_EXCEEDED), and no accepted request vanished without at
+    # least a DEADLINE_EXCEEDED.
+    assert codes[OK] <= gateway["answered"] <= codes[OK] + deadline_exceeded, (gateway, codes)
+    assert unanswered <= deadline_exceeded, (gateway, codes)
+    # The overload was real and the excess was refused, not queued.
+    for multiple, phase in overload.items():
+        assert phase.codes.get("RESOURCE_EXHAUSTED", 0) > 0, (multiple, phase.codes)
+        goodput = phase.figures.throughput_rps / cap_rps
+        assert goodput >= GOODPUT_FLOOR[multiple], (multiple, goodput, rows)
+    # At 2x what the mesh accepted is answered within its deadline (the client's own
+    # deadline sits CLIENT_DEADLINE_SLACK_S past it, and its own event loop lags by up to
+    # its send lag); at 5x the client lags by seconds: latencies reported, not asserted.
+    lag_2x = lag_figures(overload[2.0].records)["p99_ms"]
+    assert overload[2.0].figures.p99_ms <= (DEADLINE_S + CLIENT_DEADLINE_SLACK_S) * 1000 + lag_2x
+    # Refusals come back sooner than the answers of the accepted requests they protect.
+    refused_2x = overload[2.0].latencies("RESOURCE_EXHAUSTED")
+    assert percentile(refused_2x, 50) <= overload[2.0].figures.p99_ms, rows
+    assert percentile(refused_2x, 50) <= REFUSED_P50_2X_MS, rows
+    # Once the flood stops the mesh serves near capacity again, refusing (almost) nothing.
+    assert recovered.figures.throughput_rps >= RECOVERED_FLOOR * cap_rps, rows
+    assert recovered.figures.ok >= 0.95 * recovered.figures.sent, recovered.codes
