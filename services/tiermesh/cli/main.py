@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 from tiermesh.cli.bench import add_bench_parser
 from tiermesh.cli.keys import add_keys_parser
 from tiermesh.cli.optimize import add_optimize_parser
+from tiermesh.cli.probe import add_probe_parser
 from tiermesh.cli.profile import add_profile_parser
 from tiermesh.core.builtin_models import build_into
 from tiermesh.core.repository import ModelRepository, RepositoryError
@@ -257,6 +258,7 @@ def parser() -> argparse.ArgumentParser:
     add_profile_parser(sub)
     add_optimize_parser(sub)
     add_keys_parser(sub)
+    add_probe_parser(sub)
     return p
 
 

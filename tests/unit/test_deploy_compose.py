@@ -1,35 +1,47 @@
-"""The deployment files agree with the compose spec and with each other.
+"""docker-compose.yml agrees with the compose spec, with itself and with the Dockerfile.
 
-No Docker engine runs here, so docker-compose.yml is validated offline against the compose
-spec that check-jsonschema vendors, and the topology (commands, addresses, ports,
-healthchecks) is checked by reading the files.
+No Docker engine runs here, so the file is validated offline against the compose spec that
+check-jsonschema vendors, and the topology (commands, addresses, ports, healthchecks,
+profiles, depends_on conditions, Prometheus targets) is checked by reading the files.
 """
 
 from __future__ import annotations
 
-import fnmatch
-import json
 import re
 import shlex
 import subprocess
 import sys
-from collections.abc import Iterator
-from concurrent import futures
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-import grpc
 import pytest
 import yaml
-from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+
+from tests.unit.test_deploy_dockerfile import DOCKERFILE, final_image_env
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE = ROOT / "docker-compose.yml"
-DOCKERFILE = ROOT / "deploy" / "Dockerfile"
-DOCKERIGNORE = ROOT / ".dockerignore"
+PROMETHEUS = ROOT / "deploy" / "prometheus" / "prometheus.yml"
+GRAFANA = ROOT / "deploy" / "grafana"
 
-TIERMESH_SERVICES = ("gateway", "router", "worker", "postprocess")
+# compose service -> the tiermesh module it runs.
+TIERMESH_SERVICES = {
+    "gateway": "gateway",
+    "router": "router",
+    "postprocess": "postprocess",
+    "worker-center": "worker",
+    "worker-edge": "worker",
+}
+# Which profile starts each worker tier; everything else starts without one.
+WORKER_PROFILES = {"worker-center": "center", "worker-edge": "edge"}
+# Scrape job (the names the Grafana dashboard filters on) -> the kind of service it scrapes.
+SCRAPE_JOBS = {
+    "tiermesh-gateway": "gateway",
+    "tiermesh-router": "router",
+    "tiermesh-worker": "worker",
+    "tiermesh-postprocess": "postprocess",
+}
 
 # Which env variable holds the port a service serves grpc.health.v1 on.
 HEALTH_PORT_VAR = {
@@ -153,54 +165,6 @@ def _published_container_ports(service: dict[str, Any]) -> set[int]:
     return ports
 
 
-def _dockerfile_instructions() -> list[tuple[str, str]]:
-    """(INSTRUCTION, arguments) pairs with comments dropped and continuations joined."""
-    lines: list[str] = []
-    pending = ""
-    for raw in DOCKERFILE.read_text().splitlines():
-        stripped = raw.strip()
-        if not stripped or stripped.startswith("#"):
-            continue
-        if stripped.endswith("\\"):
-            pending += stripped[:-1] + " "
-            continue
-        lines.append(pending + stripped)
-        pending = ""
-    if pending:
-        lines.append(pending)
-    out = []
-    for line in lines:
-        word, _, rest = line.partition(" ")
-        out.append((word.upper(), rest.strip()))
-    return out
-
-
-def _stages() -> list[list[tuple[str, str]]]:
-    stages: list[list[tuple[str, str]]] = []
-    for ins in _dockerfile_instructions():
-        if ins[0] == "FROM":
-            stages.append([])
-        if stages:
-            stages[-1].append(ins)
-    return stages
-
-
-def _dockerfile_env(instructions: list[tuple[str, str]]) -> dict[str, str]:
-    env: dict[str, str] = {}
-    for word, args in instructions:
-        if word == "ENV":
-            for token in shlex.split(args):
-                key, sep, value = token.partition("=")
-                if sep:
-                    env[key] = value
-    return env
-
-
-def _exec_form(args: str) -> list[str]:
-    value = json.loads(args) if args.startswith("[") else shlex.split(args)
-    return [str(v) for v in value]
-
-
 # ---------------------------------------------------------------------- compose schema
 
 
@@ -243,17 +207,28 @@ def test_the_schema_check_rejects_a_broken_compose_file(tmp_path: Path) -> None:
 
 
 def test_compose_names_every_service(services: dict[str, dict[str, Any]]) -> None:
-    for name in ("redis", "jaeger", *TIERMESH_SERVICES):
+    for name in ("redis", "jaeger", "prometheus", "grafana", "models", *TIERMESH_SERVICES):
         assert name in services, f"docker-compose.yml has no {name!r} service"
 
 
 def test_each_tiermesh_service_runs_its_own_module(services: dict[str, dict[str, Any]]) -> None:
-    for name in TIERMESH_SERVICES:
-        assert _module(services[name]) == f"tiermesh.{name}", (
+    for name, kind in TIERMESH_SERVICES.items():
+        assert _module(services[name]) == f"tiermesh.{kind}", (
             f"{name} runs {_command(services[name])}"
         )
-    for name, (kind, _) in _tiermesh(services).items():
-        assert kind in TIERMESH_SERVICES, f"{name} runs unknown module tiermesh.{kind}"
+    assert set(_tiermesh(services)) == set(TIERMESH_SERVICES)
+
+
+def test_workers_come_by_tier_profile_and_the_rest_without_one(
+    services: dict[str, dict[str, Any]],
+) -> None:
+    for name, svc in services.items():
+        if name in WORKER_PROFILES:
+            assert svc.get("profiles") == [WORKER_PROFILES[name]], name
+            tier = _env(svc)["TIERMESH_WORKER_TIER"]
+            assert tier == WORKER_PROFILES[name], f"{name} serves tier {tier}"
+        else:
+            assert not svc.get("profiles"), f"{name} would not start without a profile"
 
 
 def test_tiermesh_services_are_built_from_the_deploy_dockerfile(
@@ -265,8 +240,26 @@ def test_tiermesh_services_are_built_from_the_deploy_dockerfile(
         assert isinstance(build, dict), f"{name} has no build section"
         context = ROOT / build.get("context", ".")
         assert (context / build.get("dockerfile", "Dockerfile")).resolve() == DOCKERFILE
+        assert build.get("target") == "runtime", f"{name} builds {build.get('target')!r}"
         images.add(svc.get("image"))
     assert len(images) == 1, f"tiermesh services use different images: {images}"
+    models = services["models"]["build"]
+    assert (ROOT / models["context"] / models["dockerfile"]).resolve() == DOCKERFILE
+    assert models["target"] == "models"
+
+
+def test_models_are_mounted_read_only_from_the_filled_volume(
+    compose: dict[str, Any], services: dict[str, dict[str, Any]]
+) -> None:
+    assert "models" in compose["volumes"]
+    assert services["models"]["volumes"] == ["models:/models"]
+    for name, (_, svc) in _tiermesh(services).items():
+        assert "models:/models:ro" in svc["volumes"], f"{name} does not mount models read-only"
+        assert _env(svc)["TIERMESH_MODEL_REPOSITORY"] == "/models"
+        deps = _depends_on(svc)
+        assert deps["models"]["condition"] == "service_completed_successfully", name
+        assert svc.get("read_only") is True, f"{name} has a writable root filesystem"
+        assert svc.get("cap_drop") == ["ALL"], name
 
 
 def test_addresses_point_at_services_listening_on_that_port(
@@ -312,7 +305,7 @@ def test_redis_and_otlp_endpoints_reach_their_services(
 
 def test_redis_is_durable_and_checked(compose: dict[str, Any]) -> None:
     redis = compose["services"]["redis"]
-    assert str(redis["image"]).startswith("redis:7")
+    assert re.fullmatch(r"redis:7\.\d+", str(redis["image"])), redis["image"]
     cmd = _command(redis)
     assert cmd[cmd.index("--appendonly") + 1] == "yes"
     volume = str(redis["volumes"][0]).split(":")[0]
@@ -324,6 +317,9 @@ def test_gateway_publishes_its_public_port(services: dict[str, dict[str, Any]]) 
     gateway = services["gateway"]
     assert int(_env(gateway)["TIERMESH_GATEWAY_PORT"]) in _published_container_ports(gateway)
     assert 16686 in _published_container_ports(services["jaeger"])
+    assert "4317" in [str(p) for p in services["jaeger"]["expose"]]
+    assert 9090 in _published_container_ports(services["prometheus"])
+    assert 3000 in _published_container_ports(services["grafana"])
 
 
 def test_healthchecks_probe_each_service_on_its_own_port(
@@ -331,9 +327,9 @@ def test_healthchecks_probe_each_service_on_its_own_port(
 ) -> None:
     for name, (kind, svc) in _tiermesh(services).items():
         test = [str(part) for part in svc["healthcheck"]["test"]]
-        assert test[:3] == ["CMD", "python", "-c"], f"{name}: {test}"
-        assert "grpc_health" in test[3]
-        assert test[4:] == [_env(svc)[HEALTH_PORT_VAR[kind]]], f"{name} probes {test[4:]}"
+        assert test[:4] == ["CMD", "python", "-m", "tiermesh.cli.probe"], f"{name}: {test}"
+        port = _env(svc)[HEALTH_PORT_VAR[kind]]
+        assert test[4:] == [f"127.0.0.1:{port}"], f"{name} probes {test[4:]}"
 
 
 def test_depends_on_names_existing_services_without_cycles(
@@ -364,8 +360,11 @@ def test_depends_on_names_existing_services_without_cycles(
 
     for name, (_, svc) in _tiermesh(services).items():
         assert _depends_on(svc).get("redis", {}).get("condition") == "service_healthy", name
-    assert _depends_on(services["gateway"])["router"]["condition"] == "service_healthy"
-    assert _depends_on(services["worker"])["postprocess"]["condition"] == "service_healthy"
+    for hop in ("router", "postprocess"):
+        assert _depends_on(services["gateway"])[hop]["condition"] == "service_healthy"
+    for worker in WORKER_PROFILES:
+        assert _depends_on(services[worker])["postprocess"]["condition"] == "service_healthy"
+    assert _depends_on(services["grafana"])["prometheus"]["condition"] == "service_healthy"
 
 
 def test_stop_grace_period_outlasts_the_drain(services: dict[str, dict[str, Any]]) -> None:
@@ -376,100 +375,50 @@ def test_stop_grace_period_outlasts_the_drain(services: dict[str, dict[str, Any]
 
 
 def test_services_listen_on_all_interfaces(services: dict[str, dict[str, Any]]) -> None:
-    image_env = _dockerfile_env(_stages()[-1])
+    image_env = final_image_env()
     for name, (kind, svc) in _tiermesh(services).items():
         env = {**image_env, **_env(svc)}
         for var in BIND_HOSTS[kind]:
             assert env.get(var) == "0.0.0.0", f"{name}: {var}={env.get(var)!r}"
 
 
-# ------------------------------------------------------------------ healthcheck probe
+# ------------------------------------------------------------------ prometheus, grafana
 
 
-@pytest.fixture
-def health_server() -> Iterator[tuple[int, health.HealthServicer]]:
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
-    servicer = health.HealthServicer()
-    health_pb2_grpc.add_HealthServicer_to_server(servicer, server)
-    port = server.add_insecure_port("127.0.0.1:0")
-    server.start()
-    try:
-        yield port, servicer
-    finally:
-        server.stop(grace=None)
-
-
-def test_healthcheck_probe_follows_the_serving_status(
+def test_prometheus_scrapes_every_tiermesh_service_on_its_metrics_port(
     services: dict[str, dict[str, Any]],
-    health_server: tuple[int, health.HealthServicer],
 ) -> None:
-    port, servicer = health_server
-    probe = str(services["router"]["healthcheck"]["test"][3])
-
-    def run_probe() -> int:
-        cmd = [sys.executable, "-c", probe, str(port)]
-        return subprocess.run(cmd, capture_output=True, timeout=30, check=False).returncode
-
-    servicer.set("", health_pb2.HealthCheckResponse.SERVING)
-    assert run_probe() == 0
-    servicer.set("", health_pb2.HealthCheckResponse.NOT_SERVING)
-    assert run_probe() != 0
-
-
-# ------------------------------------------------------------------- Dockerfile
-
-
-def test_dockerfile_builds_the_package_and_models_and_runs_a_service() -> None:
-    stages = _stages()
-    assert stages, "deploy/Dockerfile has no FROM"
-    # Build arguments declared before the first FROM may name the base image.
-    build_args: dict[str, str] = {}
-    for word, args in _dockerfile_instructions():
-        if word == "FROM":
-            break
-        if word == "ARG":
-            key, _, value = args.partition("=")
-            build_args[key] = value
-    for stage in stages:
-        base = stage[0][1].split()[0]
-        base = re.sub(r"\$\{(\w+)\}", lambda m: build_args.get(m.group(1), m.group(0)), base)
-        assert base == "python:3.11-slim", f"stage based on {base}"
-
-    runs = " ".join(args for stage in stages for word, args in stage if word == "RUN")
-    assert re.search(r"pip install\b[^&]*\s\.(\s|$)", runs), "the package is not pip installed"
-    assert "tiermesh models build" in runs
-
-    final = stages[-1]
-    users = [args for word, args in final if word == "USER"]
-    assert users, "the final stage runs as root"
-    assert users[-1].split(":")[0] not in ("root", "0")
-
-    start = [_exec_form(args) for word, args in final if word in ("CMD", "ENTRYPOINT")]
-    assert start, "no CMD or ENTRYPOINT"
-    assert any(part.startswith("tiermesh") for cmd in start for part in cmd), start
-    assert start[-1][-2:] == ["-m", "tiermesh.gateway"]
+    mount = "./deploy/prometheus/prometheus.yml:/etc/prometheus/prometheus.yml:ro"
+    assert mount in services["prometheus"]["volumes"]
+    config = yaml.safe_load(PROMETHEUS.read_text())
+    jobs = {job["job_name"]: job for job in config["scrape_configs"]}
+    assert set(SCRAPE_JOBS) <= set(jobs), sorted(jobs)
+    scraped: set[str] = set()
+    for job_name, kind in SCRAPE_JOBS.items():
+        for sd in jobs[job_name]["dns_sd_configs"]:
+            for host in sd["names"]:
+                assert host in services, f"{job_name} scrapes unknown service {host!r}"
+                assert TIERMESH_SERVICES.get(host) == kind, f"{job_name} scrapes {host}"
+                env = _env(services[host])
+                assert int(env["TIERMESH_METRICS_PORT"]) == sd["port"], (job_name, host)
+                assert env["TIERMESH_METRICS_HOST"] == "0.0.0.0", host
+                scraped.add(host)
+    assert scraped == set(TIERMESH_SERVICES), f"not scraped: {set(TIERMESH_SERVICES) - scraped}"
 
 
-def test_dockerignore_keeps_local_state_out_and_build_inputs_in() -> None:
-    patterns = [
-        line.strip()
-        for line in DOCKERIGNORE.read_text().splitlines()
-        if line.strip() and not line.startswith("#")
-    ]
-    for needed in (".venv", ".git", ".tiermesh", "**/__pycache__"):
-        assert needed in patterns, f".dockerignore does not exclude {needed}"
-
-    sources = []
-    for word, args in _dockerfile_instructions():
-        if word == "COPY" and "--from=" not in args:
-            parts = [p for p in _exec_form(args) if not p.startswith("--")]
-            sources += [p for p in parts[:-1] if "*" not in p]
-    assert {"pyproject.toml", "services", "models"} <= set(sources), sources
-    for source in sources:
-        assert (ROOT / source).exists() or source == "models", f"COPY {source} is missing"
-        for pattern in patterns:
-            if pattern.startswith("!"):
-                continue
-            assert not fnmatch.fnmatch(source, pattern.removeprefix("/")), (
-                f"COPY {source} is excluded by .dockerignore {pattern!r}"
-            )
+def test_grafana_is_provisioned_with_prometheus_and_the_dashboard(
+    services: dict[str, dict[str, Any]],
+) -> None:
+    grafana = services["grafana"]
+    mounts = {str(v).split(":")[0]: str(v).split(":")[1] for v in grafana["volumes"]}
+    assert mounts["./deploy/grafana/provisioning"] == "/etc/grafana/provisioning"
+    dashboard_in = mounts["./deploy/grafana/tiermesh-dashboard.json"]
+    sources = yaml.safe_load((GRAFANA / "provisioning/datasources/prometheus.yml").read_text())
+    (source,) = sources["datasources"]
+    assert source["type"] == "prometheus" and source["isDefault"] is True
+    url = urlsplit(source["url"])
+    assert url.hostname == "prometheus"
+    assert url.port in _published_container_ports(services["prometheus"])
+    providers = yaml.safe_load((GRAFANA / "provisioning/dashboards/tiermesh.yml").read_text())
+    (provider,) = providers["providers"]
+    assert dashboard_in.startswith(provider["options"]["path"].rstrip("/") + "/")

