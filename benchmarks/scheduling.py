@@ -54,6 +54,7 @@ from tokenizers import Tokenizer
 from tritonclient.utils import InferenceServerException
 
 from tiermesh.core.model_config import parse_config
+from tiermesh.core.model_files import mirror_files
 from tiermesh.up.processes import free_port
 from tiermesh.up.supervisor import Mesh, UpOptions
 
@@ -165,8 +166,8 @@ def infer_input(text: bytes) -> grpcaio.InferInput:
 
 
 def build_repo(root: Path, model_dir: Path, fifo: bool) -> Path:
-    """A repository with only this model: its config (FIFO: one bucket) and a link to
-    each version folder of the committed one."""
+    """A repository with only this model: its config (FIFO: one bucket) and a mirror
+    of each version folder of the committed one."""
     raw = yaml.safe_load((model_dir / "config.yaml").read_text())
     dest = root / model_dir.name
     dest.mkdir(parents=True)
@@ -186,7 +187,7 @@ def build_repo(root: Path, model_dir: Path, fifo: bool) -> Path:
     else:
         shutil.copyfile(model_dir / "config.yaml", dest / "config.yaml")
     for version in raw["versions"]:
-        (dest / str(version)).symlink_to((model_dir / str(version)).resolve())
+        mirror_files(model_dir / str(version), dest / str(version))
     return root
 
 

@@ -51,6 +51,7 @@ import yaml
 from tokenizers import Tokenizer
 from tritonclient.utils import InferenceServerException
 
+from tiermesh.core.model_files import mirror_files
 from tiermesh.up.processes import free_port
 from tiermesh.up.supervisor import Mesh, UpOptions
 
@@ -136,7 +137,7 @@ def infer_input(text: bytes) -> grpcaio.InferInput:
 
 def build_repo(root: Path, model_dir: Path, all_edge: bool) -> Path:
     """A repository with only this model: the committed config (all-edge: with the edge
-    tier taking every request) and a link to each committed version folder."""
+    tier taking every request) and a mirror of each committed version folder."""
     raw = yaml.safe_load((model_dir / "config.yaml").read_text())
     if all_edge:
         edge = (raw.get("tiers") or {}).get("edge") or {}
@@ -145,7 +146,7 @@ def build_repo(root: Path, model_dir: Path, all_edge: bool) -> Path:
     dest.mkdir(parents=True)
     (dest / "config.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
     for version in raw["versions"]:
-        (dest / str(version)).symlink_to((model_dir / str(version)).resolve())
+        mirror_files(model_dir / str(version), dest / str(version))
     return root
 
 

@@ -17,6 +17,7 @@ share them through it.
 from __future__ import annotations
 
 import hashlib
+import shutil
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
@@ -159,3 +160,24 @@ def _node_tensors(node: onnx.NodeProto) -> Iterator[onnx.TensorProto]:
             yield from _graph_tensors(attr.g)
         for graph in attr.graphs:
             yield from _graph_tensors(graph)
+
+
+# Files larger than this are hard-linked rather than copied when a repository is mirrored.
+LINK_ABOVE_BYTES = 1 << 20
+
+
+def mirror_files(src: Path, dest: Path) -> None:
+    """Put a copy of the files of folder `src` (a model version) into `dest`, large ones as
+    hard links (cheap, the same bytes). For repositories made from another one (tests,
+    benchmarks): a symlink would lead out of the new repository, which it refuses."""
+    dest.mkdir(parents=True, exist_ok=True)
+    for path in src.iterdir():
+        if not path.is_file():
+            continue
+        if path.stat().st_size > LINK_ABOVE_BYTES:
+            try:
+                (dest / path.name).hardlink_to(path)
+                continue
+            except OSError:  # another filesystem: copy instead
+                pass
+        shutil.copy(path, dest / path.name)
