@@ -8,6 +8,7 @@ import threading
 import time
 from collections import Counter
 from dataclasses import dataclass, field
+from typing import Self
 
 import numpy as np
 import tritonclient.grpc.aio as aioclient
@@ -26,15 +27,17 @@ class Call:
 
 
 @dataclass
-class Load:
+class Callers:
+    """Closed-loop callers sharing one client, in a thread of their own, from `with` until
+    its end; subclasses say what one caller does (`_caller`, looping until `_stop`)."""
+
     url: str
     callers: int = 8
     timeout_s: float = 15.0
-    calls: list[Call] = field(default_factory=list)
     _stop: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
 
-    def __enter__(self) -> Load:
+    def __enter__(self) -> Self:
         self._thread = threading.Thread(target=asyncio.run, args=(self._run(),), daemon=True)
         self._thread.start()
         return self
@@ -47,6 +50,23 @@ class Load:
         if self._thread is not None:
             self._thread.join(timeout=self.timeout_s + 30)
             assert not self._thread.is_alive(), "a caller never returned"
+
+    async def _run(self) -> None:
+        client = aioclient.InferenceServerClient(self.url)
+        try:
+            await asyncio.gather(*(self._caller(client, i) for i in range(self.callers)))
+        finally:
+            await client.close()
+
+    async def _caller(self, client: aioclient.InferenceServerClient, index: int) -> None:
+        raise NotImplementedError
+
+
+@dataclass
+class Load(Callers):
+    """mlp requests with random inputs, each call's outcome recorded."""
+
+    calls: list[Call] = field(default_factory=list)
 
     def wait_for(self, n: int, timeout_s: float = 60, code: str = "OK", after: float = 0) -> float:
         """Block until `n` calls that started after `after` ended with `code`; returns the
@@ -64,15 +84,8 @@ class Load:
     def codes(self) -> Counter[str]:
         return Counter(c.code for c in list(self.calls))
 
-    async def _run(self) -> None:
-        client = aioclient.InferenceServerClient(self.url)
-        try:
-            await asyncio.gather(*(self._caller(client, i) for i in range(self.callers)))
-        finally:
-            await client.close()
-
-    async def _caller(self, client: aioclient.InferenceServerClient, seed: int) -> None:
-        rng = np.random.default_rng(seed)
+    async def _caller(self, client: aioclient.InferenceServerClient, index: int) -> None:
+        rng = np.random.default_rng(index)
         while not self._stop.is_set():
             inp = aioclient.InferInput("INPUT0", [1, 4], "FP32")
             inp.set_data_from_numpy(rng.standard_normal((1, 4)).astype(np.float32))

@@ -24,7 +24,7 @@ from tritonclient.grpc import service_pb2, service_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
 from tests.e2e.conftest import UpProcess
-from tiermesh.core.keys import StreamKey
+from tiermesh.core.keys import StreamKey, compute_unit
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -208,7 +208,7 @@ def test_request_expired_in_queue_is_never_computed(mesh_up: UpProcess) -> None:
 def test_full_queue_is_resource_exhausted_quickly(mesh_up: UpProcess) -> None:
     x = np.ones((1, 4), np.float32)
     client = grpcclient.InferenceServerClient(mesh_up.url)
-    stream = StreamKey("mlp_bounded.fp32", "center", 2, 0).name
+    stream = StreamKey(compute_unit("mlp_bounded", "fp32", "1"), "center", 2, 0).name
     queue = redis.Redis.from_url(mesh_up.redis_url())
     # The pool outlives the pause: its exit waits for answers that need the worker.
     with ThreadPoolExecutor(2) as pool, worker_paused(mesh_up):

@@ -35,7 +35,8 @@ from tiermesh.worker.runner import ModelRunner
 from tiermesh.worker.streams import Entry, StreamClient
 
 pytestmark = pytest.mark.integration
-STREAM = StreamKey("mlp", "center", 2, 0)
+UNIT = keys.compute_unit("mlp", "fp32", "1")
+STREAM = StreamKey(UNIT, "center", 2, 0)
 
 
 @dataclass
@@ -95,8 +96,8 @@ def make_worker(
     cfg = repo.load()["mlp"]
     return Worker(
         tier="center",
-        configs={"mlp": cfg},
-        runners={"mlp": ModelRunner(cfg, repo.checked_file("mlp"))},
+        configs={UNIT: cfg},
+        runners={UNIT: ModelRunner(cfg, repo.checked_file("mlp"))},
         streams=streams or StreamClient(redis, "w1"),
         handoff=PostprocessClient(make_channel(postprocess, telemetry), timeout_s=1),
         telemetry=telemetry,

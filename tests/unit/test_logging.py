@@ -17,7 +17,7 @@ def test_json_log_carries_request_and_trace_ids(capsys: pytest.CaptureFixture[st
     try:
         with tracer.start_as_current_span("request") as span:
             structlog.contextvars.bind_contextvars(request_id="abc123")
-            get_logger("x").info("routed", stream="tm:q:mlp:center:p1:b0")
+            get_logger("x").info("routed", stream="tm:q:mlp@1.fp32:center:p1:b0")
             trace_id = format(span.get_span_context().trace_id, "032x")
     finally:
         structlog.contextvars.clear_contextvars()

@@ -89,7 +89,7 @@ def test_choose_stream_priority(priority: int, expected: int) -> None:
 
 def test_choose_stream_key() -> None:
     key = choose_stream(_cfg(), _job(_t("IDS", 4, 100)), tier="edge")
-    assert key == StreamKey("bert.fp32", "edge", 2, 2)
+    assert key == StreamKey("bert@1.fp32", "edge", 2, 2)
     assert choose_stream(_cfg(), _job(_t("IDS", 1, 3))).tier == DEFAULT_TIER
 
 
@@ -179,13 +179,15 @@ def test_split_expired_deadline_zero_never_expires() -> None:
 
 
 def test_stream_key_name_format() -> None:
-    assert StreamKey("mlp", "edge", 1, 0).name == "tm:q:mlp:edge:p1:b0"
-    assert StreamKey("bert-base", "center", 2, 13).name == "tm:q:bert-base:center:p2:b13"
+    assert StreamKey("mlp@1.fp32", "edge", 1, 0).name == "tm:q:mlp@1.fp32:edge:p1:b0"
+    assert (
+        StreamKey("bert-base@2.int8", "center", 2, 13).name == "tm:q:bert-base@2.int8:center:p2:b13"
+    )
 
 
 @pytest.mark.parametrize(
     "key",
-    [StreamKey("mlp", "edge", 1, 0), StreamKey("a_b.c", "center", 10, 99)],
+    [StreamKey("mlp@1.fp32", "edge", 1, 0), StreamKey("a_b@x-1.c", "center", 10, 99)],
 )
 def test_stream_key_parse_round_trip(key: StreamKey) -> None:
     assert StreamKey.parse(key.name) == key

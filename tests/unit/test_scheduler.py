@@ -16,7 +16,7 @@ from tiermesh.worker.scheduler import Scheduler, StreamView
 MS = 1_000_000
 # A wall-clock-sized origin: float arithmetic on ns timestamps this large loses precision.
 T0 = 1_700_000_000_000_000_000
-UNIT = "minilm.fp32"
+UNIT = "minilm@1.fp32"
 TIER = "center"
 # Bucket 0: short sequences, big batches, short wait, preferred sizes; 2: long, small, long.
 BUCKETS: list[dict[str, Any]] = [
@@ -140,7 +140,7 @@ def test_intermittent_level_keeps_its_share() -> None:
 
 
 def test_levels_of_different_units_share_by_weight() -> None:
-    other = "mlp.fp32"
+    other = "mlp@1.fp32"
     s = Scheduler({UNIT: _cfg((4, 1)), other: _cfg((4, 1))})
     views = [_view(1, rows=8), _view(1, rows=8, unit=other)]
     picks = Counter(s.pick(views, T0 + i * MS) for i in range(20))
@@ -148,8 +148,8 @@ def test_levels_of_different_units_share_by_weight() -> None:
 
 
 def test_unknown_unit_raises() -> None:
-    with pytest.raises(KeyError, match=r"bert\.fp32"):
-        _sched().pick([_view(unit="bert.fp32")], T0)
+    with pytest.raises(KeyError, match=r"bert@1\.fp32"):
+        _sched().pick([_view(unit="bert@1.fp32")], T0)
 
 
 # -- pick: aging ---------------------------------------------------------------------------
@@ -370,11 +370,11 @@ def test_estimate_follows_a_change_gradually() -> None:
 
 
 def test_estimates_are_per_unit_and_bucket_not_per_tier_or_priority() -> None:
-    s = Scheduler({UNIT: _cfg(), "mlp.fp32": _cfg()})
+    s = Scheduler({UNIT: _cfg(), "mlp@1.fp32": _cfg()})
     s.observe(StreamKey(UNIT, "edge", 2, 1), 4, 8 * MS)
     assert s.compute_estimate_ns(StreamKey(UNIT, TIER, 1, 1), 4) == 8 * MS
     assert s.compute_estimate_ns(_key(1, 0), 4) == 0
-    assert s.compute_estimate_ns(_key(1, 1, "mlp.fp32"), 4) == 0
+    assert s.compute_estimate_ns(_key(1, 1, "mlp@1.fp32"), 4) == 0
 
 
 @pytest.mark.parametrize(("rows", "compute_ns"), [(0, MS), (-1, MS), (4, -1)])

@@ -1,7 +1,7 @@
 """Every Redis key and stream name of the mesh. Nothing else spells them.
 
 Work streams: ``tm:q:{model}:{tier}:p{priority}:b{bucket}``, one consumer group per stream,
-where ``{model}`` is a compute unit, ``{name}.{variant}`` (``minilm-l6.int8``).
+where ``{model}`` is a compute unit, ``{name}@{version}.{variant}`` (``minilm-l6@1.int8``).
 """
 
 from __future__ import annotations
@@ -75,15 +75,20 @@ def stream_keys(model: str, tier: str, priority_levels: int, buckets: int) -> li
     ]
 
 
-def compute_unit(model: str, variant: str) -> str:
-    """What one work stream carries and one session runs: a model's variant ("mlp.fp32").
-    Model and variant names hold no dots (the repository checks), so this splits back."""
-    return f"{model}.{variant}"
+def compute_unit(model: str, variant: str, version: str) -> str:
+    """What one work stream carries and one session runs: one variant of one version of a
+    model ("mlp@1.fp32"). Model, version and variant names hold neither '@' nor '.' (the
+    repository checks), so this splits back."""
+    return f"{model}@{version}.{variant}"
 
 
-def split_unit(unit: str) -> tuple[str, str]:
-    model, _, variant = unit.rpartition(".")
-    return model, variant
+def split_unit(unit: str) -> tuple[str, str, str]:
+    """(model, version, variant) of a compute unit; raises ValueError on anything else."""
+    rest, dot, variant = unit.rpartition(".")
+    model, at, version = rest.rpartition("@")
+    if not (dot and at and model and version and variant):
+        raise ValueError(f"not a compute unit: {unit!r}")
+    return model, version, variant
 
 
 # The gateway's response cache, per public model: one string per answer, and an index of the
@@ -123,3 +128,29 @@ def quota_in_flight_key(tenant: str) -> str:
 # Who called what with which outcome: one entry per ModelInfer on an authenticated port.
 # Unlike the work streams it is trimmed (approximate MAXLEN): it is a record, not work.
 AUDIT_STREAM = f"{PREFIX}:audit"
+
+
+# Canary rollouts. Per model a hash of its rollout state (rollout/state.py has the fields),
+# written by `tiermesh rollout` and the controller, read by routers about once a second.
+
+
+def rollout_key(model: str) -> str:
+    return f"{PREFIX}:rollout:{model}"
+
+
+# Held (SET NX PX) by the one router whose controller evaluates rollouts right now.
+ROLLOUT_LOCK = f"{PREFIX}:rollout:lock"
+# Every change of a model's version or rollout: who, what, when, checksum. Never trimmed:
+# changes are rare and the record is the point.
+CHANGE_LOG = f"{PREFIX}:changes"
+
+
+def window_key(model: str, version: str, second: int) -> str:
+    """Hash of what the gateways saw of (model, version) in one second (unix s): answers by
+    status code, a latency histogram, output-drift sums. Expires (rollout/window.py)."""
+    return f"{PREFIX}:win:{model}:{version}:{second}"
+
+
+# Model control (Triton's explicit mode): the set of models ("{model}") and model versions
+# ("{model}:{version}") unloaded through RepositoryModelUnload; every gateway refuses them.
+UNLOADED_MODELS = f"{PREFIX}:control:unloaded"

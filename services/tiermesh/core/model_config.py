@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from tiermesh.core.canary_spec import CanarySpec, parse_canary
 from tiermesh.core.tensors import DATATYPES
 
 NAME = re.compile(r"^[A-Za-z0-9_-]+$")
@@ -164,6 +165,10 @@ class ModelConfig:
     cascade: CascadeSpec | None = None
     # The model whose queues, batching and weights this one uses ("" = itself).
     companion_of: str = ""
+    # The version requests get when they name none and no rollout says otherwise ("" =
+    # the latest); `canary:` says how a canary version is judged against it.
+    stable_version: str = ""
+    canary: CanarySpec = field(default_factory=CanarySpec)
 
     @property
     def queue_model(self) -> str:
@@ -185,10 +190,17 @@ class ModelConfig:
     def latest(self) -> ModelVersion:
         return max(self.versions, key=lambda v: int(v.version) if v.version.isdigit() else -1)
 
+    @property
+    def stable(self) -> ModelVersion:
+        """The default version: `stable_version` when the config names one, else the latest."""
+        named = self.stable_version and self.version(self.stable_version)
+        return named or self.latest
+
     def version(self, version: str) -> ModelVersion | None:
-        """The named version, or the latest when `version` is empty; None when unknown."""
+        """The named version, or the default (stable) one when `version` is empty; None when
+        unknown."""
         if not version:
-            return self.latest
+            return self.stable
         return next((v for v in self.versions if v.version == version), None)
 
     def input(self, name: str) -> TensorSpec | None:
@@ -328,6 +340,8 @@ def parse_config(raw: Any, where: str) -> ModelConfig:
             )
             if cascade
             else None,
+            stable_version=str(raw.get("stable_version", "") or ""),
+            canary=parse_canary(_optional(raw, "canary")),
             tiers=tuple(
                 TierSpec(
                     name=str(name),
@@ -392,6 +406,11 @@ def _check(cfg: ModelConfig, where: str) -> None:
         raise RepositoryError(f"{where}: default_variant {cfg.default_variant!r} is not a variant")
     if not all(NAME.match(v) for v in cfg.variants):
         raise RepositoryError(f"{where}: variant names must match {NAME.pattern}")
+    # Versions and variants are parts of a compute unit's name (core/keys.py).
+    if not all(NAME.match(v.version) for v in cfg.versions):
+        raise RepositoryError(f"{where}: version names must match {NAME.pattern}")
+    if cfg.stable_version and cfg.version(cfg.stable_version) is None:
+        raise RepositoryError(f"{where}: stable_version {cfg.stable_version!r} is not a version")
     for ver in cfg.versions:
         for file in cfg.variants.values():
             if file not in ver.files:

@@ -101,6 +101,7 @@ def infer_request(msg: service_pb2.ModelInferRequest) -> InferRequest:
         priority=priority,
         timeout_us=_param_int(msg.parameters, "timeout"),
         variant=_param_str(msg.parameters, "variant"),
+        sticky_key=_param_str(msg.parameters, "sticky_key"),
     )
 
 

@@ -25,6 +25,9 @@ class InferRequest:
     timeout_us: int | None = None
     # The `variant` request parameter (fp32, int8, ...); "" = the model's default.
     variant: str = ""
+    # The `sticky_key` request parameter: requests with one key see one version of a model
+    # during a canary rollout ("" = the tenant's, else the request id's).
+    sticky_key: str = ""
 
 
 def find_model(repo: ModelRepository, name: str, version: str) -> ModelConfig:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import grpc
 import redis.asyncio as aioredis
@@ -15,6 +15,7 @@ from tiermesh.core.grpc_errors import mesh_error_from_rpc
 from tiermesh.core.jobs import Job
 from tiermesh.core.wire import job_to_proto
 from tiermesh.gateway.cache import ResponseCache
+from tiermesh.rollout.recorder import Recorder
 from tiermesh.v1 import router_pb2_grpc
 
 TIERS = ("edge", "center")
@@ -25,11 +26,20 @@ ROUTE_ATTEMPTS = 3
 ROUTE_BACKOFF_S = 0.05
 
 
+@dataclass(frozen=True, slots=True)
+class Routed:
+    """Where the router placed a job: the version, and the id of the copy it mirrored to
+    the canary ("" = none)."""
+
+    version: str
+    shadow_request_id: str = ""
+
+
 class RouterClient:
     def __init__(self, channel: grpc.aio.Channel) -> None:
         self._stub = router_pb2_grpc.RouterStub(channel)
 
-    async def route(self, job: Job, timeout_s: float) -> None:
+    async def route(self, job: Job, timeout_s: float) -> Routed:
         """Place the job on its stream; raises the router's refusal as a MeshError."""
         deadline = time.monotonic() + timeout_s
         message = job_to_proto(job)
@@ -38,8 +48,8 @@ class RouterClient:
             if left <= 0:
                 raise deadline_exceeded("deadline passed before the request was routed")
             try:
-                await self._stub.Route(message, timeout=left)
-                return
+                reply = await self._stub.Route(message, timeout=left)
+                return Routed(reply.version or job.version, reply.shadow_request_id)
             except grpc.aio.AioRpcError as err:
                 if err.code() != grpc.StatusCode.UNAVAILABLE:
                     raise mesh_error_from_rpc(err) from None
@@ -96,3 +106,5 @@ class Upstream:
     liveness: Liveness
     cancellations: Cancellations
     cache: ResponseCache | None = None
+    # Per-version outcomes for canary judgement; None: not recorded (tests of other things).
+    recorder: Recorder | None = field(default=None)

@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import socket
+import uuid
 
+import redis.asyncio as aioredis
 import structlog
 
 from tiermesh.core.logging import configure_logging
@@ -21,6 +25,10 @@ from tiermesh.core.server import (
 from tiermesh.core.settings import RouterSettings
 from tiermesh.core.telemetry import Telemetry
 from tiermesh.core.tls import internal_server_credentials
+from tiermesh.rollout.cache import RolloutStates
+from tiermesh.rollout.controller import RolloutController
+from tiermesh.rollout.metrics import RolloutMetrics
+from tiermesh.rollout.store import RolloutStore
 from tiermesh.router.admission import Admitter
 from tiermesh.router.metrics import QueueCollector, RouterMetrics
 from tiermesh.router.servicer import RouterServicer
@@ -53,13 +61,41 @@ async def serve(
     queues = QueueCollector(settings.redis_url, repo.configs)
     registry.register(queues)
     metrics_server = MetricsServer(registry, settings.metrics_host, settings.metrics_port)
+    store = RolloutStore(redis)
+    rollout_metrics = RolloutMetrics(registry)
+    models = sorted(n for n, c in repo.configs.items() if not c.companion_of)
+    rollouts = RolloutStates(store, models, rollout_metrics)
+    controller = RolloutController(
+        store,
+        repo.configs,
+        owner=f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}",
+        metrics=rollout_metrics,
+        states=rollouts,
+        lock_ttl_ms=settings.rollout_lock_ttl_ms,
+    )
     router_pb2_grpc.add_RouterServicer_to_server(
-        RouterServicer(settings, repo, Admitter(redis), encoders, telemetry, metrics), server
+        RouterServicer(
+            settings, repo, Admitter(redis), encoders, telemetry, metrics, rollouts=rollouts
+        ),
+        server,
     )
     health = add_health(server)
     port = bind(
         server, settings.router_host, settings.router_port, internal_server_credentials(settings)
     )
+    try:
+        await rollouts.refresh()  # a running rollout is in force from the first request
+    except (aioredis.RedisError, OSError):
+        log.warning("rollout states unreadable at start; retrying in the background")
+    # Owned here, cancelled on stop.
+    loops = [
+        asyncio.create_task(
+            rollouts.run(settings.rollout_refresh_ms / 1000), name="rollout-states"
+        ),
+        asyncio.create_task(
+            controller.run(settings.rollout_eval_interval_ms / 1000), name="rollout-controller"
+        ),
+    ]
     await server.start()
     await set_serving(health, True)
     log.info("router serving", port=port, metrics_port=metrics_server.port)
@@ -71,6 +107,9 @@ async def serve(
         await set_serving(health, False)
         # In-flight Route calls finish within the grace; gateways stop before routers.
         await server.stop(grace=settings.shutdown_grace_s)
+        for task in loops:
+            task.cancel()
+        await asyncio.gather(*loops, return_exceptions=True)
         await redis.aclose()
         metrics_server.close()
         queues.close()

@@ -37,10 +37,14 @@ class QueueCollector(Collector):
             k
             for cfg in configs.values()
             if not cfg.companion_of
+            for version in cfg.versions
             for variant in cfg.variants
             for tier in TIERS
             for k in keys.stream_keys(
-                keys.compute_unit(cfg.name, variant), tier, cfg.priority_levels, cfg.bucket_count
+                keys.compute_unit(cfg.name, variant, version.version),
+                tier,
+                cfg.priority_levels,
+                cfg.bucket_count,
             )
         ]
 

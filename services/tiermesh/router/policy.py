@@ -27,8 +27,11 @@ def bucket_for(length: int, bounds: tuple[int, ...]) -> int:
 
 
 def choose_stream(cfg: ModelConfig, job: Job, tier: str = DEFAULT_TIER) -> StreamKey:
-    """The stream of (compute unit, tier, priority, length bucket) for a validated job."""
+    """The stream of (compute unit, tier, priority, length bucket) for a validated job; a
+    job without a version (not yet placed) goes to the model's default version."""
     priority = min(max(job.priority or cfg.default_priority, 1), cfg.priority_levels)
     length = job_length(job, batched=cfg.max_batch_size > 0)
-    unit = compute_unit(cfg.queue_model, job.variant or cfg.default_variant)
+    unit = compute_unit(
+        cfg.queue_model, job.variant or cfg.default_variant, job.version or cfg.stable.version
+    )
     return StreamKey(unit, tier, priority, bucket_for(length, cfg.length_buckets))

@@ -27,6 +27,8 @@ from tiermesh.core.repository import ModelRepository
 from tiermesh.core.settings import RouterSettings
 from tiermesh.core.telemetry import Telemetry, inject_current
 from tiermesh.core.wire import encode_job, job_from_proto
+from tiermesh.rollout.cache import RolloutStates
+from tiermesh.rollout.split import ROLLOUT_ARM, SHADOW_OF, Placement, place
 from tiermesh.router.admission import Admission, Admitter
 from tiermesh.router.metrics import RouterMetrics
 from tiermesh.router.policy import DEFAULT_TIER, choose_stream, job_length
@@ -47,7 +49,9 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
         telemetry: Telemetry,
         metrics: RouterMetrics,
         clock_ns: Callable[[], int] = time.time_ns,
+        rollouts: RolloutStates | None = None,
     ) -> None:
+        self._rollouts = rollouts
         self._settings = settings
         self._repo = repo
         self._admitter = admitter
@@ -68,6 +72,7 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
             raise deadline_exceeded("deadline passed before the request was queued")
         if cfg.tokenize is not None:
             job = self._tokenize(cfg.name, job)
+        job, placement = self._version(cfg, job)
         job, tier = await self._place(cfg, job, now)
         stream = choose_stream(cfg, job, tier)
         with self._tracer.start_as_current_span(
@@ -104,11 +109,54 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
         self._metrics.admissions.labels(cfg.name, admission.outcome).inc()
         if admission.outcome == "noworker":
             raise unavailable(f"no live worker for model '{cfg.name}' on tier '{stream.tier}'")
+        shadow_id = ""
         if admission.outcome == "dup":  # a retry of a request already queued: same answer
             log.info("request already queued", entry_id=admission.detail)
         elif admission.outcome != "ok":
             raise refusal(cfg, admission, self._settings.retry_after_ms)
-        return router_pb2.RouteReply(stream=stream.name, entry_id=admission.detail)
+        elif placement.shadow_version:
+            shadow_id = await self._mirror(cfg, job, tier, placement.shadow_version, now)
+        return router_pb2.RouteReply(
+            stream=stream.name,
+            entry_id=admission.detail,
+            version=job.version,
+            shadow_request_id=shadow_id,
+        )
+
+    def _version(self, cfg: ModelConfig, job: Job) -> tuple[Job, Placement]:
+        """The version that serves the job: its own, or the rollout's choice (from the
+        cached rollout state: no Redis call here)."""
+        state = self._rollouts.get(cfg.queue_model) if self._rollouts is not None else None
+        placement = place(cfg.stable.version, state, job)
+        annotations = job.annotations
+        if placement.arm in ("stable", "canary"):
+            annotations = {**annotations, ROLLOUT_ARM: placement.arm}
+        job = dataclasses.replace(job, version=placement.version, annotations=annotations)
+        return job, placement
+
+    async def _mirror(self, cfg: ModelConfig, job: Job, tier: str, canary: str, now: int) -> str:
+        """A copy of the (queued) job for the canary, to compare outputs; its answer goes to
+        the same gateway, marked. Best effort: the shadow's id, or "" when not queued."""
+        shadow = dataclasses.replace(
+            job,
+            request_id=f"{job.request_id}-shadow",
+            version=canary,
+            annotations={**job.annotations, SHADOW_OF: job.request_id, ROLLOUT_ARM: "shadow"},
+        )
+        stream = choose_stream(cfg, shadow, tier)
+        try:
+            admission = await self._admitter.admit(
+                stream,
+                cfg.queue_bound,
+                encode_job(shadow),
+                dict(job.trace_context),
+                request_id=shadow.request_id,
+                ms_left=(job.deadline_ns - now) // 1_000_000 if job.deadline_ns else -1,
+            )
+        except (aioredis.RedisError, OSError):
+            return ""
+        self._metrics.admissions.labels(cfg.name, f"shadow_{admission.outcome}").inc()
+        return shadow.request_id if admission.outcome == "ok" else ""
 
     async def _place(self, cfg: ModelConfig, job: Job, now: int) -> tuple[Job, str]:
         """The tier (and, unless the caller named one, the variant) that serves the job."""

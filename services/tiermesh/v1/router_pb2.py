@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from tiermesh.v1 import job_pb2 as tiermesh_dot_v1_dot_job__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18tiermesh/v1/router.proto\x12\x0btiermesh.v1\x1a\x15tiermesh/v1/job.proto\".\n\nRouteReply\x12\x0e\n\x06stream\x18\x01 \x01(\t\x12\x10\n\x08\x65ntry_id\x18\x02 \x01(\t2<\n\x06Router\x12\x32\n\x05Route\x12\x10.tiermesh.v1.Job\x1a\x17.tiermesh.v1.RouteReplyb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18tiermesh/v1/router.proto\x12\x0btiermesh.v1\x1a\x15tiermesh/v1/job.proto\"Z\n\nRouteReply\x12\x0e\n\x06stream\x18\x01 \x01(\t\x12\x10\n\x08\x65ntry_id\x18\x02 \x01(\t\x12\x0f\n\x07version\x18\x03 \x01(\t\x12\x19\n\x11shadow_request_id\x18\x04 \x01(\t2<\n\x06Router\x12\x32\n\x05Route\x12\x10.tiermesh.v1.Job\x1a\x17.tiermesh.v1.RouteReplyb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -33,7 +33,7 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'tiermesh.v1.router_pb2', _g
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_ROUTEREPLY']._serialized_start=64
-  _globals['_ROUTEREPLY']._serialized_end=110
-  _globals['_ROUTER']._serialized_start=112
-  _globals['_ROUTER']._serialized_end=172
+  _globals['_ROUTEREPLY']._serialized_end=154
+  _globals['_ROUTER']._serialized_start=156
+  _globals['_ROUTER']._serialized_end=216
 # @@protoc_insertion_point(module_scope)

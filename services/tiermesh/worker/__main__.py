@@ -48,18 +48,23 @@ async def serve(
     unknown = [n for n in names if n not in configs or configs[n].companion_of]
     if unknown:
         raise RepositoryError(f"worker asked to serve unknown model(s): {', '.join(unknown)}")
+    # One session per (version, variant) the config lists: a request that names an older
+    # version is computed by that version's weights, not the latest's.
     served = {
-        compute_unit(n, variant): configs[n] for n in names for variant in configs[n].variants
+        compute_unit(n, variant, ver.version): configs[n]
+        for n in names
+        for ver in configs[n].versions
+        for variant in configs[n].variants
     }
-    runners = {
-        unit: ModelRunner(
+    runners = {}
+    for unit, cfg in served.items():
+        _, version, variant = split_unit(unit)
+        runners[unit] = ModelRunner(
             cfg,
-            repo.verified_model(cfg.name, variant=split_unit(unit)[1]),
+            repo.verified_model(cfg.name, version, variant),
             settings.intra_op_threads,
-            preoptimized=repo.preoptimized(cfg.name, split_unit(unit)[1]),
+            preoptimized=repo.preoptimized(cfg.name, variant, version),
         )
-        for unit, cfg in served.items()
-    }
     for unit, runner in runners.items():
         log.info("model loaded", unit=unit, load_s=round(runner.load_s, 3))
     redis = connect(settings.redis_url)

@@ -55,7 +55,7 @@ class Worker:
         *,
         tier: str,
         configs: Mapping[str, ModelConfig],
-        runners: Mapping[str, ModelRunner],  # both keyed by compute unit ("mlp.fp32")
+        runners: Mapping[str, ModelRunner],  # both keyed by compute unit ("mlp@1.fp32")
         streams: StreamClient,
         handoff: PostprocessClient,
         telemetry: Telemetry,
@@ -362,7 +362,11 @@ class Worker:
             },
         )
         target = StreamKey(
-            keys.compute_unit(cfg.queue_model, job.variant), last.name, job.priority, job.bucket
+            # The same version on the last tier: a cascade never changes what computes it.
+            keys.compute_unit(cfg.queue_model, job.variant, keys.split_unit(q.stream.model)[1]),
+            last.name,
+            job.priority,
+            job.bucket,
         )
         try:
             sent = await self._streams.requeue(target, encode_job(job), dict(job.trace_context))

@@ -8,13 +8,14 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from tiermesh.core.keys import StreamKey, split_unit
 from tiermesh.core.metrics import BATCH_BUCKETS, LATENCY_BUCKETS
 
-STREAM_LABELS = ("model", "variant", "tier", "priority", "bucket")
+STREAM_LABELS = ("model", "version", "variant", "tier", "priority", "bucket")
 
 
 def stream_labels(key: StreamKey) -> dict[str, str]:
-    model, variant = split_unit(key.model)
+    model, version, variant = split_unit(key.model)
     return {
         "model": model,
+        "version": version,
         "variant": variant,
         "tier": key.tier,
         "priority": str(key.priority),
