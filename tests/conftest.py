@@ -3,19 +3,22 @@ repository built into a temporary folder from the committed configs."""
 
 from __future__ import annotations
 
-import os
+import hashlib
 import shutil
 import subprocess
 from collections.abc import AsyncIterator, Iterator, Sequence
 from pathlib import Path
 
+import numpy as np
 import pytest
 import redis
 import redis.asyncio as aioredis
+from onnx import TensorProto, helper, numpy_helper
 
 from tiermesh.convert.fetch import default_cache_dir
 from tiermesh.convert.minilm import fetch_minilm
-from tiermesh.core.builtin_models import BUILDERS, build_into
+from tiermesh.core.builtin_models import BUILDERS, IR_VERSION, OPSET, build_into, build_mlp
+from tiermesh.core.model_files import mirror_files
 from tiermesh.up.certs import DevCerts, write_dev_certs
 from tiermesh.up.processes import free_port
 
@@ -78,12 +81,18 @@ async def redis_url(redis_server: str) -> AsyncIterator[str]:
     yield redis_server
 
 
-def copy_repository(dest: Path, bounded_queue: int = 2, fetched: Sequence[str] = ()) -> Path:
+def copy_repository(
+    dest: Path,
+    bounded_queue: int = 2,
+    fetched: Sequence[str] = (),
+    rollout_model: str = "",
+) -> Path:
     """The built-in models' committed configs with freshly built weights, plus mlp
     variations for the tests: `mlp_bounded` (a tiny queue bound, for admission),
     `mlp_cached` (a response cache: 1 s TTL, 3 entries) and `mlp_cascade` (edge takes all,
     unsure answers re-run on center). `fetched` names real models to add (configs copied,
-    weights linked from the project's models/)."""
+    weights linked from the project's models/). `rollout_model` adds a model of that name
+    with three versions (see add_versioned_mlp)."""
     for name in BUILTINS:
         (dest / name).mkdir(parents=True, exist_ok=True)
         shutil.copy(MODELS / name / "config.yaml", dest / name / "config.yaml")
@@ -91,7 +100,7 @@ def copy_repository(dest: Path, bounded_queue: int = 2, fetched: Sequence[str] =
     for name in fetched:
         (dest / name).mkdir(parents=True, exist_ok=True)
         shutil.copy(MODELS / name / "config.yaml", dest / name / "config.yaml")
-        _link_files(MODELS / name / "1", dest / name / "1")
+        mirror_files(MODELS / name / "1", dest / name / "1")
     _mlp_variation(
         dest, "mlp_bounded", replace=("queue_bound: 1024", f"queue_bound: {bounded_queue}")
     )
@@ -104,23 +113,59 @@ def copy_repository(dest: Path, bounded_queue: int = 2, fetched: Sequence[str] =
         extra="tiers: {edge: {max_cost: 0}, center: {}}\n"
         "cascade: {output: OUTPUT0, threshold: 0.99}\n",
     )
+    if rollout_model:
+        add_versioned_mlp(dest, rollout_model)
     return dest
 
 
-def _link_files(src: Path, dest: Path) -> None:
-    """A copy of `src`'s files in `dest`, large ones as hard links (cheap, same bytes). Not a
-    symlink: the repository refuses model folders that lead out of it."""
-    dest.mkdir(parents=True, exist_ok=True)
-    for path in src.iterdir():
-        if not path.is_file():
-            continue
-        if path.stat().st_size > 1 << 20:
-            try:
-                os.link(path, dest / path.name)
-                continue
-            except OSError:  # another filesystem: copy instead
-                pass
-        shutil.copy(path, dest / path.name)
+# Versions of the model add_versioned_mlp builds: the mlp, the mlp with other weights
+# (answers OK, but different ones), and a graph that fails on every input.
+GOOD, DRIFTING, FAILING = "1", "2", "3"
+CANARY_SETTINGS = (
+    "canary: {window_s: 10, min_requests: 10, max_error_rate: 0.2, min_cosine: 0.99, "
+    "min_pairs: 3, mirror_fraction: 0.5}\n"
+)
+
+
+def build_failing_mlp() -> bytes:
+    """The mlp's interface over a graph that fails at run time for every input: INPUT0
+    ([batch, 4]: 4 x batch values) is reshaped to [3, 7], which no batch fills."""
+    graph = helper.make_graph(
+        [
+            helper.make_node("Reshape", ["INPUT0", "shape"], ["r"]),
+            helper.make_node("MatMul", ["r", "w"], ["OUTPUT0"]),
+        ],
+        "failing_mlp",
+        [helper.make_tensor_value_info("INPUT0", TensorProto.FLOAT, ["batch", 4])],
+        [helper.make_tensor_value_info("OUTPUT0", TensorProto.FLOAT, ["batch", 3])],
+        initializer=[
+            numpy_helper.from_array(np.array([3, 7], np.int64), "shape"),
+            numpy_helper.from_array(np.ones((7, 3), np.float32), "w"),
+        ],
+    )
+    model = helper.make_model(
+        graph, opset_imports=[helper.make_opsetid("", OPSET)], ir_version=IR_VERSION
+    )
+    return bytes(model.SerializeToString())
+
+
+def add_versioned_mlp(dest: Path, name: str) -> None:
+    """Model `name`: version 1 is the mlp (stable), 2 the mlp with other weights, 3 fails
+    on every request; canary thresholds sized for tests (CANARY_SETTINGS)."""
+    files = {GOOD: build_mlp(), DRIFTING: build_mlp(seed=7), FAILING: build_failing_mlp()}
+    text = (dest / "mlp" / "config.yaml").read_text().replace("name: mlp", f"name: {name}")
+    text = text[: text.index("versions:")]
+    versions = "".join(
+        f'  "{v}":\n    model.onnx: {hashlib.sha256(data).hexdigest()}\n'
+        for v, data in files.items()
+    )
+    folder = dest / name
+    for version, data in files.items():
+        (folder / version).mkdir(parents=True)
+        (folder / version / "model.onnx").write_bytes(data)
+    (folder / "config.yaml").write_text(
+        f'{text}stable_version: "{GOOD}"\n{CANARY_SETTINGS}versions:\n{versions}'
+    )
 
 
 def _mlp_variation(

@@ -103,12 +103,14 @@ def start_up(
     up_args: Sequence[str] = (),
     credentials: grpc.ChannelCredentials | None = None,
     span_files: bool = True,
+    rollout_model: str = "",
 ) -> UpProcess:
     """`up_args` are added to the `tiermesh up` command line (e.g. TLS flags); with
     `credentials` the first health check of the public port speaks TLS. Without
     `span_files` no service writes its spans (each written synchronously: a cost that
-    load tests should not measure, and that production, exporting in batches, does not pay)."""
-    repo = copy_repository(tmp / "models", fetched=fetched)
+    load tests should not measure, and that production, exporting in batches, does not pay).
+    `rollout_model` adds a model with good, drifting and failing versions (tests/conftest.py)."""
+    repo = copy_repository(tmp / "models", fetched=fetched, rollout_model=rollout_model)
     port = free_port()
     env = dict(os.environ)
     env.pop("TIERMESH_REDIS_URL", None)
@@ -137,6 +139,9 @@ def start_up(
             "0",
             "--tiers",
             ",".join(tiers),
+            # The REST door on a free port: meshes of one test session run side by side.
+            "--http-port",
+            "0",
             *up_args,
         ],
         env=env,

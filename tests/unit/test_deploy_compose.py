@@ -316,6 +316,7 @@ def test_redis_is_durable_and_checked(compose: dict[str, Any]) -> None:
 def test_gateway_publishes_its_public_port(services: dict[str, dict[str, Any]]) -> None:
     gateway = services["gateway"]
     assert int(_env(gateway)["TIERMESH_GATEWAY_PORT"]) in _published_container_ports(gateway)
+    assert int(_env(gateway)["TIERMESH_HTTP_PORT"]) in _published_container_ports(gateway)
     assert 16686 in _published_container_ports(services["jaeger"])
     assert "4317" in [str(p) for p in services["jaeger"]["expose"]]
     assert 9090 in _published_container_ports(services["prometheus"])

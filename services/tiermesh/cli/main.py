@@ -14,6 +14,7 @@ from tiermesh.cli.keys import add_keys_parser
 from tiermesh.cli.optimize import add_optimize_parser
 from tiermesh.cli.probe import add_probe_parser
 from tiermesh.cli.profile import add_profile_parser
+from tiermesh.cli.rollout import add_rollout_parser
 from tiermesh.core.builtin_models import build_into
 from tiermesh.core.repository import ModelRepository, RepositoryError
 
@@ -38,6 +39,8 @@ def cmd_up(args: argparse.Namespace) -> int:
             model_repository=_repo_path(args),
             grace_s=args.grace,
             metrics_port=args.metrics_port,
+            http_port=args.http_port,
+            model_control=args.model_control,
             trace_ui=os.environ.get("TIERMESH_TRACE_UI", "") not in ("", "0", "false"),
             tiers=tuple(t.strip() for t in args.tiers.split(",") if t.strip()),
             edge_threads=args.edge_threads,
@@ -195,6 +198,15 @@ def parser() -> argparse.ArgumentParser:
     up.add_argument(
         "--metrics-port", type=int, default=8002, help="gateway's Prometheus port (0: any free)"
     )
+    up.add_argument(
+        "--http-port", type=int, default=8000, help="KServe v2 REST port (0: any free, -1: none)"
+    )
+    up.add_argument(
+        "--model-control",
+        choices=("none", "explicit"),
+        default="none",
+        help="explicit: clients may load/unload models (an admin tenant with a tenants file)",
+    )
     up.add_argument("--tiers", default="center,edge", help="worker tiers to start")
     up.add_argument(
         "--edge-threads", type=int, default=1, help="onnxruntime threads of the edge worker"
@@ -258,6 +270,7 @@ def parser() -> argparse.ArgumentParser:
     add_profile_parser(sub)
     add_optimize_parser(sub)
     add_keys_parser(sub)
+    add_rollout_parser(sub)
     add_probe_parser(sub)
     return p
 

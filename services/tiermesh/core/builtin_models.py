@@ -2,6 +2,7 @@
 
 `mlp`: FP32 [batch, 4] -> Gemm(4x16) -> Relu -> Gemm(16x3) -> OUTPUT0 [batch, 3], seeded weights.
 `echo`: BYTES (ONNX string) [batch, -1] -> Identity -> ECHO; exercises text tensors end to end.
+`simple`, `simple_string`: Triton's example models (core/example_models.py).
 The IR version, opset and producer are fixed so that the bytes (and so the sha256 committed
 in models/<name>/config.yaml) do not depend on the installed onnx version.
 """
@@ -14,6 +15,8 @@ from pathlib import Path
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
+
+from tiermesh.core.example_models import simple_graph, simple_string_graph
 
 IR_VERSION = 8
 OPSET = 17
@@ -31,8 +34,13 @@ def _model(graph: onnx.GraphProto) -> bytes:
     return bytes(model.SerializeToString())
 
 
-def build_mlp() -> bytes:
-    rng = np.random.default_rng(20261130)
+MLP_SEED = 20261130
+
+
+def build_mlp(seed: int = MLP_SEED) -> bytes:
+    """The mlp; another `seed` gives the same graph with other weights (tests build model
+    versions that answer differently this way)."""
+    rng = np.random.default_rng(seed)
     w1 = rng.standard_normal((4, 16)).astype(np.float32)
     b1 = rng.standard_normal(16).astype(np.float32)
     w2 = rng.standard_normal((16, 3)).astype(np.float32)
@@ -66,7 +74,12 @@ def build_echo() -> bytes:
     return _model(graph)
 
 
-BUILDERS: dict[str, Callable[[], bytes]] = {"mlp": build_mlp, "echo": build_echo}
+BUILDERS: dict[str, Callable[[], bytes]] = {
+    "mlp": build_mlp,
+    "echo": build_echo,
+    "simple": lambda: _model(simple_graph()),
+    "simple_string": lambda: _model(simple_string_graph()),
+}
 
 
 def build_into(root: Path, version: str = "1") -> list[Path]:

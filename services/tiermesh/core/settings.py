@@ -40,6 +40,14 @@ class ServiceSettings(BaseSettings):
 class GatewaySettings(ServiceSettings):
     gateway_host: str = "127.0.0.1"
     gateway_port: int = 8001
+    # The KServe v2 REST door (same checks as the gRPC port; 0 picks a port, -1: none).
+    http_host: str = "127.0.0.1"
+    http_port: int = Field(default=8000, ge=-1)
+    # Triton's model control mode: "explicit" lets an admin load and unload models through
+    # the Repository* extension; "none" refuses it.
+    model_control: Literal["none", "explicit"] = "none"
+    # Unloaded models set by any gateway are re-read this often.
+    model_control_refresh_ms: int = Field(default=500, gt=0)
     metrics_port: int = 8002
     delivery_host: str = "127.0.0.1"
     delivery_port: int = 8011
@@ -58,6 +66,8 @@ class GatewaySettings(ServiceSettings):
     max_metadata_bytes: int = Field(default=8192, gt=0)
     # The audit stream keeps about this many entries (approximate MAXLEN).
     audit_max_len: int = Field(default=100_000, gt=0)
+    # Per-version outcome counts (for canary judgement) go to Redis this often.
+    rollout_flush_ms: int = Field(default=250, gt=0)
     # TLS on the public port (PEM certificate chain and key, both or neither): when set the
     # port serves TLS only. With a client CA, clients must present a certificate it signed.
     tls_cert_file: Path | None = None
@@ -70,6 +80,12 @@ class RouterSettings(ServiceSettings):
     router_port: int = 8012
     metrics_port: int = 8022
     retry_after_ms: int = Field(default=200, ge=0)
+    # Rollout states are re-read this often (routing never waits on Redis for them).
+    rollout_refresh_ms: int = Field(default=1000, gt=0)
+    # The rollout controller's round, and the TTL of its lock (another router takes over
+    # this long after the evaluating one died).
+    rollout_eval_interval_ms: int = Field(default=500, gt=0)
+    rollout_lock_ttl_ms: int = Field(default=3000, gt=0)
 
 
 class WorkerSettings(ServiceSettings):

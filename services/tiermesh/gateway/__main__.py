@@ -30,14 +30,19 @@ from tiermesh.core.tls import (
 from tiermesh.gateway.audit import AuditLog
 from tiermesh.gateway.auth import Tenants
 from tiermesh.gateway.cache import ResponseCache
+from tiermesh.gateway.control import ModelControl
 from tiermesh.gateway.decoding import add_inference_servicer
+from tiermesh.gateway.extensions import TritonServicer
 from tiermesh.gateway.metrics import GatewayMetrics
 from tiermesh.gateway.pending import PendingRequests
 from tiermesh.gateway.quota import Quota
+from tiermesh.gateway.rest import RestDoor
 from tiermesh.gateway.security import Gate, Security
-from tiermesh.gateway.servicer import DeliveryServicer, InferenceServicer
+from tiermesh.gateway.servicer import DeliveryServicer
 from tiermesh.gateway.tenants import TenantsFileError, load_tenants
 from tiermesh.gateway.upstream import Cancellations, Liveness, RouterClient, Upstream
+from tiermesh.rollout.recorder import Recorder
+from tiermesh.rollout.store import RolloutStore
 from tiermesh.v1 import delivery_pb2_grpc
 
 log = structlog.get_logger("tiermesh.gateway")
@@ -65,7 +70,12 @@ async def serve(
     )
     pending = PendingRequests()
     internal = make_server(telemetry, settings.max_message_bytes)
-    delivery_pb2_grpc.add_DeliveryServicer_to_server(DeliveryServicer(pending, telemetry), internal)
+    recorder = Recorder(
+        RolloutStore(redis), {name: cfg.queue_model for name, cfg in repo.configs.items()}
+    )
+    delivery_pb2_grpc.add_DeliveryServicer_to_server(
+        DeliveryServicer(pending, telemetry, recorder), internal
+    )
     internal_health = add_health(internal)
     delivery_port = bind(
         internal,
@@ -75,7 +85,11 @@ async def serve(
     )
     delivery_address = settings.delivery_advertise or f"{settings.delivery_host}:{delivery_port}"
     upstream = Upstream(
-        RouterClient(router_channel), Liveness(redis), Cancellations(redis), ResponseCache(redis)
+        RouterClient(router_channel),
+        Liveness(redis),
+        Cancellations(redis),
+        ResponseCache(redis),
+        recorder,
     )
     registry = new_registry()
     metrics = GatewayMetrics(registry)
@@ -91,9 +105,20 @@ async def serve(
         audit = AuditLog(redis, settings.audit_max_len, on_lost=metrics.audit_lost.inc)
         security = Security(tenants, Quota(redis, settings.retry_after_ms), audit)
         log.info("API keys required on the public port", tenants=list(tenants.names))
-    inference = InferenceServicer(
-        settings, repo, upstream, pending, delivery_address, metrics, Gate(security, metrics)
+    control = ModelControl(redis, repo)
+    inference = TritonServicer(
+        settings,
+        repo,
+        upstream,
+        pending,
+        delivery_address,
+        metrics,
+        Gate(security, metrics),
+        control=control,
+        control_enabled=settings.model_control == "explicit",
     )
+    # The KServe v2 REST door: the same servicer behind JSON and binary-data bodies.
+    rest = RestDoor(inference, settings, telemetry.tracer) if settings.http_port >= 0 else None
     public = make_server(telemetry, settings.max_message_bytes, settings.max_metadata_bytes)
     # Like tritonclient's add_..._to_server; unparseable requests get INVALID_ARGUMENT.
     add_inference_servicer(inference, public)
@@ -103,6 +128,7 @@ async def serve(
     )
     await internal.start()
     await public.start()
+    http_port = await rest.start() if rest is not None else -1
     await set_serving(health, True)
     await set_serving(internal_health, True)
     log.info(
@@ -110,12 +136,26 @@ async def serve(
         port=port,
         delivery_port=delivery_port,
         metrics_port=metrics_server.port,
+        http_port=http_port,
         models=sorted(repo.configs),
     )
     if ready is not None:
-        ready({"port": port, "delivery_port": delivery_port, "metrics_port": metrics_server.port})
+        ready(
+            {
+                "port": port,
+                "delivery_port": delivery_port,
+                "metrics_port": metrics_server.port,
+                "http_port": http_port,
+            }
+        )
     # Owned here: cancelled after the public port closed, then the last entries flushed.
     audit_task = asyncio.create_task(security.audit.run()) if security else None
+    flusher = asyncio.create_task(
+        recorder.run(settings.rollout_flush_ms / 1000), name="rollout-recorder"
+    )
+    control_task = asyncio.create_task(
+        control.run(settings.model_control_refresh_ms / 1000), name="model-control"
+    )
     try:
         await stop.wait()
     finally:
@@ -129,11 +169,18 @@ async def serve(
         # Handlers still finishing (answers being sent, refusals of late arrivals) get the
         # grace too; stop() returns as soon as they are done.
         await public.stop(grace=max(1.0, settings.shutdown_grace_s))
+        if rest is not None:
+            await rest.stop()
+        control_task.cancel()
+        await asyncio.gather(control_task, return_exceptions=True)
         await internal.stop(grace=1.0)
         if audit_task is not None and security is not None:
             audit_task.cancel()
             await asyncio.gather(audit_task, return_exceptions=True)
             await security.audit.flush()  # the entries of the last calls
+        flusher.cancel()
+        await asyncio.gather(flusher, return_exceptions=True)
+        await recorder.flush()  # the outcomes of the last calls
         await router_channel.close()
         await redis.aclose()
         metrics_server.close()

@@ -8,9 +8,8 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import grpc
 import structlog
@@ -31,6 +30,7 @@ from tiermesh.gateway.cache import cache_digest
 from tiermesh.gateway.metrics import GatewayMetrics
 from tiermesh.gateway.pending import PendingRequests
 from tiermesh.gateway.requests import (
+    InferRequest,
     effective_deadline_ns,
     find_model,
     priority_level,
@@ -39,7 +39,10 @@ from tiermesh.gateway.requests import (
 )
 from tiermesh.gateway.security import Gate
 from tiermesh.gateway.shedding import Shedder, ShedKey
+from tiermesh.gateway.statistics import InferenceStatistics
 from tiermesh.gateway.upstream import Upstream
+from tiermesh.rollout.recorder import Recorder, is_shadow
+from tiermesh.rollout.split import ROLLOUT_ARM, STICKY_KEY
 from tiermesh.v1 import delivery_pb2, delivery_pb2_grpc
 
 log = structlog.get_logger("tiermesh.gateway")
@@ -69,6 +72,8 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
         self._clock_ns = clock_ns
         self.draining = False
         self._shedder = Shedder()
+        # Triton's per-model statistics of this gateway's answers (ModelStatistics, REST).
+        self.statistics = InferenceStatistics()
         # Requests placed on a queue, and those of them whose result reached the caller.
         self.accepted = 0
         self.answered = 0
@@ -89,7 +94,11 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
         if cfg is None or cfg.version(request.version) is None or self.draining:
             return service_pb2.ModelReadyResponse(ready=False)
         variants = {t.variant or cfg.default_variant for t in cfg.tiers} or {cfg.default_variant}
-        live = [await self._up.liveness.workers(compute_unit(cfg.queue_model, v)) for v in variants]
+        version = cfg.version(request.version) or cfg.stable
+        live = [
+            await self._up.liveness.workers(compute_unit(cfg.queue_model, v, version.version))
+            for v in variants
+        ]
         return service_pb2.ModelReadyResponse(ready=sum(live) > 0)
 
     @grpc_method
@@ -110,13 +119,24 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
 
     @grpc_method
     async def ModelInfer(self, request, context):  # type: ignore[no-untyped-def]
-        """Counts every answer by model and status code around `_infer`, and leaves its
-        audit entry (when the port is authenticated)."""
-        call = _Call(request_id=uuid.uuid4().hex, received_ns=self._clock_ns())
-        model = request.model_name if self._repo.get(request.model_name) else "unknown"
+        answer = await self.infer(
+            request.model_name, lambda: converters.infer_request(request), caller_of(context)
+        )
+        return converters.infer_response(answer.result, answer.responded_ns, answer.cache_hit)
+
+    async def infer(
+        self, model_name: str, parse: Callable[[], InferRequest], caller: Caller
+    ) -> Answer:
+        """The inference path of every transport (gRPC ModelInfer and ModelStreamInfer, the
+        REST door): `parse` turns the transport's message into the domain request, after
+        the caller's credentials were checked. Counts every answer by model and status code
+        around `_infer`, and leaves its audit entry (when the port is authenticated).
+        Raises MeshError for every refusal."""
+        call = _Call(request_id=uuid.uuid4().hex, received_ns=self._clock_ns(), model=model_name)
+        model = model_name if self._repo.get(model_name) else "unknown"
         code = grpc.StatusCode.OK
         try:
-            return await self._infer(request, context, call)
+            return await self._infer(parse, caller, call)
         except MeshError as err:
             code = err.code
             raise
@@ -129,18 +149,24 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
         finally:
             self._metrics.answered(model, code)
             ended_ns = self._clock_ns()
+            cfg = self._repo.get(model_name)
+            if code != grpc.StatusCode.OK and cfg is not None:
+                version = call.version or cfg.stable.version
+                self.statistics.failed(cfg.name, version, call.received_ns, ended_ns)
             self._gate.audit(
                 time_ms=ended_ns // 1_000_000,
                 tenant=call.tenant,
-                model=request.model_name,
+                model=model_name,
                 variant=call.variant,
                 outcome=code.name,
                 request_id=call.request_id,
-                peer=context.peer() or "",
+                peer=caller.peer,
                 duration_ms=(ended_ns - call.received_ns) / 1e6,
             )
 
-    async def _infer(self, request: Any, context: grpc.aio.ServicerContext, call: _Call) -> Any:
+    async def _infer(
+        self, parse: Callable[[], InferRequest], caller: Caller, call: _Call
+    ) -> Answer:
         received_ns = call.received_ns
         if self.draining:
             raise unavailable("gateway is draining; retry on another replica")
@@ -150,18 +176,20 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
                 self._settings.retry_after_ms,
             )
         # Credentials and the model's name first: a caller without them learns nothing more.
-        tenant = self._gate.authenticate(context.invocation_metadata())
+        tenant = self._gate.authenticate(caller.metadata)
         call.tenant = tenant.name if tenant else ""
-        self._gate.check_model(tenant, request.model_name)
-        req = converters.infer_request(request)
+        self._gate.check_model(tenant, call.model)
+        req = parse()
         cfg = find_model(self._repo, req.model, req.version)
+        call.version = req.version
         validate(cfg, req)
         job = Job(
             request_id=call.request_id,
             client_request_id=req.client_request_id,
             tenant=call.tenant,
             model=cfg.name,
-            version=req.version or cfg.latest.version,
+            # "" = the router picks (the default version, or a rollout's choice).
+            version=req.version,
             inputs=req.inputs,
             gateway=self._delivery_address,
             priority=priority_level(cfg, req.priority),
@@ -169,13 +197,14 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
             variant=req.variant and variant_of(cfg, req.variant),
             deadline_ns=effective_deadline_ns(
                 received_ns,
-                context.time_remaining(),
+                caller.time_remaining_s,
                 req.timeout_us,
                 self._settings.default_timeout_ms,
             ),
             requested_outputs=req.requested_outputs,
             timing=Timing(received_ns=received_ns),
             trace_context=inject_current(),
+            annotations={STICKY_KEY: req.sticky_key} if req.sticky_key else {},
         )
         call.variant = job.variant
         structlog.contextvars.bind_contextvars(request_id=job.request_id, model=job.model)
@@ -187,7 +216,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
         async with self._gate.hold(tenant, job.request_id, job.deadline_ns):
             return await self._answer(cfg, job, call)
 
-    async def _answer(self, cfg: model_config.ModelConfig, job: Job, call: _Call) -> Any:
+    async def _answer(self, cfg: model_config.ModelConfig, job: Job, call: _Call) -> Answer:
         """From the response cache, or routed and awaited; the call counts against its
         tenant's limits meanwhile."""
         digest = self._cache_digest(cfg, job)
@@ -212,19 +241,29 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
         call.variant = result.variant or call.variant
         if result.code != grpc.StatusCode.OK:
             raise MeshError(result.code, result.message)
-        if digest is not None:
+        # A canary's answer is not cached: it would reach stable-routed callers too.
+        if digest is not None and result.annotations.get(ROLLOUT_ARM) != "canary":
             await self._up.cache.put(cfg.name, digest, result, cfg.response_cache)  # type: ignore[union-attr]
         return self._respond(result)
 
-    def _respond(self, result: JobResult, cache_hit: bool = False) -> Any:
+    def _respond(self, result: JobResult, cache_hit: bool = False) -> Answer:
         """The response; its time breakdown and facts also go on the request's span."""
         responded = self._clock_ns()
         span = trace.get_current_span()
         for key, value in converters.response_facts(result, responded, cache_hit).items():
             span.set_attribute(f"tiermesh.{key}", value)
-        if not cache_hit:
+        rows = result.outputs[0].shape[0] if result.outputs and result.outputs[0].shape else 1
+        version = result.version
+        if cache_hit:
+            received = result.timing.received_ns
+            self.statistics.cache_hit(result.model, version, rows, received, responded)
+        else:
             self._metrics.timeline(result, result.priority, result.timing.breakdown_ms(responded))
-        return converters.infer_response(result, responded, cache_hit)
+            batch = (result.worker, result.timing.batch_start_ns)
+            self.statistics.computed(
+                result.model, version, rows, result.timing, responded, batch, result.batch_size
+            )
+        return Answer(result, responded, cache_hit)
 
     def _cache_digest(self, cfg: model_config.ModelConfig, job: Job) -> str | None:
         """The response-cache key of a request, or None when the model does not cache."""
@@ -240,9 +279,10 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
         """Route the job and wait for its result until its deadline; exactly one answer."""
         future = self._pending.register(job.request_id)
         routed = False
+        recorder = self._up.recorder
         try:
             try:
-                await self._up.router.route(job, self._remaining_s(job))
+                routed_to = await self._up.router.route(job, self._remaining_s(job))
             except MeshError as err:
                 if err.retry_after_ms is not None:  # no room or no time: shed this class
                     late = err.code == grpc.StatusCode.DEADLINE_EXCEEDED
@@ -251,13 +291,23 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
                 raise
             routed = True
             self.accepted += 1
+            if routed_to.shadow_request_id and recorder is not None:
+                recorder.mirrored(routed_to.shadow_request_id, job.model, job.deadline_ns)
             try:
                 result = await asyncio.wait_for(future, self._remaining_s(job))
                 self.answered += 1
-                # Delivered = back in the caller's handler (the Deliver call and the wake-up).
-                return result.with_(timing=result.timing.with_(delivered_ns=self._clock_ns()))
             except TimeoutError:
+                code = grpc.StatusCode.DEADLINE_EXCEEDED
+                if recorder is not None:
+                    recorder.answered(job.model, routed_to.version, code, job.timing.received_ns)
                 raise deadline_exceeded("deadline exceeded while waiting for the result") from None
+            if recorder is not None:
+                version = result.version or routed_to.version
+                recorder.answered(job.model, version, result.code, job.timing.received_ns)
+                if routed_to.shadow_request_id:
+                    recorder.primary(routed_to.shadow_request_id, result)
+            # Delivered = back in the caller's handler (the Deliver call and the wake-up).
+            return result.with_(timing=result.timing.with_(delivered_ns=self._clock_ns()))
         except asyncio.CancelledError:
             # wait_for cancels the future it waited on: a cancelled future has no answer.
             if routed and (not future.done() or future.cancelled()):
@@ -278,8 +328,37 @@ class _Call:
 
     request_id: str
     received_ns: int
+    model: str = ""
+    # The version the caller named ("" = the default one).
+    version: str = ""
     tenant: str = ""
     variant: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Caller:
+    """What the inference path needs to know about a call, whatever its transport."""
+
+    # Request headers as (lower-case name, value) pairs: the credentials are among them.
+    metadata: Sequence[tuple[str, str | bytes]]
+    # Seconds until the transport's own deadline (a gRPC deadline); None when it has none.
+    time_remaining_s: float | None
+    peer: str = ""
+
+
+def caller_of(context: grpc.aio.ServicerContext) -> Caller:
+    return Caller(
+        tuple(context.invocation_metadata() or ()), context.time_remaining(), context.peer() or ""
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class Answer:
+    """One inference's outcome, for its transport to turn into a response."""
+
+    result: JobResult
+    responded_ns: int
+    cache_hit: bool = False
 
 
 def _shed_key(job: Job) -> ShedKey:
@@ -289,15 +368,22 @@ def _shed_key(job: Job) -> ShedKey:
 class DeliveryServicer(delivery_pb2_grpc.DeliveryServicer):
     """Postprocess calls Deliver with the finished results for this gateway's requests."""
 
-    def __init__(self, pending: PendingRequests, telemetry: Telemetry) -> None:
+    def __init__(
+        self, pending: PendingRequests, telemetry: Telemetry, recorder: Recorder | None = None
+    ) -> None:
         self._pending = pending
         self._tracer = telemetry.tracer
+        self._recorder = recorder
 
     @grpc_method
     async def Deliver(self, request, context):  # type: ignore[no-untyped-def]
         resolved = late = 0
         for msg in request.results:
             result = result_from_proto(msg)
+            if is_shadow(result):  # a canary's answer to a mirrored copy: nobody waits
+                if self._recorder is not None:
+                    self._recorder.shadow(result)
+                continue
             with self._tracer.start_as_current_span(
                 "deliver", context=extract(result.trace_context)
             ) as span:

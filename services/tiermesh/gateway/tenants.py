@@ -10,6 +10,7 @@ stops the start with a message naming each problem. Pure: no gRPC, no Redis.
         models: [mlp, minilm-l6]        # or "*" for every model
         rate: {requests_per_s: 50, burst: 100}
         max_in_flight: 32
+        admin: false                    # true: may load/unload models (model control)
 """
 
 from __future__ import annotations
@@ -52,6 +53,7 @@ class _Tenant(BaseModel):
     models: Literal["*"] | list[str] = Field(min_length=1)
     rate: _Rate
     max_in_flight: int = Field(ge=1)
+    admin: bool = False
 
 
 class _File(BaseModel):
@@ -69,6 +71,8 @@ class Tenant:
     requests_per_s: float
     burst: int
     max_in_flight: int
+    # May load and unload models (model control in explicit mode).
+    admin: bool = False
 
 
 def hash_key(key: str) -> bytes:
@@ -130,6 +134,7 @@ def _to_tenant(t: _Tenant) -> Tenant:
         requests_per_s=t.rate.requests_per_s,
         burst=t.rate.burst,
         max_in_flight=t.max_in_flight,
+        admin=t.admin,
     )
 
 

@@ -49,6 +49,9 @@ class UpOptions:
     grace_s: float = 10.0
     # The gateway's metrics port (0: a free one); the other services always get free ones.
     metrics_port: int = 8002
+    # The gateway's KServe v2 REST port (0: a free one, -1: none), and its model control mode.
+    http_port: int = 8000
+    model_control: str = "none"
     trace_ui: bool = False
     # Worker tiers to start; the edge worker gets fewer onnxruntime threads.
     tiers: tuple[str, ...] = ("center", "edge")
@@ -156,6 +159,7 @@ class Mesh:
         self.redis_backoff = Backoff(opts.restart, time.monotonic())
         self.redis_url = opts.redis_url
         self.metrics_ports: dict[str, int] = {}
+        self.http_port = opts.http_port
         self.trace_ui: TraceUI | None = None
 
     def start(self) -> None:
@@ -170,6 +174,8 @@ class Mesh:
         ports = {
             k: free_port() for k in ("router", "postprocess", "worker", "worker-edge", "delivery")
         }
+        if self.http_port == 0:
+            self.http_port = free_port()
         env = environ_with(
             TIERMESH_REDIS_URL=self.redis_url,
             TIERMESH_MODEL_REPOSITORY=str(opts.model_repository),
@@ -186,6 +192,9 @@ class Mesh:
             TIERMESH_DELIVERY_PORT=str(ports["delivery"]),
             TIERMESH_GATEWAY_HOST=opts.host,
             TIERMESH_GATEWAY_PORT=str(opts.port),
+            TIERMESH_HTTP_HOST=opts.host,
+            TIERMESH_HTTP_PORT=str(self.http_port),
+            TIERMESH_MODEL_CONTROL=opts.model_control,
             **(self.trace_ui.otel_env() if self.trace_ui else {}),
             **tls.env,
             **opts.extra_env,
@@ -326,6 +335,11 @@ def _revive(
     return successor
 
 
+def _http_url(opts: UpOptions, port: int) -> str:
+    scheme = "https" if opts.tls.tls_cert else "http"
+    return f"{scheme}://{opts.host}:{port}"
+
+
 def _say(message: str) -> None:
     print(f"tiermesh up: {message}", file=sys.stderr, flush=True)
 
@@ -343,7 +357,12 @@ def run(opts: UpOptions) -> int:
         endpoint = f"{opts.host}:{opts.port}"
         print(
             f"\ntiermesh is serving KServe v2 gRPC on {endpoint} (redis: {mesh.redis_url})\n"
-            "Metrics (Prometheus): "
+            + (
+                f"KServe v2 REST: {_http_url(opts, mesh.http_port)}\n"
+                if mesh.http_port >= 0
+                else ""
+            )
+            + "Metrics (Prometheus): "
             + ", ".join(
                 f"{name} http://127.0.0.1:{port}/metrics"
                 for name, port in mesh.metrics_ports.items()

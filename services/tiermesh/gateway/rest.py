@@ -1,0 +1,332 @@
+"""The KServe v2 REST door of the gateway (aiohttp, in the gateway's process and event loop).
+
+Handlers are transport only: HTTP <-> the values the public servicer works with. Inference
+goes through the very path gRPC ModelInfer takes (TritonServicer.infer: auth, tenant
+limits, validation, cache, routing, metrics, statistics, audit); the other methods call the
+servicer's own methods, so both doors answer alike. A refusal carries the gRPC table's code
+as an HTTP status (rest_codec.http_status) and `{"error": message}`; RESOURCE_EXHAUSTED adds
+Retry-After. Credentials: `Authorization: Bearer <key>` (or `x-api-key`), as on gRPC.
+Each request gets a SERVER span, continuing the caller's W3C `traceparent` when it sends one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import ssl
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import grpc
+import structlog
+from aiohttp import web
+from google.protobuf import json_format  # type: ignore[import-untyped]
+from opentelemetry import propagate, trace
+from opentelemetry.trace import SpanKind, Status, StatusCode
+from tritonclient.grpc import service_pb2
+
+from tiermesh.core.errors import INTERNAL_MESSAGE, RETRY_AFTER_KEY, MeshError, invalid
+from tiermesh.core.grpc_errors import REDIS_OUTAGE, REDIS_OUTAGE_MESSAGE
+from tiermesh.core.settings import GatewaySettings
+from tiermesh.gateway.extensions import EXTENSIONS, TritonServicer
+from tiermesh.gateway.rest_codec import (
+    HEADER_LENGTH,
+    OutputChoice,
+    config_doc,
+    http_status,
+    infer_body,
+    metadata_doc,
+    parse_infer,
+    retry_after_s,
+)
+from tiermesh.gateway.servicer import Caller
+
+log = structlog.get_logger("tiermesh.gateway.rest")
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def _metadata(request: web.Request) -> tuple[tuple[str, str | bytes], ...]:
+    return tuple((k.lower(), v) for k, v in request.headers.items())
+
+
+def _caller(request: web.Request) -> Caller:
+    peer = request.remote or ""
+    return Caller(_metadata(request), None, f"http:{peer}")
+
+
+def _json(doc: Any, status: int = 200) -> web.Response:
+    return web.json_response(doc, status=status)
+
+
+def _error(status: int, message: str, retry_after_ms: int | None = None) -> web.Response:
+    response = _json({"error": message}, status)
+    if retry_after_ms is not None:
+        response.headers["Retry-After"] = str(retry_after_s(retry_after_ms))
+        response.headers[RETRY_AFTER_KEY] = str(retry_after_ms)
+    return response
+
+
+class _Context:
+    """What the servicer's unary methods use of a grpc.aio ServicerContext, for a REST call:
+    the caller's headers in, the status they set out."""
+
+    def __init__(self, request: web.Request) -> None:
+        self._metadata = _metadata(request)
+        self._peer = f"http:{request.remote or ''}"
+        self.code: grpc.StatusCode = grpc.StatusCode.OK
+        self.details = ""
+        self.trailers: tuple[tuple[str, str], ...] = ()
+
+    def invocation_metadata(self) -> tuple[tuple[str, str | bytes], ...]:
+        return self._metadata
+
+    def time_remaining(self) -> float | None:
+        return None
+
+    def peer(self) -> str:
+        return self._peer
+
+    def set_code(self, code: grpc.StatusCode) -> None:
+        self.code = code
+
+    def set_details(self, details: str) -> None:
+        self.details = details
+
+    def set_trailing_metadata(self, trailers: tuple[tuple[str, str], ...]) -> None:
+        self.trailers = trailers
+
+
+async def _unary(
+    method: Callable[[Any, Any], Awaitable[Any]], message: Any, request: web.Request
+) -> Any:
+    """Call a servicer method as gRPC would; its refusal as a MeshError."""
+    context = _Context(request)
+    response = await method(message, context)
+    if context.code != grpc.StatusCode.OK:
+        retry = dict(context.trailers).get(RETRY_AFTER_KEY)
+        raise MeshError(context.code, context.details, retry_after_ms=int(retry) if retry else None)
+    return response
+
+
+def _to_dict(message: Any) -> dict[str, Any]:
+    doc: dict[str, Any] = json_format.MessageToDict(message, preserving_proto_field_name=True)
+    return doc
+
+
+def _header_length(request: web.Request) -> int | None:
+    value = request.headers.get(HEADER_LENGTH)
+    if value is None:
+        return None
+    try:
+        return int(value)
+    except ValueError:
+        raise invalid(f"{HEADER_LENGTH} must be an integer") from None
+
+
+class RestDoor:
+    """The REST endpoint; `start` binds it, `stop` closes it after the gateway drained."""
+
+    def __init__(self, servicer: TritonServicer, settings: GatewaySettings, tracer: trace.Tracer):
+        self._servicer = servicer
+        self._settings = settings
+        self._tracer = tracer
+        self._runner: web.AppRunner | None = None
+        self.app = self._app()
+
+    def _app(self) -> web.Application:
+        app = web.Application(
+            client_max_size=self._settings.max_message_bytes,
+            middlewares=[self._middleware],
+        )
+        r = app.router
+        r.add_get("/v2/health/live", self.live)
+        r.add_get("/v2/health/ready", self.ready)
+        r.add_get("/v2", self.server_metadata)
+        r.add_get("/v2/models/stats", self.stats)
+        for base in ("/v2/models/{model}", "/v2/models/{model}/versions/{version}"):
+            r.add_get(base, self.model_metadata)
+            r.add_get(f"{base}/ready", self.model_ready)
+            r.add_get(f"{base}/config", self.model_config)
+            r.add_get(f"{base}/stats", self.stats)
+            r.add_post(f"{base}/infer", self.infer)
+        r.add_post("/v2/repository/index", self.index)
+        r.add_post("/v2/repository/models/{model}/load", self.load)
+        r.add_post("/v2/repository/models/{model}/unload", self.unload)
+        return app
+
+    async def start(self) -> int:
+        """Listen on http_host:http_port (0 picks a port); return the port bound."""
+        self._runner = web.AppRunner(
+            self.app,
+            access_log=None,
+            # A caller that hangs up cancels its request, as a cancelled gRPC call does.
+            handler_cancellation=True,
+            max_field_size=self._settings.max_metadata_bytes,
+        )
+        await self._runner.setup()
+        site = web.TCPSite(
+            self._runner,
+            self._settings.http_host,
+            self._settings.http_port,
+            ssl_context=_ssl_context(self._settings),
+        )
+        await site.start()
+        return int(self._runner.addresses[0][1])
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+
+    @web.middleware
+    async def _middleware(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        """One SERVER span per request; every failure as `{"error": ...}` with its status."""
+        route = request.match_info.route.resource
+        name = f"{request.method} {route.canonical if route else request.path}"
+        parent = propagate.extract(dict(request.headers))
+        with self._tracer.start_as_current_span(name, context=parent, kind=SpanKind.SERVER) as span:
+            span.set_attribute("http.request.method", request.method)
+            span.set_attribute("url.path", request.path)
+            response = await self._answer(request, handler)
+            span.set_attribute("http.response.status_code", response.status)
+            if response.status >= 500:
+                span.set_status(Status(StatusCode.ERROR))
+            return response
+
+    async def _answer(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        try:
+            return await handler(request)
+        except MeshError as err:
+            return _error(http_status(err.code), err.message, err.retry_after_ms)
+        except web.HTTPException as exc:  # unknown route, method, body too large
+            return _error(exc.status, exc.reason)
+        except asyncio.CancelledError:
+            raise
+        except REDIS_OUTAGE:
+            return _error(503, REDIS_OUTAGE_MESSAGE)
+        except Exception:
+            log.exception("unexpected error", path=request.path)
+            return _error(500, INTERNAL_MESSAGE)
+
+    # -- handlers ----------------------------------------------------------------------
+
+    async def live(self, request: web.Request) -> web.StreamResponse:
+        return web.Response(status=200)
+
+    async def ready(self, request: web.Request) -> web.StreamResponse:
+        msg = await _unary(self._servicer.ServerReady, service_pb2.ServerReadyRequest(), request)
+        return web.Response(status=200 if msg.ready else 503)
+
+    async def server_metadata(self, request: web.Request) -> web.StreamResponse:
+        msg = await _unary(
+            self._servicer.ServerMetadata, service_pb2.ServerMetadataRequest(), request
+        )
+        doc = _to_dict(msg)
+        doc["extensions"] = list(EXTENSIONS)
+        return _json(doc)
+
+    async def model_metadata(self, request: web.Request) -> web.StreamResponse:
+        msg = await _unary(
+            self._servicer.ModelMetadata,
+            service_pb2.ModelMetadataRequest(**_model(request)),
+            request,
+        )
+        return _json(metadata_doc(_to_dict(msg)))
+
+    async def model_ready(self, request: web.Request) -> web.StreamResponse:
+        m = _model(request)
+        ready = await self._servicer.model_ready(_metadata(request), m["name"], m["version"])
+        return web.Response(status=200 if ready else 400)
+
+    async def model_config(self, request: web.Request) -> web.StreamResponse:
+        msg = await _unary(
+            self._servicer.ModelConfig, service_pb2.ModelConfigRequest(**_model(request)), request
+        )
+        return _json(config_doc(_to_dict(msg.config)))
+
+    async def stats(self, request: web.Request) -> web.StreamResponse:
+        m = _model(request)
+        docs = self._servicer.statistics_docs(_metadata(request), m["name"], m["version"])
+        return _json({"model_stats": docs})
+
+    async def index(self, request: web.Request) -> web.StreamResponse:
+        doc = await _optional_json(request)
+        if doc.get("repository_name"):
+            raise invalid("this server has one model repository, named ''")
+        return _json(self._servicer.index_docs(_metadata(request), doc.get("ready") is True))
+
+    async def load(self, request: web.Request) -> web.StreamResponse:
+        doc = await _optional_json(request)
+        params = doc.get("parameters") or {}
+        if not isinstance(params, dict) or set(params) - {"version"}:
+            raise invalid(
+                "load parameters are not supported: models load from the repository as "
+                "committed (only 'version' may be given)"
+            )
+        version = params.get("version", "")
+        await self._servicer.load(_metadata(request), request.match_info["model"], str(version))
+        return web.Response(status=200)
+
+    async def unload(self, request: web.Request) -> web.StreamResponse:
+        doc = await _optional_json(request)
+        params = doc.get("parameters") or {}
+        version = str(params.get("version", "")) if isinstance(params, dict) else ""
+        await self._servicer.unload(_metadata(request), request.match_info["model"], version)
+        return web.Response(status=200)
+
+    async def infer(self, request: web.Request) -> web.StreamResponse:
+        m = _model(request)
+        header_length = _header_length(request)
+        body = await request.read()
+        chosen: list[OutputChoice] = []
+
+        def parse() -> Any:
+            req, choice = parse_infer(body, header_length, m["name"], m["version"])
+            chosen.append(choice)
+            return req
+
+        answer = await self._servicer.infer(m["name"], parse, _caller(request))
+        data, json_length = infer_body(
+            answer.result, answer.responded_ns, answer.cache_hit, chosen[0]
+        )
+        if json_length is None:
+            response = web.Response(body=data, content_type="application/json")
+        else:
+            response = web.Response(body=data, content_type="application/octet-stream")
+            response.headers[HEADER_LENGTH] = str(json_length)
+        if request.headers.get("Accept-Encoding"):
+            response.enable_compression()
+        return response
+
+
+def _model(request: web.Request) -> dict[str, str]:
+    return {
+        "name": request.match_info.get("model", ""),
+        "version": request.match_info.get("version", ""),
+    }
+
+
+async def _optional_json(request: web.Request) -> dict[str, Any]:
+    """The JSON object of a body that may be empty."""
+    body = await request.read()
+    if not body.strip():
+        return {}
+    try:
+        doc = json.loads(body)
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        raise invalid("malformed JSON in the request body") from None
+    if not isinstance(doc, dict):
+        raise invalid("the request body must be a JSON object")
+    return doc
+
+
+def _ssl_context(settings: GatewaySettings) -> ssl.SSLContext | None:
+    """TLS for the REST door from the public port's certificate, when it has one."""
+    if settings.tls_cert_file is None or settings.tls_key_file is None:
+        return None
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.load_cert_chain(settings.tls_cert_file, settings.tls_key_file)
+    if settings.tls_client_ca_file is not None:
+        context.load_verify_locations(settings.tls_client_ca_file)
+        context.verify_mode = ssl.CERT_REQUIRED
+    return context

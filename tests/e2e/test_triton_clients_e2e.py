@@ -1,0 +1,368 @@
+"""What Triton's example clients do (simple_grpc_* and simple_http_*: infer with and without
+requested outputs, async, aio, strings, health and metadata, model control, streaming,
+statistics), written here against `tiermesh up` through tritonclient unmodified, plus curl
+against the v2 REST endpoint."""
+
+from __future__ import annotations
+
+import json
+import queue
+import re
+import subprocess
+import time
+from collections.abc import Iterator
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.grpc.aio as grpcaio
+import tritonclient.http as httpclient
+import tritonclient.http.aio as httpaio
+from tritonclient.utils import InferenceServerException, np_to_triton_dtype
+
+from tests.e2e.conftest import UpProcess, start_up
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+
+X0 = np.arange(16, dtype=np.int32).reshape(1, 16)
+X1 = np.ones((1, 16), dtype=np.int32)
+
+
+@pytest.fixture(scope="module")
+def mesh(tmp_path_factory: pytest.TempPathFactory) -> Iterator[UpProcess]:
+    up = start_up(tmp_path_factory.mktemp("triton"), up_args=["--model-control", "explicit"])
+    try:
+        yield up
+    finally:
+        if up.proc.poll() is None:
+            up.interrupt()
+
+
+def rest_url(up: UpProcess) -> str:
+    """host:port of the REST door, from the `tiermesh up` banner."""
+    found = re.search(r"KServe v2 REST: http://(\S+)", up.banner())
+    assert found, "no REST endpoint in the banner"
+    return found.group(1)
+
+
+def grpc_inputs(a: np.ndarray, b: np.ndarray) -> list[grpcclient.InferInput]:
+    inputs = []
+    for name, x in (("INPUT0", a), ("INPUT1", b)):
+        inp = grpcclient.InferInput(name, list(x.shape), np_to_triton_dtype(x.dtype))
+        inp.set_data_from_numpy(x)
+        inputs.append(inp)
+    return inputs
+
+
+def http_inputs(a: np.ndarray, b: np.ndarray, binary: bool = True) -> list[httpclient.InferInput]:
+    inputs = []
+    for name, x in (("INPUT0", a), ("INPUT1", b)):
+        inp = httpclient.InferInput(name, list(x.shape), np_to_triton_dtype(x.dtype))
+        inp.set_data_from_numpy(x, binary_data=binary)
+        inputs.append(inp)
+    return inputs
+
+
+def check_sums(result: Any) -> None:
+    np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), X0 + X1)
+    np.testing.assert_array_equal(result.as_numpy("OUTPUT1"), X0 - X1)
+
+
+# -- gRPC ---------------------------------------------------------------------------------
+
+
+def test_grpc_health_and_metadata(mesh: UpProcess) -> None:
+    client = grpcclient.InferenceServerClient(mesh.url)
+    assert client.is_server_live() and client.is_server_ready()
+    assert client.is_model_ready("simple") and client.is_model_ready("simple_string")
+    server = client.get_server_metadata(as_json=True)
+    assert server["name"] == "tiermesh" and "statistics" in server["extensions"]
+    meta = client.get_model_metadata("simple", as_json=True)
+    assert [i["name"] for i in meta["inputs"]] == ["INPUT0", "INPUT1"]
+    assert meta["inputs"][0] == {"name": "INPUT0", "datatype": "INT32", "shape": ["-1", "16"]}
+    config = client.get_model_config("simple", as_json=True)["config"]
+    assert config["max_batch_size"] == 8
+    assert config["output"][1]["name"] == "OUTPUT1"
+
+
+def test_grpc_infer_with_and_without_requested_outputs(mesh: UpProcess) -> None:
+    client = grpcclient.InferenceServerClient(mesh.url)
+    check_sums(client.infer("simple", grpc_inputs(X0, X1), request_id="1"))
+    outputs = [grpcclient.InferRequestedOutput("OUTPUT1")]
+    result = client.infer("simple", grpc_inputs(X0, X1), outputs=outputs)
+    np.testing.assert_array_equal(result.as_numpy("OUTPUT1"), X0 - X1)
+    assert result.as_numpy("OUTPUT0") is None
+
+
+def test_grpc_async_infer_with_callbacks(mesh: UpProcess) -> None:
+    client = grpcclient.InferenceServerClient(mesh.url)
+    done: queue.Queue[tuple[Any, Any]] = queue.Queue()
+    for i in range(4):
+        client.async_infer(
+            "simple",
+            grpc_inputs(X0 * i, X1),
+            partial(lambda result, error: done.put((result, error))),
+            request_id=str(i),
+        )
+    for _ in range(4):
+        result, error = done.get(timeout=30)
+        assert error is None
+        i = int(result.get_response().id)
+        np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), X0 * i + X1)
+
+
+async def test_grpc_aio_infer(mesh: UpProcess) -> None:
+    client = grpcaio.InferenceServerClient(mesh.url)
+    try:
+        assert await client.is_model_ready("simple")
+        check_sums(await client.infer("simple", grpc_inputs(X0, X1)))
+    finally:
+        await client.close()
+
+
+def test_grpc_string_infer(mesh: UpProcess) -> None:
+    client = grpcclient.InferenceServerClient(mesh.url)
+    a = np.array([[str(v) for v in X0[0]]], dtype=np.object_)
+    b = np.array([[str(v) for v in X1[0]]], dtype=np.object_)
+    result = client.infer("simple_string", grpc_inputs(a, b))
+    got0 = [int(v) for v in result.as_numpy("OUTPUT0")[0]]
+    got1 = [int(v) for v in result.as_numpy("OUTPUT1")[0]]
+    assert got0 == list(X0[0] + X1[0]) and got1 == list(X0[0] - X1[0])
+
+
+def test_grpc_compression(mesh: UpProcess) -> None:
+    client = grpcclient.InferenceServerClient(mesh.url)
+    for algorithm in ("gzip", "deflate"):
+        check_sums(client.infer("simple", grpc_inputs(X0, X1), compression_algorithm=algorithm))
+
+
+def test_grpc_stream_answers_each_request_by_id(mesh: UpProcess) -> None:
+    client = grpcclient.InferenceServerClient(mesh.url)
+    got: queue.Queue[tuple[Any, Any]] = queue.Queue()
+    client.start_stream(callback=lambda result, error: got.put((result, error)))
+    try:
+        for i in range(6):
+            client.async_stream_infer("simple", grpc_inputs(X0 + i, X1), request_id=f"s{i}")
+        client.async_stream_infer("nope", grpc_inputs(X0, X1), request_id="bad")
+        answers: dict[str, Any] = {}
+        errors: list[str] = []
+        for _ in range(7):
+            result, error = got.get(timeout=30)
+            if error is not None:
+                errors.append(str(error))
+                continue
+            answers[result.get_response().id] = result
+    finally:
+        client.stop_stream()
+    assert sorted(answers) == [f"s{i}" for i in range(6)]
+    for i in range(6):
+        np.testing.assert_array_equal(answers[f"s{i}"].as_numpy("OUTPUT0"), X0 + i + X1)
+    assert len(errors) == 1 and "unknown model 'nope'" in errors[0]
+
+
+def test_grpc_model_control(mesh: UpProcess) -> None:
+    client = grpcclient.InferenceServerClient(mesh.url)
+    index = client.get_model_repository_index(as_json=True)["models"]
+    assert {"name": "simple", "version": "1", "state": "READY"} in index
+    client.unload_model("simple_string")
+    try:
+        assert not client.is_model_ready("simple_string")
+        a = np.array([["1"] * 16], dtype=np.object_)
+        with pytest.raises(InferenceServerException) as err:
+            client.infer("simple_string", grpc_inputs(a, a))
+        assert err.value.status() == "StatusCode.UNAVAILABLE"
+        entry = next(
+            m
+            for m in client.get_model_repository_index(as_json=True)["models"]
+            if m["name"] == "simple_string"
+        )
+        assert entry["state"] == "UNAVAILABLE" and entry["reason"] == "unloaded"
+    finally:
+        client.load_model("simple_string")
+    assert client.is_model_ready("simple_string")
+    with pytest.raises(InferenceServerException, match="unknown model"):
+        client.load_model("nope")
+
+
+def test_grpc_statistics_count_requests_and_agree_with_the_breakdown(mesh: UpProcess) -> None:
+    client = grpcclient.InferenceServerClient(mesh.url)
+
+    def stats() -> dict[str, Any]:
+        doc = client.get_inference_statistics("simple", "1", as_json=True)
+        return dict(doc["model_stats"][0])
+
+    before = stats()
+    breakdowns = []
+    for i in range(5):
+        result = client.infer("simple", grpc_inputs(X0 + i, X1))
+        params = result.get_response(as_json=True)["parameters"]
+        breakdowns.append({k: v["double_param"] for k, v in params.items() if k.endswith("_ms")})
+    with pytest.raises(InferenceServerException):
+        client.infer("simple", grpc_inputs(X0.astype(np.int64), X1))  # wrong datatype
+    after = stats()
+
+    def delta(field: str) -> tuple[int, int]:
+        a = after["inference_stats"].get(field, {})
+        b = before["inference_stats"].get(field, {})
+        count = int(a.get("count", 0)) - int(b.get("count", 0))
+        return count, int(a.get("ns", 0)) - int(b.get("ns", 0))
+
+    def total_ms(*stages: str) -> float:
+        return sum(sum(b.get(s, 0.0) for s in stages) for b in breakdowns)
+
+    assert delta("success")[0] == 5 and delta("fail")[0] == 1
+    assert int(after["inference_count"]) - int(before.get("inference_count", 0)) == 5
+    # Response parameters are milliseconds from the same ns instants: equal within rounding.
+    expected = {
+        "queue": total_ms("queue_ms", "batch_wait_ms"),
+        "compute_input": total_ms("preprocess_ms"),
+        "compute_infer": total_ms("compute_ms"),
+        "compute_output": total_ms("postprocess_ms"),
+        "success": total_ms("total_ms"),
+    }
+    for field, ms in expected.items():
+        count, ns = delta(field)
+        assert count == 5, field
+        assert ns / 1e6 == pytest.approx(ms, abs=1e-3), field
+    print(
+        "statistics of 5 requests (ms): "
+        + ", ".join(f"{f} {delta(f)[1] / 1e6:.3f}" for f in expected)
+        + f"; breakdown sums: {', '.join(f'{f} {ms:.3f}' for f, ms in expected.items())}"
+    )
+
+
+# -- HTTP ---------------------------------------------------------------------------------
+
+
+def test_http_health_and_metadata(mesh: UpProcess) -> None:
+    client = httpclient.InferenceServerClient(rest_url(mesh))
+    assert client.is_server_live() and client.is_server_ready()
+    assert client.is_model_ready("simple") and not client.is_model_ready("nope")
+    assert client.get_server_metadata()["name"] == "tiermesh"
+    meta = client.get_model_metadata("simple")
+    assert meta["inputs"][0] == {"name": "INPUT0", "datatype": "INT32", "shape": [-1, 16]}
+    config = client.get_model_config("simple")
+    assert config["max_batch_size"] == 8 and config["input"][0]["dims"] == [16]
+
+
+@pytest.mark.parametrize("binary", [True, False])
+def test_http_infer(mesh: UpProcess, binary: bool) -> None:
+    client = httpclient.InferenceServerClient(rest_url(mesh))
+    outputs = [
+        httpclient.InferRequestedOutput(n, binary_data=binary) for n in ("OUTPUT0", "OUTPUT1")
+    ]
+    check_sums(client.infer("simple", http_inputs(X0, X1, binary), outputs=outputs))
+    check_sums(client.infer("simple", http_inputs(X0, X1, binary)))  # no outputs named
+
+
+def test_http_async_infer(mesh: UpProcess) -> None:
+    client = httpclient.InferenceServerClient(rest_url(mesh), concurrency=4)
+    pending = [client.async_infer("simple", http_inputs(X0 * i, X1)) for i in range(4)]
+    for i, request in enumerate(pending):
+        np.testing.assert_array_equal(request.get_result().as_numpy("OUTPUT0"), X0 * i + X1)
+    client.close()
+
+
+async def test_http_aio_infer(mesh: UpProcess) -> None:
+    client = httpaio.InferenceServerClient(rest_url(mesh))
+    try:
+        assert await client.is_server_ready()
+        check_sums(await client.infer("simple", http_inputs(X0, X1)))
+    finally:
+        await client.close()
+
+
+def test_http_string_infer(mesh: UpProcess) -> None:
+    client = httpclient.InferenceServerClient(rest_url(mesh))
+    a = np.array([[str(v) for v in X0[0]]], dtype=np.object_)
+    b = np.array([[str(v) for v in X1[0]]], dtype=np.object_)
+    for binary in (True, False):
+        result = client.infer("simple_string", http_inputs(a, b, binary))
+        assert [int(v) for v in result.as_numpy("OUTPUT0")[0]] == list(X0[0] + X1[0])
+
+
+def test_http_model_control_and_statistics(mesh: UpProcess) -> None:
+    client = httpclient.InferenceServerClient(rest_url(mesh))
+    client.unload_model("simple")
+    try:
+        assert not client.is_model_ready("simple")
+        with pytest.raises(InferenceServerException) as err:
+            client.infer("simple", http_inputs(X0, X1))
+        assert err.value.status() == "503"
+    finally:
+        client.load_model("simple")
+    assert client.is_model_ready("simple")
+    index = client.get_model_repository_index()
+    assert {"name": "simple", "version": "1", "state": "READY"} in index
+    stats = client.get_inference_statistics("simple")["model_stats"][0]
+    grpc_stats = grpcclient.InferenceServerClient(mesh.url).get_inference_statistics(
+        "simple", as_json=True
+    )["model_stats"][0]
+    assert stats["inference_stats"]["success"]["count"] == int(
+        grpc_stats["inference_stats"]["success"]["count"]
+    )
+
+
+# -- curl ---------------------------------------------------------------------------------
+
+
+def curl(url: str, *args: str) -> tuple[int, str]:
+    out = subprocess.run(
+        ["curl", "-s", "-w", "\n%{http_code}", *args, url],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=True,
+    ).stdout
+    body, _, code = out.rpartition("\n")
+    return int(code), body
+
+
+def test_curl_against_the_rest_endpoint(mesh: UpProcess, tmp_path: Path) -> None:
+    base = f"http://{rest_url(mesh)}/v2/models"
+    doc = {
+        "inputs": [
+            {"name": "INPUT0", "datatype": "INT32", "shape": [1, 16], "data": X0.tolist()},
+            {"name": "INPUT1", "datatype": "INT32", "shape": [1, 16], "data": X1[0].tolist()},
+        ]
+    }
+    post = ["-X", "POST", "-H", "Content-Type: application/json", "-d"]
+    code, body = curl(f"{base}/simple/infer", *post, json.dumps(doc))
+    assert code == 200, body
+    outputs = {o["name"]: o for o in json.loads(body)["outputs"]}
+    assert outputs["OUTPUT0"]["data"] == (X0 + X1)[0].tolist()
+    assert outputs["OUTPUT1"]["data"] == (X0 - X1)[0].tolist()
+    assert outputs["OUTPUT0"]["shape"] == [1, 16]
+
+    code, body = curl(f"{base}/simple/infer", *post, '{"inputs": [')
+    assert code == 400 and "malformed JSON" in json.loads(body)["error"]
+
+    wrong = json.loads(json.dumps(doc))
+    wrong["inputs"][0]["datatype"] = "FP32"
+    code, body = curl(f"{base}/simple/infer", *post, json.dumps(wrong))
+    assert code == 400
+    assert "datatype FP32 does not match the model's INT32" in json.loads(body)["error"]
+
+    code, body = curl(f"{base}/nope/infer", *post, json.dumps(doc))
+    assert code == 404 and json.loads(body)["error"] == "unknown model 'nope'"
+    print(f"curl JSON infer of simple -> 200 {outputs['OUTPUT0']['data'][:4]}...; 404 {body}")
+
+
+def test_a_rest_request_is_one_trace_across_the_mesh(mesh: UpProcess) -> None:
+    """The REST door's SERVER span is the parent of the request's hops (router, worker)."""
+    client = httpclient.InferenceServerClient(rest_url(mesh))
+    client.infer("simple", http_inputs(X0, X1), request_id="traced")
+    deadline = time.monotonic() + 20
+    while True:
+        spans = mesh.spans()
+        rest = [s for s in spans if s["name"] == "POST /v2/models/{model}/infer"]
+        traces = {s["context"]["trace_id"] for s in rest}
+        names = {s["name"] for s in spans if s["context"]["trace_id"] in traces}
+        if any("Router/Route" in n for n in names) and any("compute" in n for n in names):
+            break
+        assert time.monotonic() < deadline, sorted(names)
+        time.sleep(0.05)
+    assert rest[0]["kind"] == "SpanKind.SERVER"
