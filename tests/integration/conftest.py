@@ -30,6 +30,10 @@ from tiermesh.worker.__main__ import serve as serve_worker
 class InProcessMesh:
     gateway: str
     exporter: InMemorySpanExporter
+    # The router's address (a test may start more gateways on it).
+    router: str = ""
+    # What each service reported when ready (its ports), by name.
+    ports: dict[str, dict[str, int]] = field(default_factory=dict)
     stops: list[tuple[asyncio.Event, asyncio.Task[None]]] = field(default_factory=list)
 
     async def close(self) -> None:
@@ -55,6 +59,7 @@ async def _start(
     if task in done:
         task.result()  # raises what made it exit
     assert ready in done, f"{name} did not become ready"
+    mesh.ports[name] = ready.result()
     return ready.result()
 
 
@@ -108,6 +113,8 @@ async def start_mesh(
                 **common,
                 gateway_port=0,
                 delivery_port=0,
+                # Never the fixed default (8000): tests and meshes run side by side.
+                http_port=0,
                 router_address=f"127.0.0.1:{router['port']}",
                 **(gateway_overrides or {}),
             ),
@@ -117,6 +124,7 @@ async def start_mesh(
         await mesh.close()
         raise
     mesh.gateway = f"127.0.0.1:{gw['port']}"
+    mesh.router = f"127.0.0.1:{router['port']}"
     return mesh
 
 

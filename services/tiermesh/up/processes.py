@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -41,8 +42,36 @@ def spawn(
     )
 
 
+# Where free_port looks: below the kernel's ephemeral range. A port from bind(0) comes from
+# that range, and between its release and the service binding it (seconds, while the
+# services before it start) any outgoing connection on the machine may be given it as its
+# source port; ports below the range are only ever taken by an explicit bind.
+PORT_RANGE_FILE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+LOWEST_PORT = 10_000
+FALLBACK_EPHEMERAL_LOW = 32_768
+_ports = random.Random()
+
+
+def _ephemeral_low() -> int:
+    try:
+        return int(PORT_RANGE_FILE.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return FALLBACK_EPHEMERAL_LOW
+
+
 def free_port(host: str = "127.0.0.1") -> int:
-    """A port that was free a moment ago (bind to 0 and release it)."""
+    """A port free a moment ago, outside the ephemeral range when there is room below it
+    (else any port the kernel picks). Random, so concurrent callers rarely meet."""
+    high = _ephemeral_low() - 1
+    if high - LOWEST_PORT >= 1000:
+        for _ in range(50):
+            port = _ports.randint(LOWEST_PORT, high)
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+                try:
+                    s.bind((host, port))
+                except OSError:
+                    continue
+                return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((host, 0))
         return int(s.getsockname()[1])
