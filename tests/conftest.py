@@ -200,3 +200,14 @@ def certs(tmp_path_factory: pytest.TempPathFactory) -> DevCerts:
     """A CA and the server, client and internal (server + client) certificates it signed,
     generated with `cryptography` for 127.0.0.1, ::1 and localhost."""
     return write_dev_certs(tmp_path_factory.mktemp("certs"))
+
+
+def copy_model(repo: Path, source: str, name: str, tamper: bool = False) -> None:
+    """A copy of `source` named `name`, as an operator drops a model folder in; with
+    `tamper` its weights no longer match the sha256 in its config."""
+    shutil.copytree(repo / source, repo / name)
+    cfg = repo / name / "config.yaml"
+    cfg.write_text(cfg.read_text().replace(f"name: {source}", f"name: {name}"))
+    if tamper:
+        with (repo / name / "1" / "model.onnx").open("ab") as f:
+            f.write(b"\0")

@@ -10,20 +10,25 @@ import queue
 import re
 import subprocess
 import time
-from collections.abc import Iterator
+import urllib.request
+from collections.abc import Callable, Iterator
 from functools import partial
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
+import redis
 import tritonclient.grpc as grpcclient
 import tritonclient.grpc.aio as grpcaio
 import tritonclient.http as httpclient
 import tritonclient.http.aio as httpaio
+from prometheus_client.parser import text_string_to_metric_families
 from tritonclient.utils import InferenceServerException, np_to_triton_dtype
 
+from tests.conftest import copy_model
 from tests.e2e.conftest import UpProcess, start_up
+from tiermesh.core import keys
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -185,6 +190,66 @@ def test_grpc_model_control(mesh: UpProcess) -> None:
     assert client.is_model_ready("simple_string")
     with pytest.raises(InferenceServerException, match="unknown model"):
         client.load_model("nope")
+
+
+def _until(check: Callable[[], bool], what: str, timeout_s: float = 30) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not check():
+        assert time.monotonic() < deadline, f"timed out waiting until {what}"
+        time.sleep(0.05)
+
+
+def _loaded_gauge(metrics_url: str, model: str) -> float | None:
+    """The worker's tiermesh_worker_model_loaded for (model, version 1, center)."""
+    with urllib.request.urlopen(metrics_url, timeout=10) as resp:
+        text = resp.read().decode()
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            if s.name == "tiermesh_worker_model_loaded" and s.labels.get("model") == model:
+                return float(s.value)
+    return None
+
+
+def test_model_control_reaches_the_workers(mesh: UpProcess) -> None:
+    """Unload closes the worker's session and deregisters it; load serves again; a model
+    copied in after the start is loadable; a tampered one is refused."""
+    client = grpcclient.InferenceServerClient(mesh.url)
+    r = redis.Redis.from_url(mesh.redis_url())
+    worker_set = keys.workers_key(keys.compute_unit("simple", "fp32", "1"), "center")
+    metrics = mesh.metrics_urls()["worker"]
+    assert r.zcard(worker_set) == 1 and _loaded_gauge(metrics, "simple") == 1.0
+    client.unload_model("simple")
+    try:
+        with pytest.raises(InferenceServerException) as err:
+            client.infer("simple", grpc_inputs(X0, X1))
+        assert err.value.status() == "StatusCode.UNAVAILABLE"
+        _until(lambda: r.zcard(worker_set) == 0, "the worker left simple's worker set")
+        _until(lambda: _loaded_gauge(metrics, "simple") == 0.0, "the worker closed the session")
+        _until(
+            lambda: (
+                '"model unloaded; session closed"' in mesh.log.read_text()
+                and '"unit": "simple@1.fp32"' in mesh.log.read_text()
+            ),
+            "the worker logged the closed session",
+        )
+    finally:
+        client.load_model("simple")
+    assert client.is_model_ready("simple") and r.zcard(worker_set) == 1
+    assert _loaded_gauge(metrics, "simple") == 1.0
+    check_sums(client.infer("simple", grpc_inputs(X0, X1)))
+
+    repo = mesh.log.parent / "models"
+    copy_model(repo, "simple", "simple_added")
+    client.load_model("simple_added")
+    assert client.is_model_ready("simple_added")
+    check_sums(client.infer("simple_added", grpc_inputs(X0, X1)))
+
+    copy_model(repo, "simple", "simple_tampered", tamper=True)
+    with pytest.raises(InferenceServerException, match="do not match the sha256") as err:
+        client.load_model("simple_tampered")
+    assert "nothing changed" in str(err.value)
+    assert not client.is_model_ready("simple_tampered")
+    r.close()
 
 
 def test_grpc_statistics_count_requests_and_agree_with_the_breakdown(mesh: UpProcess) -> None:

@@ -1,14 +1,25 @@
-"""Model control (Triton's explicit mode) and the repository index.
+"""Model control (Triton's explicit mode) and the repository index, for the whole mesh.
 
-What "loaded" means in this mesh: every model of the repository is served from the start
-(workers build their sessions when they start). RepositoryModelUnload marks a model, or one
-version of it, unloaded in a Redis set (keys.UNLOADED_MODELS); every gateway re-reads that set
-every `model_control_refresh_ms` and refuses requests for what it holds (UNAVAILABLE, as
-Triton does for a model that is not loaded), reports it not ready and lists it UNAVAILABLE
-in the repository index. RepositoryModelLoad checks the version's files against their sha256
-again and takes the mark off. So no request reaches a queue for an unloaded model through
-any gateway; workers keep their onnxruntime sessions (releasing them, and loading models
-added to the repository after the start, is not done here).
+What the mesh serves is every model of the repository folder minus the unloaded set in Redis
+(core/serving.py); every load and unload changes that set and increments a generation
+counter in one transaction, and every service polls the counter (core/control_watch.py):
+
+- RepositoryModelUnload adds the model (or "model:version") to the set. This gateway
+  refuses it at once; other gateways and the routers within `model_control_refresh_ms`
+  (UNAVAILABLE, "not loaded"); workers stop reading its streams and heartbeating for it,
+  finish what they already read, answer what is still queued UNAVAILABLE and drop the
+  sessions (worker/loop.py). It returns once the state is written: the mesh follows.
+- RepositoryModelLoad re-reads the repository folder (so a model copied in after the start
+  is found), checks every file of the model's versions against its sha256 - a mismatch is
+  refused (FAILED_PRECONDITION) and changes nothing - then takes the marks off and waits,
+  up to `model_control_load_wait_ms`, until a worker serves the model: workers re-read the
+  folder, build sessions from verified bytes, join the consumer groups and heartbeat.
+- ModelReady and the repository index say READY only for what is loaded and has a live
+  worker.
+
+A model copied into the folder is served once any load (of it or another model) made the
+services re-read the folder, or once they restart. A unit a worker already serves keeps its
+session when its files change on disk: unload and load it to take the new files.
 
 Control is refused unless the gateway runs with model_control=explicit, and then, with a
 tenants file, only a tenant marked `admin: true` may use it.
@@ -17,27 +28,30 @@ tenants file, only a tenant marked `admin: true` may use it.
 from __future__ import annotations
 
 import asyncio
+import time
 
 import grpc
 import redis.asyncio as aioredis
 import structlog
-from redis import exceptions as redis_errors
 
 from tiermesh.core import keys
+from tiermesh.core.control_watch import ControlWatch
 from tiermesh.core.errors import MeshError, invalid, not_found, shown, unavailable
 from tiermesh.core.repository import ModelConfig, ModelRepository, RepositoryError
+from tiermesh.core.serving import member
 from tiermesh.gateway.tenants import Tenant
+from tiermesh.gateway.upstream import Liveness
 
 log = structlog.get_logger("tiermesh.gateway.control")
 
 READY = "READY"
 UNAVAILABLE = "UNAVAILABLE"
 UNLOADED_REASON = "unloaded"
+NO_WORKER_REASON = "no live worker serves it"
+# How often a load looks whether a worker serves the model yet.
+LOAD_POLL_S = 0.05
 
-
-def member(model: str, version: str = "") -> str:
-    """The set member standing for a model (every version) or one version of it."""
-    return f"{model}:{version}" if version else model
+__all__ = ["ModelControl", "check_allowed", "member", "version_parameter"]
 
 
 def check_allowed(enabled: bool, auth_on: bool, tenant: Tenant | None) -> None:
@@ -58,33 +72,34 @@ def check_allowed(enabled: bool, auth_on: bool, tenant: Tenant | None) -> None:
 
 
 class ModelControl:
-    """The unloaded set, as this gateway last read it, and the load/unload operations."""
+    """The control state as this gateway last read it, and the load/unload operations."""
 
-    def __init__(self, redis: aioredis.Redis, repo: ModelRepository) -> None:
+    def __init__(
+        self,
+        redis: aioredis.Redis,
+        repo: ModelRepository,
+        liveness: Liveness,
+        load_wait_s: float = 30.0,
+    ) -> None:
         self._redis = redis
         self._repo = repo
-        self._unloaded: frozenset[str] = frozenset()
+        self._liveness = liveness
+        self._load_wait_s = load_wait_s
+        self.watch = ControlWatch(redis, repo)
 
     async def refresh(self) -> None:
-        members = await self._redis.smembers(keys.UNLOADED_MODELS)
-        self._unloaded = frozenset(m.decode() if isinstance(m, bytes) else m for m in members)
+        """Read the state now (at start; a Redis that does not answer leaves it empty until
+        the watch reads it)."""
+        await self.watch.read()
 
     async def run(self, interval_s: float) -> None:
-        """Re-read the set until cancelled (owned by the gateway's __main__)."""
-        while True:
-            try:
-                await self.refresh()
-            except (redis_errors.RedisError, OSError) as exc:
-                # The last view stays in force until Redis answers again.
-                log.warning("unloaded models not refreshed", error=type(exc).__name__)
-            await asyncio.sleep(interval_s)
+        """Follow the state until cancelled (owned by the gateway's __main__)."""
+        await self.watch.run(interval_s)
 
     def is_served(self, cfg: ModelConfig, version: str = "") -> bool:
         """Whether (model, version) is loaded ("" = the version requests get by default)."""
         ver = cfg.version(version)
-        if cfg.name in self._unloaded:
-            return False
-        return ver is None or member(cfg.name, ver.version) not in self._unloaded
+        return self.watch.state.served(cfg, ver.version if ver else cfg.stable.version)
 
     def check_served(self, cfg: ModelConfig, version: str = "") -> None:
         """UNAVAILABLE when (model, version) is unloaded."""
@@ -92,8 +107,20 @@ class ModelControl:
             which = f"model '{cfg.name}'" + (f" version '{version}'" if version else "")
             raise unavailable(f"{which} is not loaded (unloaded through model control)")
 
-    def _known(self, name: str, version: str) -> ModelConfig:
-        cfg = self._repo.get(name)
+    async def ready(self, cfg: ModelConfig, version: str = "") -> bool:
+        """Loaded, and a live worker serves a compute unit requests for it go to."""
+        ver = cfg.version(version)
+        if ver is None or not self.is_served(cfg, version):
+            return False
+        variants = {t.variant or cfg.default_variant for t in cfg.tiers} or {cfg.default_variant}
+        for variant in sorted(variants):
+            unit = keys.compute_unit(cfg.queue_model, variant, ver.version)
+            if await self._liveness.workers(unit) > 0:
+                return True
+        return False
+
+    def _known(self, repo: ModelRepository, name: str, version: str) -> ModelConfig:
+        cfg = repo.get(name)
         if cfg is None:
             raise not_found(f"unknown model '{shown(name)}' in the model repository")
         if version and cfg.version(version) is None:
@@ -101,42 +128,73 @@ class ModelControl:
         return cfg
 
     async def load(self, name: str, version: str = "") -> None:
-        """Serve the model (or version) again once its files still match their sha256."""
-        cfg = self._known(name, version)
+        """Serve the model (or version) across the mesh once its files match their sha256;
+        returns when a worker serves it."""
+        fresh = ModelRepository(self._repo.root)
+        try:
+            await asyncio.to_thread(fresh.load)
+        except RepositoryError as exc:
+            log.error("model not loaded: repository unreadable", model=name, problem=str(exc))
+            raise MeshError(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"model '{shown(name)}' not loaded: the model repository does not read "
+                f"({exc}); nothing changed",
+            ) from None
+        cfg = self._known(fresh, name, version)
         versions = [version] if version else [v.version for v in cfg.versions]
         for v in versions:
             try:
-                self._repo.checked_folder(name, v)
+                await asyncio.to_thread(fresh.checked_folder, name, v)
             except RepositoryError as exc:
                 log.error("model not loaded: files do not check", model=name, problem=str(exc))
                 raise MeshError(
-                    grpc.StatusCode.INTERNAL,
-                    f"model '{name}' version {v}: its files do not match the repository's "
-                    "checksums; see the gateway log",
+                    grpc.StatusCode.FAILED_PRECONDITION,
+                    f"model '{name}' version {v} not loaded: its files do not match the "
+                    "sha256 checksums recorded in its config (see the gateway log for "
+                    "which file); nothing changed",
                 ) from None
         gone = [member(name, v) for v in versions] + ([] if version else [member(name)])
-        await self._redis.srem(keys.UNLOADED_MODELS, *gone)
-        await self.refresh()
+        async with self._redis.pipeline(transaction=True) as pipe:
+            pipe.srem(keys.UNLOADED_MODELS, *gone)
+            pipe.incr(keys.CONTROL_GENERATION)
+            await pipe.execute()
+        await self.watch.reload_repository()
+        await self.watch.read()
         log.info("model loaded", model=name, version=version or "*")
+        cfg = self._repo.get(name) or cfg
+        deadline = time.monotonic() + self._load_wait_s
+        while not all([await self.ready(cfg, v) for v in versions]):
+            if time.monotonic() >= deadline:
+                raise unavailable(
+                    f"model '{name}' is loaded but no worker serves it yet (waited "
+                    f"{self._load_wait_s:g} s); see the workers' logs"
+                )
+            await asyncio.sleep(LOAD_POLL_S)
 
     async def unload(self, name: str, version: str = "") -> None:
-        self._known(name, version)
-        await self._redis.sadd(keys.UNLOADED_MODELS, member(name, version))
-        await self.refresh()
+        """Stop serving the model (or version) across the mesh; returns once the state is
+        written (this gateway refuses it from now on, the rest of the mesh follows)."""
+        self._known(self._repo, name, version)
+        async with self._redis.pipeline(transaction=True) as pipe:
+            pipe.sadd(keys.UNLOADED_MODELS, member(name, version))
+            pipe.incr(keys.CONTROL_GENERATION)
+            await pipe.execute()
+        await self.watch.read()
         log.info("model unloaded", model=name, version=version or "*")
 
-    def index(self, models: list[ModelConfig], ready_only: bool) -> list[dict[str, str]]:
+    async def index(self, models: list[ModelConfig], ready_only: bool) -> list[dict[str, str]]:
         """Triton's repository index: one entry per model version, with its state."""
         out = []
         for cfg in sorted(models, key=lambda c: c.name):
             for ver in cfg.versions:
                 served = self.is_served(cfg, ver.version)
-                if ready_only and not served:
+                ready = served and await self.ready(cfg, ver.version)
+                if ready_only and not ready:
                     continue
                 entry = {"name": cfg.name, "version": ver.version}
-                entry["state"] = READY if served else UNAVAILABLE
-                if not served:
-                    entry["reason"] = UNLOADED_REASON
+                entry["state"] = READY if ready else UNAVAILABLE
+                if not ready:
+                    entry["reason"] = NO_WORKER_REASON if served else UNLOADED_REASON
                 out.append(entry)
         return out
 

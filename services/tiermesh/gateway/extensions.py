@@ -11,16 +11,18 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
+import redis.asyncio as aioredis
 from google.protobuf import json_format  # type: ignore[import-untyped]
 from tritonclient.grpc import service_pb2
 
-from tiermesh.core.errors import invalid, shown
+from tiermesh.core.errors import invalid, shown, unavailable
 from tiermesh.core.grpc_errors import grpc_method
 from tiermesh.core.repository import ModelConfig
 from tiermesh.gateway.control import ModelControl, check_allowed, version_parameter
 from tiermesh.gateway.requests import InferRequest, find_model
 from tiermesh.gateway.servicer import Answer, Caller, InferenceServicer, caller_of
 from tiermesh.gateway.statistics import model_stats_doc
+from tiermesh.gateway.statistics_store import StatisticsStore
 from tiermesh.gateway.stream import stream_infer
 
 Metadata = Sequence[tuple[str, str | bytes]]
@@ -38,10 +40,21 @@ EXTENSIONS = (
 class TritonServicer(InferenceServicer):
     """The public servicer with Triton's extensions; built by the gateway's __main__."""
 
-    def __init__(self, *args: Any, control: ModelControl, control_enabled: bool, **kw: Any) -> None:
+    def __init__(
+        self,
+        *args: Any,
+        control: ModelControl,
+        control_enabled: bool,
+        stats: StatisticsStore | None = None,
+        **kw: Any,
+    ) -> None:
         super().__init__(*args, **kw)
         self.control = control
         self._control_enabled = control_enabled
+        # The mesh's statistics (every gateway's, through Redis); None: this gateway's only.
+        self._stats = stats
+        if stats is not None:
+            self.statistics = stats.statistics
 
     # -- transport-neutral ------------------------------------------------------------
 
@@ -49,6 +62,10 @@ class TritonServicer(InferenceServicer):
         self, model_name: str, parse: Callable[[], InferRequest], caller: Caller
     ) -> Answer:
         """InferenceServicer.infer, refusing models unloaded through model control."""
+        cfg = self._repo.get(model_name)
+        if cfg is None or not self.control.is_served(cfg):
+            # Another gateway may have loaded it just now: look (one GET) before refusing.
+            await self.control.watch.catch_up()
 
         def served() -> InferRequest:
             req = parse()
@@ -67,7 +84,9 @@ class TritonServicer(InferenceServicer):
             return models
         return [cfg for cfg in models if cfg.name in tenant.models]
 
-    def statistics_docs(self, metadata: Metadata, name: str, version: str) -> list[dict[str, Any]]:
+    async def statistics_docs(
+        self, metadata: Metadata, name: str, version: str
+    ) -> list[dict[str, Any]]:
         """Triton's model_stats entries: of every model the caller may use ("" name), or of
         one model (every version, or the named one)."""
         if name:
@@ -78,15 +97,22 @@ class TritonServicer(InferenceServicer):
             if version:
                 raise invalid("a version needs a model name")
             models = sorted(self._visible(metadata), key=lambda c: c.name)
-        docs = []
-        for cfg in models:
-            versions = [version] if version else [v.version for v in cfg.versions]
-            for v in versions:
-                docs.append(model_stats_doc(cfg.name, v, self.statistics.of(cfg.name, v)))
-        return docs
+        wanted = [
+            (cfg.name, v)
+            for cfg in models
+            for v in ([version] if version else [ver.version for ver in cfg.versions])
+        ]
+        if self._stats is None:
+            figures = {key: self.statistics.of(*key) for key in wanted}
+        else:
+            try:
+                figures = await self._stats.read(wanted)
+            except (aioredis.RedisError, OSError):
+                raise unavailable("statistics unavailable (redis down or loading)") from None
+        return [model_stats_doc(m, v, figures[(m, v)]) for m, v in wanted]
 
-    def index_docs(self, metadata: Metadata, ready_only: bool) -> list[dict[str, str]]:
-        return self.control.index(self._visible(metadata), ready_only)
+    async def index_docs(self, metadata: Metadata, ready_only: bool) -> list[dict[str, str]]:
+        return await self.control.index(self._visible(metadata), ready_only)
 
     async def load(self, metadata: Metadata, name: str, version: str = "") -> None:
         self._check_control(metadata)
@@ -101,15 +127,12 @@ class TritonServicer(InferenceServicer):
         check_allowed(self._control_enabled, self._gate.enabled, tenant)
 
     async def model_ready(self, metadata: Metadata, name: str, version: str) -> bool:
-        """ModelReady, false for a model unloaded through model control."""
+        """ModelReady: loaded (model control) and served by a live worker."""
         self._gate.authorize(metadata, name)
         cfg = self._repo.get(name)
-        if cfg is not None and not self.control.is_served(cfg, version):
+        if cfg is None or self.draining:
             return False
-        response = await InferenceServicer.ModelReady.__wrapped__(  # type: ignore[attr-defined]
-            self, service_pb2.ModelReadyRequest(name=name, version=version), _Metadata(metadata)
-        )
-        return bool(response.ready)
+        return await self.control.ready(cfg, version)
 
     # -- gRPC -------------------------------------------------------------------------
 
@@ -126,13 +149,15 @@ class TritonServicer(InferenceServicer):
 
     @grpc_method
     async def ModelStatistics(self, request, context):  # type: ignore[no-untyped-def]
-        docs = self.statistics_docs(caller_of(context).metadata, request.name, request.version)
+        docs = await self.statistics_docs(
+            caller_of(context).metadata, request.name, request.version
+        )
         return json_format.ParseDict({"model_stats": docs}, service_pb2.ModelStatisticsResponse())
 
     @grpc_method
     async def RepositoryIndex(self, request, context):  # type: ignore[no-untyped-def]
         _no_other_repository(request.repository_name)
-        docs = self.index_docs(caller_of(context).metadata, request.ready)
+        docs = await self.index_docs(caller_of(context).metadata, request.ready)
         return json_format.ParseDict({"models": docs}, service_pb2.RepositoryIndexResponse())
 
     @grpc_method
@@ -165,13 +190,3 @@ class TritonServicer(InferenceServicer):
 def _no_other_repository(name: str) -> None:
     if name:
         raise invalid(f"unknown repository '{shown(name)}': this server has one, named ''")
-
-
-class _Metadata:
-    """Just enough of a ServicerContext for a method that only reads the caller's headers."""
-
-    def __init__(self, metadata: Metadata) -> None:
-        self._metadata = tuple(metadata)
-
-    def invocation_metadata(self) -> tuple[tuple[str, str | bytes], ...]:
-        return self._metadata

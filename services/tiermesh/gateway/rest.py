@@ -246,14 +246,14 @@ class RestDoor:
 
     async def stats(self, request: web.Request) -> web.StreamResponse:
         m = _model(request)
-        docs = self._servicer.statistics_docs(_metadata(request), m["name"], m["version"])
+        docs = await self._servicer.statistics_docs(_metadata(request), m["name"], m["version"])
         return _json({"model_stats": docs})
 
     async def index(self, request: web.Request) -> web.StreamResponse:
         doc = await _optional_json(request)
         if doc.get("repository_name"):
             raise invalid("this server has one model repository, named ''")
-        return _json(self._servicer.index_docs(_metadata(request), doc.get("ready") is True))
+        return _json(await self._servicer.index_docs(_metadata(request), doc.get("ready") is True))
 
     async def load(self, request: web.Request) -> web.StreamResponse:
         doc = await _optional_json(request)

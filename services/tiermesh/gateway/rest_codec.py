@@ -31,6 +31,8 @@ HEADER_LENGTH = "Inference-Header-Content-Length"
 _HTTP_STATUS: dict[grpc.StatusCode, int] = {
     grpc.StatusCode.OK: 200,
     grpc.StatusCode.INVALID_ARGUMENT: 400,
+    # A model load refused (its files do not match their checksums): Triton answers 400.
+    grpc.StatusCode.FAILED_PRECONDITION: 400,
     grpc.StatusCode.NOT_FOUND: 404,
     grpc.StatusCode.RESOURCE_EXHAUSTED: 429,
     grpc.StatusCode.UNAVAILABLE: 503,

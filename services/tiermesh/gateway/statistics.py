@@ -14,13 +14,22 @@ How the mesh's stages map onto Triton's fields (all durations cumulative, nanose
 | fail             | failed calls, received -> refused       |                               |
 | cache_hit        | answers from the response cache         | received -> responded         |
 
+| cache_miss       | answers not in the response cache       | the lookup and the write back |
+
 compute_input covers what happens before the request can wait for a worker: the gateway's
 checks, the hop to the router and its input processing (tokenization). execution_count
-counts distinct batches (worker, batch start) among this gateway's answers. Each gateway
-keeps its own figures in memory, for the calls it answered since it started, as each Triton
-server does; with several gateway replicas, each answers for its own calls.
+counts distinct batches (worker, batch start). batch_stats, per batch size: compute_infer
+(batch start -> end) and compute_output (batch end -> postprocessed: postprocess takes a
+whole batch in one call); compute_input stays 0 there, as the timeline has no batch-level
+input stage (padding and concatenation run inside the compute span).
 
-Pure and synchronous; no gRPC.
+The figures are the whole mesh's: each gateway counts in memory (nothing per request leaves
+the process) and adds what it counted to Redis every `statistics_flush_ms`, in one pipelined
+round trip (gateway/statistics_store.py); ModelStatistics returns what Redis holds plus what
+this gateway has not flushed yet. A batch is counted once even when its requests came
+through several gateways (the first flush of it marks it in Redis).
+
+Pure and synchronous; no gRPC, no Redis.
 """
 
 from __future__ import annotations
@@ -32,6 +41,16 @@ from tiermesh.core.jobs import Timing
 
 # Batches remembered per model version to count each one once (its requests arrive apart).
 RECENT_BATCHES = 4096
+DURATIONS = (
+    "success",
+    "fail",
+    "queue",
+    "compute_input",
+    "compute_infer",
+    "compute_output",
+    "cache_hit",
+    "cache_miss",
+)
 
 
 @dataclass
@@ -43,12 +62,32 @@ class Duration:
         self.count += 1
         self.ns += max(0, ns)
 
+    def merge(self, other: Duration) -> None:
+        self.count += other.count
+        self.ns += other.ns
+
 
 @dataclass
 class BatchStats:
-    """Per batch size: the batches of that size and their compute time."""
+    """Per batch size: the batches of that size and their compute and output time."""
 
     compute_infer: Duration = field(default_factory=Duration)
+    compute_output: Duration = field(default_factory=Duration)
+
+    def merge(self, other: BatchStats) -> None:
+        self.compute_infer.merge(other.compute_infer)
+        self.compute_output.merge(other.compute_output)
+
+
+@dataclass(frozen=True, slots=True)
+class Batch:
+    """A batch first seen in this gateway's answers since the last flush."""
+
+    worker: str
+    start_ns: int
+    size: int
+    compute_infer_ns: int
+    compute_output_ns: int
 
 
 @dataclass
@@ -60,22 +99,36 @@ class VersionStats:
     compute_infer: Duration = field(default_factory=Duration)
     compute_output: Duration = field(default_factory=Duration)
     cache_hit: Duration = field(default_factory=Duration)
+    cache_miss: Duration = field(default_factory=Duration)
     # Rows inferred (a request's batch dimension) and batches run.
     inference_count: int = 0
     execution_count: int = 0
     # Unix ms of the last answer (0: none yet).
     last_inference_ms: int = 0
     batches: dict[int, BatchStats] = field(default_factory=dict)
-    _recent: OrderedDict[tuple[str, int], None] = field(default_factory=OrderedDict)
+    # Batches not yet flushed (each also counted in execution_count and batches).
+    new_batches: list[Batch] = field(default_factory=list)
 
-    def new_batch(self, key: tuple[str, int]) -> bool:
-        """True the first time a batch is seen (among the last RECENT_BATCHES)."""
-        if key in self._recent:
-            return False
-        self._recent[key] = None
-        if len(self._recent) > RECENT_BATCHES:
-            self._recent.popitem(last=False)
-        return True
+    def duration(self, name: str) -> Duration:
+        d = getattr(self, name)
+        assert isinstance(d, Duration)
+        return d
+
+    def add_batch(self, batch: Batch) -> None:
+        self.execution_count += 1
+        per_size = self.batches.setdefault(batch.size, BatchStats())
+        per_size.compute_infer.add(batch.compute_infer_ns)
+        per_size.compute_output.add(batch.compute_output_ns)
+
+    def merge(self, other: VersionStats) -> None:
+        """Add `other`'s figures (its unflushed batches counted, not kept)."""
+        for name in DURATIONS:
+            self.duration(name).merge(other.duration(name))
+        self.inference_count += other.inference_count
+        self.execution_count += other.execution_count
+        self.last_inference_ms = max(self.last_inference_ms, other.last_inference_ms)
+        for size, b in other.batches.items():
+            self.batches.setdefault(size, BatchStats()).merge(b)
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,17 +157,33 @@ def stage_ns(timing: Timing, responded_ns: int) -> StageNs:
     )
 
 
+Key = tuple[str, str]
+
+
 class InferenceStatistics:
-    """The figures of every (model, version) this gateway answered for."""
+    """What this gateway counted per (model, version) since its last flush."""
 
     def __init__(self) -> None:
-        self._by_key: dict[tuple[str, str], VersionStats] = {}
+        self._pending: dict[Key, VersionStats] = {}
+        # Drained, being written to Redis: still this gateway's to report until written.
+        self._in_transit: dict[Key, VersionStats] = {}
+        self._recent: OrderedDict[tuple[str, str, str, int], None] = OrderedDict()
 
     def _of(self, model: str, version: str) -> VersionStats:
         key = (model, version)
-        if key not in self._by_key:
-            self._by_key[key] = VersionStats()
-        return self._by_key[key]
+        if key not in self._pending:
+            self._pending[key] = VersionStats()
+        return self._pending[key]
+
+    def _new_batch(self, model: str, version: str, batch: tuple[str, int]) -> bool:
+        """True the first time a batch is seen (among the last RECENT_BATCHES)."""
+        key = (model, version, *batch)
+        if key in self._recent:
+            return False
+        self._recent[key] = None
+        if len(self._recent) > RECENT_BATCHES:
+            self._recent.popitem(last=False)
+        return True
 
     def computed(
         self,
@@ -135,11 +204,11 @@ class InferenceStatistics:
         stats.compute_infer.add(ns.compute_infer)
         stats.compute_output.add(ns.compute_output)
         stats.inference_count += rows
-        stats.last_inference_ms = responded_ns // 1_000_000
-        if stats.new_batch(batch):
-            stats.execution_count += 1
-            per_size = stats.batches.setdefault(batch_size, BatchStats())
-            per_size.compute_infer.add(ns.compute_infer)
+        stats.last_inference_ms = max(stats.last_inference_ms, responded_ns // 1_000_000)
+        if self._new_batch(model, version, batch):
+            seen = Batch(batch[0], batch[1], batch_size, ns.compute_infer, ns.compute_output)
+            stats.add_batch(seen)
+            stats.new_batches.append(seen)
 
     def cache_hit(
         self, model: str, version: str, rows: int, received_ns: int, responded_ns: int
@@ -149,15 +218,40 @@ class InferenceStatistics:
         stats.success.add(responded_ns - received_ns)
         stats.cache_hit.add(responded_ns - received_ns)
         stats.inference_count += rows
-        stats.last_inference_ms = responded_ns // 1_000_000
+        stats.last_inference_ms = max(stats.last_inference_ms, responded_ns // 1_000_000)
+
+    def cache_miss(self, model: str, version: str, lookup_ns: int) -> None:
+        """Called once per computed answer of a caching model: its lookup and write back."""
+        self._of(model, version).cache_miss.add(lookup_ns)
 
     def failed(self, model: str, version: str, received_ns: int, ended_ns: int) -> None:
         """Called once per call to a known model that ended without an answer."""
         self._of(model, version).fail.add(ended_ns - received_ns)
 
     def of(self, model: str, version: str) -> VersionStats:
-        """The figures of (model, version); zeros when it has none yet."""
-        return self._by_key.get((model, version)) or VersionStats()
+        """This gateway's figures of (model, version) not yet in Redis; zeros when none."""
+        out = VersionStats()
+        for part in (self._in_transit, self._pending):
+            if (model, version) in part:
+                out.merge(part[(model, version)])
+        return out
+
+    def drain(self) -> dict[Key, VersionStats]:
+        """Hand the figures over for a flush; they still count in `of` until `flushed`."""
+        drained, self._pending = self._pending, {}
+        for key, stats in drained.items():
+            self._in_transit.setdefault(key, VersionStats()).merge(stats)
+        return drained
+
+    def flushed(self, drained: dict[Key, VersionStats], ok: bool) -> None:
+        """After a flush: written (forget them), or failed (count them again next time)."""
+        self._in_transit = {}
+        if ok:
+            return
+        for key, stats in drained.items():
+            pending = self._of(*key)
+            pending.merge(stats)
+            pending.new_batches[:0] = stats.new_batches
 
 
 def _duration_doc(d: Duration) -> dict[str, int]:
@@ -173,22 +267,13 @@ def model_stats_doc(model: str, version: str, stats: VersionStats) -> dict[str, 
         "last_inference": stats.last_inference_ms,
         "inference_count": stats.inference_count,
         "execution_count": stats.execution_count,
-        "inference_stats": {
-            "success": _duration_doc(stats.success),
-            "fail": _duration_doc(stats.fail),
-            "queue": _duration_doc(stats.queue),
-            "compute_input": _duration_doc(stats.compute_input),
-            "compute_infer": _duration_doc(stats.compute_infer),
-            "compute_output": _duration_doc(stats.compute_output),
-            "cache_hit": _duration_doc(stats.cache_hit),
-            "cache_miss": _duration_doc(Duration()),
-        },
+        "inference_stats": {name: _duration_doc(stats.duration(name)) for name in DURATIONS},
         "batch_stats": [
             {
                 "batch_size": size,
                 "compute_input": _duration_doc(Duration()),
                 "compute_infer": _duration_doc(b.compute_infer),
-                "compute_output": _duration_doc(Duration()),
+                "compute_output": _duration_doc(b.compute_output),
             }
             for size, b in sorted(stats.batches.items())
         ],

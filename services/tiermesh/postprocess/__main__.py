@@ -44,7 +44,11 @@ async def serve(
     registry = new_registry()
     metrics_server = MetricsServer(registry, settings.metrics_host, settings.metrics_port)
     servicer = PostprocessServicer(
-        Steps.for_models(repo.load()), gateways, telemetry, PostprocessMetrics(registry)
+        Steps.for_models(repo.load()),
+        gateways,
+        telemetry,
+        PostprocessMetrics(registry),
+        repo=repo,
     )
     postprocess_pb2_grpc.add_PostprocessServicer_to_server(servicer, server)
     health = add_health(server)

@@ -12,6 +12,7 @@ import structlog
 
 from tiermesh.core.grpc_errors import grpc_method
 from tiermesh.core.jobs import JobResult
+from tiermesh.core.repository import ModelRepository, RepositoryError
 from tiermesh.core.telemetry import Telemetry, extract
 from tiermesh.core.wire import result_from_proto
 from tiermesh.postprocess.gateways import GatewayClients
@@ -30,7 +31,10 @@ class PostprocessServicer(postprocess_pb2_grpc.PostprocessServicer):
         telemetry: Telemetry,
         metrics: PostprocessMetrics | None = None,
         clock_ns: Callable[[], int] = time.time_ns,
+        repo: ModelRepository | None = None,
     ) -> None:
+        self._repo = repo
+        self._tried: set[str] = set()
         self._metrics = metrics
         self._steps = steps
         self._gateways = gateways
@@ -40,6 +44,7 @@ class PostprocessServicer(postprocess_pb2_grpc.PostprocessServicer):
     @grpc_method
     async def Process(self, request, context):  # type: ignore[no-untyped-def]
         by_gateway: dict[str, list[JobResult]] = defaultdict(list)
+        await self._know({msg.model for msg in request.results})
         for msg in request.results:
             result = self._postprocess(result_from_proto(msg))
             by_gateway[result.gateway].append(result)
@@ -61,6 +66,21 @@ class PostprocessServicer(postprocess_pb2_grpc.PostprocessServicer):
             self._metrics.deliveries.labels("delivered").inc(delivered)
             self._metrics.deliveries.labels("undeliverable").inc(undeliverable)
         return postprocess_pb2.ProcessReply(delivered=delivered, undeliverable=undeliverable)
+
+    async def _know(self, models: set[str]) -> None:
+        """Re-read the repository once for a model it did not hold when read (one loaded
+        through model control after the start), so its output step applies."""
+        new = models - self._steps.models - self._tried
+        if not new or self._repo is None:
+            return
+        self._tried |= new
+        try:
+            await asyncio.to_thread(self._repo.load)
+        except (RepositoryError, OSError) as exc:
+            log.error("model repository not re-read", problem=str(exc))
+            return
+        self._steps = Steps.for_models(self._repo.configs)
+        log.info("model repository re-read", new_models=sorted(new & self._steps.models))
 
     def _postprocess(self, result: JobResult) -> JobResult:
         with self._tracer.start_as_current_span(

@@ -39,13 +39,19 @@ def mean_pool_l2(spec: PoolSpec) -> Step:
 class Steps:
     """The output step of each model; models without one pass through unchanged."""
 
-    def __init__(self, steps: Mapping[str, Step] | None = None) -> None:
+    def __init__(
+        self, steps: Mapping[str, Step] | None = None, models: frozenset[str] = frozenset()
+    ) -> None:
         self._steps = dict(steps or {})
+        # Every model of the repository these steps were built from (with a step or not).
+        self.models = models | frozenset(self._steps)
 
     @classmethod
     def for_models(cls, configs: Mapping[str, ModelConfig]) -> Steps:
-        """Built once at postprocess start from the model repository."""
-        return cls({name: mean_pool_l2(c.pool) for name, c in configs.items() if c.pool})
+        """Built at postprocess start from the model repository (and again when a result
+        names a model the repository did not hold then: one loaded after the start)."""
+        steps = {name: mean_pool_l2(c.pool) for name, c in configs.items() if c.pool}
+        return cls(steps, frozenset(configs))
 
     def apply(self, result: JobResult) -> JobResult:
         """Failed results pass through untouched; the caller only gets their status."""

@@ -51,6 +51,10 @@ class RolloutStates:
                 await self.refresh()
             except (aioredis.RedisError, OSError) as exc:
                 log.debug("rollout states not refreshed", error=repr(exc))
+            # redis-py can swallow a cancellation that lands in mid-command (or turn it
+            # into a connection error): a stop must still stop this loop.
+            if (task := asyncio.current_task()) is not None and task.cancelling():
+                raise asyncio.CancelledError
             await asyncio.sleep(interval_s)
 
     def _export(self, state: RolloutState) -> None:

@@ -63,6 +63,10 @@ class RolloutController:
                 await self.evaluate_once()
             except (aioredis.RedisError, OSError) as exc:
                 log.warning("rollout evaluation skipped", error=repr(exc))
+            # redis-py can swallow a cancellation that lands in mid-command (or turn it
+            # into a connection error): a stop must still stop this loop.
+            if (task := asyncio.current_task()) is not None and task.cancelling():
+                raise asyncio.CancelledError
             await asyncio.sleep(interval_s)
 
     async def evaluate_once(self) -> list[Evaluation]:

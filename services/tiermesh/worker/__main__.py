@@ -7,13 +7,14 @@ import contextlib
 import os
 import socket
 
+import redis.asyncio as aioredis
 import structlog
 
-from tiermesh.core.keys import compute_unit, split_unit
+from tiermesh.core.control_watch import ControlWatch
 from tiermesh.core.logging import configure_logging
 from tiermesh.core.metrics import MetricsServer, new_registry
 from tiermesh.core.redis_client import connect
-from tiermesh.core.repository import ModelRepository, RepositoryError
+from tiermesh.core.repository import ModelConfig, ModelRepository, RepositoryError
 from tiermesh.core.server import (
     ReadyCallback,
     add_health,
@@ -23,6 +24,7 @@ from tiermesh.core.server import (
     set_serving,
     stop_event_on_signals,
 )
+from tiermesh.core.serving import worker_units
 from tiermesh.core.settings import WorkerSettings
 from tiermesh.core.telemetry import Telemetry
 from tiermesh.core.tls import internal_channel_credentials, internal_server_credentials
@@ -31,6 +33,7 @@ from tiermesh.worker.loop import Worker
 from tiermesh.worker.metrics import WorkerMetrics
 from tiermesh.worker.runner import ModelRunner
 from tiermesh.worker.streams import StreamClient
+from tiermesh.worker.units import UnitControl, open_runner
 
 log = structlog.get_logger("tiermesh.worker")
 
@@ -48,26 +51,22 @@ async def serve(
     unknown = [n for n in names if n not in configs or configs[n].companion_of]
     if unknown:
         raise RepositoryError(f"worker asked to serve unknown model(s): {', '.join(unknown)}")
+    redis = connect(settings.redis_url)
+    watch = ControlWatch(redis, repo)
+    try:
+        await watch.read()  # a model unloaded through model control gets no session
+    except (aioredis.RedisError, OSError):
+        log.warning("model control state unreadable at start; serving every model until read")
     # One session per (version, variant) the config lists: a request that names an older
     # version is computed by that version's weights, not the latest's.
-    served = {
-        compute_unit(n, variant, ver.version): configs[n]
-        for n in names
-        for ver in configs[n].versions
-        for variant in configs[n].variants
-    }
-    runners = {}
-    for unit, cfg in served.items():
-        _, version, variant = split_unit(unit)
-        runners[unit] = ModelRunner(
-            cfg,
-            repo.verified_model(cfg.name, version, variant),
-            settings.intra_op_threads,
-            preoptimized=repo.preoptimized(cfg.name, variant, version),
-        )
+    served = worker_units(configs, names, watch.state.unloaded)
+
+    def opener(unit: str, cfg: ModelConfig) -> ModelRunner:
+        return open_runner(repo, unit, cfg, settings.intra_op_threads)
+
+    runners = {unit: opener(unit, cfg) for unit, cfg in served.items()}
     for unit, runner in runners.items():
         log.info("model loaded", unit=unit, load_s=round(runner.load_s, 3))
-    redis = connect(settings.redis_url)
     channel = make_channel(
         settings.postprocess_address,
         telemetry,
@@ -90,6 +89,14 @@ async def serve(
         reclaim_interval_ms=settings.reclaim_interval_ms,
         reclaim_min_idle_ms=settings.reclaim_min_idle_ms,
         max_deliveries=settings.max_deliveries,
+        control=UnitControl(
+            # Empty names: every model, including ones added to the folder later.
+            watch,
+            repo,
+            settings.model_names,
+            opener,
+            settings.model_control_refresh_ms / 1000,
+        ),
     )
     server = make_server(telemetry)
     health = add_health(server)

@@ -16,9 +16,11 @@ import structlog
 from opentelemetry.trace import Link, SpanKind
 
 from tiermesh.core import keys
+from tiermesh.core.control_watch import ControlState
 from tiermesh.core.jobs import JobResult
 from tiermesh.core.keys import StreamKey
 from tiermesh.core.repository import ModelConfig
+from tiermesh.core.serving import plan_units, worker_units
 from tiermesh.core.telemetry import Telemetry, span_context_of
 from tiermesh.core.wire import decode_job, encode_job
 from tiermesh.worker import results
@@ -36,6 +38,7 @@ from tiermesh.worker.runner import JobOutputs, ModelRunner
 from tiermesh.worker.scheduler import Scheduler
 from tiermesh.worker.spans import request_spans, skipped_span
 from tiermesh.worker.streams import Entry, StreamClient
+from tiermesh.worker.units import UnitControl
 
 log = structlog.get_logger("tiermesh.worker")
 HANDOFF_ATTEMPTS = 5
@@ -67,14 +70,21 @@ class Worker:
         reclaim_interval_ms: int = 1000,
         reclaim_min_idle_ms: int = 5000,
         max_deliveries: int = 3,
+        control: UnitControl | None = None,
     ) -> None:
         self._reclaim_interval_s = reclaim_interval_ms / 1000
         self._reclaim_min_idle_ms = reclaim_min_idle_ms
         self._max_deliveries = max_deliveries
         self.tier = tier
         self._metrics = metrics
-        self._configs = configs
-        self._runners = runners
+        # Units with a session: those served, and those closing (unloaded through model
+        # control: no longer read, finishing what was read). Changed by `apply`.
+        self._configs = dict(configs)
+        self._runners = dict(runners)
+        self._closing: set[str] = set()
+        # Closing units whose queued entries are being answered (not retired meanwhile).
+        self._draining: set[str] = set()
+        self._control = control
         self._streams = streams
         self._handoff = handoff
         self._tracer = telemetry.tracer
@@ -83,11 +93,7 @@ class Worker:
         self._hb_ttl_ms = heartbeat_ttl_ms
         self._clock_ns = clock_ns
         self._scheduler = Scheduler(configs)
-        self._keys = [
-            k
-            for unit, cfg in configs.items()
-            for k in keys.stream_keys(unit, tier, cfg.priority_levels, cfg.bucket_count)
-        ]
+        self._keys = self._stream_keys()
         self._buffer: dict[StreamKey, list[QueuedJob]] = defaultdict(list)
         self._rates: dict[StreamKey, float] = {}
         self._last_dispatch: dict[StreamKey, int] = {}
@@ -110,15 +116,39 @@ class Worker:
         """Stop intake: no more reads; buffered entries are still finished."""
         self._stopping.set()
 
+    @property
+    def serving(self) -> list[str]:
+        """The units this worker reads and heartbeats for."""
+        return [u for u in self._configs if u not in self._closing]
+
+    def _stream_keys(self) -> list[StreamKey]:
+        return [
+            k
+            for unit in self.serving
+            for k in keys.stream_keys(
+                unit,
+                self.tier,
+                self._configs[unit].priority_levels,
+                self._configs[unit].bucket_count,
+            )
+        ]
+
     async def run(self) -> None:
         await self._streams.ensure_groups(self._keys)
-        await self._streams.heartbeat(self._configs, self.tier, self._hb_ttl_ms)
+        await self._streams.heartbeat(self.serving, self.tier, self._hb_ttl_ms)
         self.started.set()
+        for unit in self.serving:
+            self._unit_metric(unit, True)
         heartbeat = asyncio.create_task(self._heartbeat(), name="worker-heartbeat")
         reclaimer = asyncio.create_task(self._reclaim(), name="worker-reclaimer")
+        owned = [heartbeat, reclaimer]
+        if self._control is not None:
+            watch = self._control.watch.run(self._control.interval_s, self.apply)
+            owned.append(asyncio.create_task(watch, name="worker-model-control"))
         try:
             await self._collect(await self._streams.read(self._keys, 10_000, None, pending=True))
             while not self._stopping.is_set() or self._buffered():
+                await self._retire()
                 if not self._stopping.is_set():
                     # Block only when idle; otherwise just look for newer, maybe more urgent work.
                     await self._collect(await self._read_any(block=not self._buffered()))
@@ -131,9 +161,9 @@ class Worker:
         finally:
             # Hand-offs are never cancelled: publish, then ack, even while stopping.
             await asyncio.gather(*self._finishing, return_exceptions=True)
-            heartbeat.cancel()
-            reclaimer.cancel()
-            await asyncio.gather(heartbeat, reclaimer, return_exceptions=True)
+            for task in owned:
+                task.cancel()
+            await asyncio.gather(*owned, return_exceptions=True)
             try:
                 await self._streams.leave(self._configs, self.tier)
             except (aioredis.RedisError, OSError):
@@ -152,6 +182,9 @@ class Worker:
         wanted = [k for k in self._keys if self._room(k) > 0]
         count = max((self._room(k) for k in wanted), default=0)
         if not wanted:
+            if block:  # nothing to read (every unit unloaded): idle, not spinning
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._stopping.wait(), self._poll_block_ms / 1000)
             return []
         try:
             return await self._streams.read(wanted, count, self._poll_block_ms if block else None)
@@ -167,7 +200,7 @@ class Worker:
         Redis times out a blocked read only on its server tick (100 ms at the default
         hz 10), far coarser than a batch wait of a few ms, so this polls without BLOCK.
         """
-        while not self._stopping.is_set():
+        while not self._stopping.is_set() and key.model not in self._closing:
             wait = self._scheduler.wait_ms(view_of(key, self._buffer[key]), self._clock_ns())
             room = self._room(key)
             if wait <= 0 or room <= 0:
@@ -419,8 +452,10 @@ class Worker:
         while True:
             await asyncio.sleep(self._reclaim_interval_s)
             for key in self._keys:
+                if key.model not in self.serving or self._stopping.is_set():
+                    continue  # unloaded meanwhile
                 room = self._room(key)
-                if room <= 0 or self._stopping.is_set():
+                if room <= 0:
                     continue
                 try:
                     entries = await self._streams.reclaim(key, self._reclaim_min_idle_ms, room)
@@ -475,7 +510,106 @@ class Worker:
     async def _heartbeat(self) -> None:
         while not self._leaving:
             try:
-                await self._streams.heartbeat(self._configs, self.tier, self._hb_ttl_ms)
+                await self._streams.heartbeat(self.serving, self.tier, self._hb_ttl_ms)
             except (aioredis.RedisError, OSError) as exc:
                 log.warning("heartbeat failed", error=str(exc))
             await asyncio.sleep(self._hb_interval_s)
+
+    # -- model control ------------------------------------------------------------------
+
+    async def apply(self, state: ControlState) -> None:
+        """Match the served set (called by the control watch with each new state, the
+        repository already re-read): open the units wanted and not open, close those open
+        and no longer wanted. A unit whose files do not check is not opened (logged)."""
+        assert self._control is not None
+        configs = self._control.repo.configs
+        wanted = worker_units(configs, self._control.names, state.unloaded)
+        plan = plan_units(wanted, self.serving, self._closing)
+        if not plan:
+            return
+        for unit in plan.close:
+            await self._close(unit)
+        for unit in plan.reopen:
+            self._closing.discard(unit)
+            log.info("model loaded again while closing; kept", unit=unit)
+        for unit in plan.open:
+            try:
+                runner = await asyncio.to_thread(self._control.open, unit, wanted[unit])
+            except Exception as exc:  # a bad checksum, or a model onnxruntime refuses
+                log.error("model not loaded", unit=unit, problem=str(exc))
+                continue
+            self._configs[unit], self._runners[unit] = wanted[unit], runner
+            log.info("model loaded", unit=unit, load_s=round(runner.load_s, 3))
+        self._scheduler.set_units(self._configs)
+        self._keys = self._stream_keys()
+        opened = [u for u in (*plan.open, *plan.reopen) if u in self.serving]
+        if opened:
+            # Groups first, then the heartbeat: from then on routers admit work for them.
+            await self._streams.ensure_groups(k for k in self._keys if k.model in opened)
+            await self._streams.heartbeat(opened, self.tier, self._hb_ttl_ms)
+            for unit in opened:
+                self._unit_metric(unit, True)
+
+    async def _close(self, unit: str) -> None:
+        """Stop reading the unit's streams and heartbeating for it, deregister, and answer
+        what is still queued for it UNAVAILABLE (nobody would compute it). What was read is
+        computed; the main loop drops the session once that is done (`_retire`)."""
+        self._closing.add(unit)
+        self._keys = self._stream_keys()
+        await self._streams.leave([unit], self.tier)
+        buffered = sum(len(q) for k, q in self._buffer.items() if k.model == unit)
+        log.info("model unloading", unit=unit, buffered=buffered)
+        cfg = self._configs[unit]
+        streams = keys.stream_keys(unit, self.tier, cfg.priority_levels, cfg.bucket_count)
+        model, version, _ = keys.split_unit(unit)
+        message = f"model '{model}' version {version} was unloaded before this request ran"
+        self._draining.add(unit)
+        try:
+            await self._answer_queued(unit, streams, message)
+        finally:
+            self._draining.discard(unit)
+
+    async def _answer_queued(self, unit: str, streams: list[StreamKey], message: str) -> None:
+        while entries := await self._streams.read(streams, 256, None):
+            answers = []
+            for e in entries:
+                with contextlib.suppress(Exception):
+                    job = decode_job(e.fields[keys.JOB_FIELD.encode()])
+                    answers.append(
+                        JobResult.for_job(job, code=grpc.StatusCode.UNAVAILABLE, message=message)
+                    )
+            try:
+                await self._handoff.process(answers)
+            except grpc.aio.AioRpcError as exc:
+                # They stay pending here, read again when the unit is loaded again.
+                log.warning("could not answer unloaded requests", code=exc.code().name)
+                return
+            for stream in {e.stream for e in entries}:
+                await self._streams.done(
+                    stream, [e.entry_id for e in entries if e.stream == stream]
+                )
+            log.info("queued requests of an unloaded model answered", unit=unit, n=len(entries))
+
+    async def _retire(self) -> None:
+        """Drop the sessions of closing units once nothing read for them is left (called
+        by the main loop between batches, so no batch of theirs is computing)."""
+        idle = [u for u in self._closing if u not in self._draining]
+        for unit in [u for u in idle if not self._buffered_for(u)]:
+            self._closing.discard(unit)
+            for key in [k for k in self._buffer if k.model == unit]:
+                del self._buffer[key]
+            del self._configs[unit], self._runners[unit]
+            self._scheduler.set_units(self._configs)
+            self._unit_metric(unit, False)
+            log.info("model unloaded; session closed", unit=unit, tier=self.tier)
+            try:  # again: a heartbeat sent while closing may have landed after the first
+                await self._streams.leave([unit], self.tier)
+            except (aioredis.RedisError, OSError):
+                log.warning("could not deregister an unloaded model", unit=unit)
+
+    def _buffered_for(self, unit: str) -> bool:
+        return any(q for k, q in self._buffer.items() if k.model == unit)
+
+    def _unit_metric(self, unit: str, loaded: bool) -> None:
+        if self._metrics is not None:
+            self._metrics.unit_loaded(unit, self.tier, loaded)

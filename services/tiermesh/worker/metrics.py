@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from tiermesh.core.keys import StreamKey, split_unit
 from tiermesh.core.metrics import BATCH_BUCKETS, LATENCY_BUCKETS
@@ -59,12 +59,24 @@ class WorkerMetrics:
             "Time spent computing (rate = utilisation)",
             registry=registry,
         )
+        self.loaded = Gauge(
+            "tiermesh_worker_model_loaded",
+            "1 while the worker serves the compute unit (a session, its streams read)",
+            ("model", "version", "variant", "tier"),
+            registry=registry,
+        )
         self.skipped = Counter(
             "tiermesh_requests_skipped",
             "Requests dropped before compute, by reason",
             [*STREAM_LABELS, "reason"],
             registry=registry,
         )
+
+    def unit_loaded(self, unit: str, tier: str, loaded: bool) -> None:
+        """1 while this worker has a session for the unit and reads its streams; 0 once
+        model control unloaded it and the session was dropped."""
+        model, version, variant = split_unit(unit)
+        self.loaded.labels(model, version, variant, tier).set(1 if loaded else 0)
 
     def batch(self, key: StreamKey, rows: int, compute_ns: int, tokens: int, padded: int) -> None:
         labels = stream_labels(key)

@@ -115,6 +115,11 @@ class Scheduler:
         self._costs: dict[tuple[str, int], _CostFit] = {}
         self._last_pick_aged = False
 
+    def set_units(self, configs: Mapping[str, ModelConfig]) -> None:
+        """The units served from now on (model control opened or closed some). Credits and
+        cost fits are kept: a unit loaded again resumes where it was."""
+        self._configs = dict(configs)
+
     def pick(self, views: Sequence[StreamView], now_ns: int) -> StreamKey | None:
         """The stream to form the next batch from, or None when no view has rows. Called
         once per batch: a weighted pick charges the winning level's credit."""

@@ -1,0 +1,79 @@
+"""What the mesh serves, decided from model control's state. Pure and synchronous.
+
+The served set is every model of the repository folder minus the members of the unloaded
+set in Redis (keys.UNLOADED_MODELS): "{model}" unloads every version of a model,
+"{model}:{version}" one version. Every service reads that set (core/control_watch.py) and
+asks these functions what it means for it: gateways and routers whether to accept a request
+for (model, version), workers which compute units to open and which to close.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Iterable, Mapping
+from dataclasses import dataclass
+
+from tiermesh.core.keys import compute_unit, split_unit
+from tiermesh.core.model_config import ModelConfig
+
+
+def member(model: str, version: str = "") -> str:
+    """The set member standing for a model (every version) or one version of it."""
+    return f"{model}:{version}" if version else model
+
+
+def is_served(unloaded: Collection[str], model: str, version: str) -> bool:
+    """Whether `version` of `model` is loaded (`version` resolved: never "")."""
+    return model not in unloaded and member(model, version) not in unloaded
+
+
+def worker_units(
+    configs: Mapping[str, ModelConfig], names: Iterable[str], unloaded: Collection[str]
+) -> dict[str, ModelConfig]:
+    """The compute units a worker should have sessions for: every (version, variant) of the
+    models it serves (`names`; empty: every model of the repository that is not a
+    companion), less what is unloaded. Names the repository does not hold are skipped."""
+    wanted = list(names) or sorted(n for n, c in configs.items() if not c.companion_of)
+    out = {}
+    for name in wanted:
+        cfg = configs.get(name)
+        if cfg is None or cfg.companion_of:
+            continue
+        for ver in cfg.versions:
+            if not is_served(unloaded, cfg.name, ver.version):
+                continue
+            for variant in cfg.variants:
+                out[compute_unit(cfg.queue_model, variant, ver.version)] = cfg
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class UnitPlan:
+    """What a worker does to match the served set. `open`: build sessions, join the groups,
+    heartbeat. `reopen`: units still closing that are wanted again (their sessions are still
+    there): heartbeat and read again. `close`: stop reading and heartbeating, finish what was
+    read, then drop the session."""
+
+    open: tuple[str, ...] = ()
+    reopen: tuple[str, ...] = ()
+    close: tuple[str, ...] = ()
+
+    def __bool__(self) -> bool:
+        return bool(self.open or self.reopen or self.close)
+
+
+def plan_units(
+    wanted: Collection[str], serving: Collection[str], closing: Collection[str]
+) -> UnitPlan:
+    """From the units wanted and the worker's state (`serving`: open and read; `closing`:
+    no longer read, finishing what was read) to what changes."""
+    return UnitPlan(
+        open=tuple(sorted(u for u in wanted if u not in serving and u not in closing)),
+        reopen=tuple(sorted(u for u in wanted if u in closing)),
+        close=tuple(sorted(u for u in serving if u not in wanted)),
+    )
+
+
+def unit_model(unit: str) -> tuple[str, str]:
+    """(model, version) a compute unit computes."""
+    model, version, _ = split_unit(unit)
+    return model, version
