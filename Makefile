@@ -4,15 +4,15 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: run test test-fast lint protos models redis kubectl clean trace-ui
+.PHONY: run test test-fast lint protos models redis kubectl promtool clean trace-ui
 
 run: $(STAMP) redis models
 	$(VENV)/bin/tiermesh up
 
-test: $(STAMP) redis kubectl models
+test: $(STAMP) redis kubectl promtool models
 	$(PY) -m pytest
 
-test-fast: $(STAMP) redis kubectl models
+test-fast: $(STAMP) redis kubectl promtool models
 	$(PY) -m pytest -m "not e2e and not slow"
 
 $(STAMP): pyproject.toml
@@ -23,6 +23,10 @@ $(STAMP): pyproject.toml
 
 redis:
 	@scripts/ensure_redis.sh
+
+# Checks and unit-tests the alerting rules (deploy/prometheus/alerts.yml) in the tests.
+promtool:
+	@scripts/ensure_promtool.sh
 
 # Renders deploy/k8s offline in the deploy tests (never contacts a cluster).
 kubectl: $(STAMP)

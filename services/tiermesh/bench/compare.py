@@ -3,8 +3,10 @@ is a regression.
 
 Flagged: throughput lower by more than `throughput` (relative), p99 higher by more than
 `p99` (relative), error rate higher by more than `error_rate` (absolute, a fraction of
-requests sent). p50 and p95 are shown, never flagged. A group answered fewer than
-`min_ok` times in either report is shown but not flagged: its percentiles are noise.
+requests sent), cost per 1,000 requests or per million tokens higher by more than `cost`
+(relative; runs measured with --mesh-metrics). p50 and p95 are shown, never flagged. A
+group answered fewer than `min_ok` times in either report is shown but not flagged: its
+percentiles are noise.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from typing import Any
 
 METRICS = ("throughput_rps", "p50_ms", "p95_ms", "p99_ms", "error_rate")
 HIGHER_IS_BETTER = {"throughput_rps"}
+COST_METRICS = ("per_1k_requests", "per_million_tokens")
 
 
 @dataclass(frozen=True)
@@ -24,6 +27,7 @@ class Thresholds:
     p99: float = 0.10
     error_rate: float = 0.01
     min_ok: int = 20
+    cost: float = 0.10
 
 
 @dataclass(frozen=True)
@@ -58,6 +62,8 @@ def delta(scope: str, metric: str, a: Any, b: Any, th: Thresholds, noisy: bool) 
             worse = vb < va * (1 - th.throughput)
         elif metric == "p99_ms":
             worse = vb > va * (1 + th.p99)
+        elif metric in COST_METRICS:
+            worse = vb > va * (1 + th.cost)
         else:
             worse = False
     return Delta(scope, metric, va, vb, change, worse and not noisy, noisy)
@@ -117,6 +123,12 @@ def compare(a: dict[str, Any], b: dict[str, Any], th: Thresholds | None = None) 
             False,
         )
     )
+    cost_a, cost_b = a.get("cost") or {}, b.get("cost") or {}
+    currency = cost_b.get("currency") or cost_a.get("currency") or ""
+    for metric in COST_METRICS:
+        if cost_a.get(metric) is not None or cost_b.get(metric) is not None:
+            scope = f"cost ({currency})" if currency else "cost"
+            out.append(delta(scope, metric, cost_a.get(metric), cost_b.get(metric), th, False))
     return out
 
 
@@ -148,6 +160,8 @@ def _value(metric: str, v: float | None) -> str:
         return f"{v * 1e3:.3f} ms"
     if metric == "concurrency":
         return f"{v:g}"
+    if metric in COST_METRICS:
+        return f"{v:.6g}"
     return f"{v:,.2f}"
 
 

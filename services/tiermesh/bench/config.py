@@ -47,6 +47,9 @@ class BenchConfig:
     metrics_interval_s: float = 0.5
     window_s: float = 1.0
     progress: bool = True
+    # The mesh's Prometheus endpoints by tier, for the run's cost (bench/cost.py).
+    mesh_metrics: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    prices_file: Path | None = None
 
     def __post_init__(self) -> None:
         if self.scenario not in SCENARIOS:
@@ -66,6 +69,8 @@ class BenchConfig:
     def as_dict(self) -> dict[str, Any]:
         out = asdict(self)
         out["out_dir"] = str(self.out_dir)
+        out["mesh_metrics"] = {k: list(v) for k, v in self.mesh_metrics.items()}
+        out["prices_file"] = str(self.prices_file) if self.prices_file else None
         out["mix"] = dict(self.mix)
         out["priorities"] = {str(k): v for k, v in self.priorities}
         out["lengths"] = {k: list(v) for k, v in self.lengths.items()}

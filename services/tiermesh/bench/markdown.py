@@ -81,6 +81,11 @@ def _header(doc: dict[str, Any]) -> list[str]:
     ]
     if doc.get("concurrency") is not None:
         lines.append(f"- closed loop at concurrency {doc['concurrency']}")
+    if doc["scenario"] == "replay":
+        lines.append(
+            f"- replay of `{cfg['capture']}` at x{fmt(cfg['speed'], 1)} speed, open loop on the "
+            f"captured arrival times ({cfg['skipped']} unreplayable records left out)"
+        )
     if doc["scenario"] == "burst":
         b = cfg["burst"]
         lines.append(
@@ -211,6 +216,39 @@ def _cpu(doc: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _cost(doc: dict[str, Any]) -> list[str]:
+    c = doc.get("cost")
+    if not c:
+        return []
+    lines = ["", "## Cost", ""]
+    if c.get("per_1k_requests") is None and not c.get("tiers"):
+        return [*lines, f"Not measured: {c.get('note', 'no mesh metrics')}."]
+    cur = c.get("currency", "")
+    lines += table(
+        ("tier", "replicas", "cpu s", "cores used", "price", "cost"),
+        [
+            [
+                r["tier"],
+                fmt(r["replicas"]),
+                fmt(r["cpu_s"]),
+                fmt(r["cores_used"]),
+                f"{fmt(r['price'], 4)} {cur} / {r['unit'].replace('_', '-')}"
+                if r.get("unit")
+                else "not priced",
+                fmt(r["cost"], 6),
+            ]
+            for r in c["tiers"]
+        ],
+    )
+    lines += [
+        "",
+        f"**Cost per 1,000 requests: {fmt(c['per_1k_requests'], 6)} {cur}**; "
+        f"per million tokens: {fmt(c['per_million_tokens'], 4)} {cur} "
+        f"(run total {fmt(c['total'], 6)} {cur}).",
+    ]
+    return lines
+
+
 def _extras(doc: dict[str, Any]) -> list[str]:
     lines = []
     drift = doc["timeline"]["drift"]
@@ -248,5 +286,5 @@ def render(doc: dict[str, Any]) -> str:
         lines += figures_table(doc["by_length"], ["length"])
     lines += ["", "## Per priority", ""]
     lines += figures_table(doc["by_priority"], ["priority"])
-    lines += _breakdown(doc) + _server(doc) + _ladder(doc) + _cpu(doc) + _extras(doc)
+    lines += _breakdown(doc) + _server(doc) + _ladder(doc) + _cpu(doc) + _cost(doc) + _extras(doc)
     return "\n".join(lines) + "\n"

@@ -46,6 +46,8 @@ class RunResult:
     metrics_url: str = ""
     metrics_samples: list[tuple[float, float]] = field(default_factory=list)
     metrics_error: str = ""
+    # The cost section (bench/cost.py): per tier, in all, per 1,000 requests, per M tokens.
+    cost: dict[str, Any] = field(default_factory=dict)
 
 
 def _in_flight_series(records: Sequence[Record], wall_s: float) -> list[list[float]]:
@@ -128,10 +130,13 @@ def build(run: RunResult) -> dict[str, Any]:
             "windows": windows,
             "drift": stats.drift(windows),
         },
-        "open_loop": {"send_lag": stats.lag_figures(records)} if scenario == "burst" else None,
+        "open_loop": {"send_lag": stats.lag_figures(records)}
+        if scenario in ("burst", "replay")
+        else None,
         "ladder": None,
         "queue_depth": queue_depth(run),
         "cpu": cpu,
+        "cost": run.cost or None,
         "plots": [],
     }
     if scenario == "single":

@@ -21,7 +21,7 @@ import numpy as np
 import tritonclient.grpc.aio as grpcaio
 from tqdm import tqdm
 
-from tiermesh.bench import arrivals, cpu, markdown, plots, report, runner
+from tiermesh.bench import arrivals, cost, cpu, markdown, plots, report, runner
 from tiermesh.bench.calls import BenchError, Sender, model_inputs
 from tiermesh.bench.config import BenchConfig
 from tiermesh.bench.metrics import QueueDepthSampler
@@ -156,6 +156,7 @@ async def measure(cfg: BenchConfig) -> report.RunResult:
             else None
         )
         started_at = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+        mesh_before = await asyncio.to_thread(cost.read_cpu, cfg.mesh_metrics)
         before = cpu.sample()
         try:
             async with asyncio.TaskGroup() as group:
@@ -168,9 +169,13 @@ async def measure(cfg: BenchConfig) -> report.RunResult:
             bar.close()
         wall_s = recorder.now()
         after = cpu.sample()
+        mesh_after = await asyncio.to_thread(cost.read_cpu, cfg.mesh_metrics)
     finally:
         await client.close()
     records = recorder.records
+    spent = cost.run_cost(
+        cfg.mesh_metrics, cfg.prices_file, records, mesh_before, mesh_after, wall_s
+    )
     return report.RunResult(
         config=cfg.as_dict(),
         records=records,
@@ -186,6 +191,7 @@ async def measure(cfg: BenchConfig) -> report.RunResult:
         metrics_url=cfg.metrics_url,
         metrics_samples=sampler.samples if sampler is not None else [],
         metrics_error=sampler.error if sampler is not None else "",
+        cost=spent,
     )
 
 

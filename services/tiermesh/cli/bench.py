@@ -18,19 +18,26 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from tiermesh.bench.report import SUMMARY_MD, load
     from tiermesh.bench.workload import DEFAULT_LENGTHS, DEFAULT_MIX, DEFAULT_PRIORITIES
 
+    if args.scenario == "capture":
+        return _cmd_capture(args)
+    if args.scenario == "replay":
+        return _cmd_replay(args)
     if args.scenario == "compare":
         try:
             a, b = load(Path(args.a)), load(Path(args.b))
         except ValueError as exc:
             print(f"tiermesh bench compare: {exc}", file=sys.stderr)
             return 2
-        th = compare.Thresholds(args.throughput_drop, args.p99_rise, args.error_rise, args.min_ok)
+        th = compare.Thresholds(
+            args.throughput_drop, args.p99_rise, args.error_rise, args.min_ok, args.cost_rise
+        )
         deltas = compare.compare(a, b, th)
         print(compare.render(args.a, args.b, deltas, compare.mismatches(a, b)), end="")
         return 1 if any(d.regression for d in deltas) else 0
     requests, duration_s = config.bounds_for(args.scenario, args.requests, args.duration_s)
     extra = vars(args)
     try:
+        mesh_metrics, prices_file = _cost_args(args)
         cfg = config.BenchConfig(
             scenario=args.scenario,
             out_dir=Path(args.out) if args.out else config.default_out_dir(args.scenario),
@@ -71,6 +78,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
             metrics_interval_s=args.metrics_interval_s,
             window_s=args.window_s,
             progress=not args.no_progress,
+            mesh_metrics=mesh_metrics,
+            prices_file=prices_file,
         )
         written = session.run(cfg)
     except (ValueError, BenchError) as exc:
@@ -85,11 +94,158 @@ def cmd_bench(args: argparse.Namespace) -> int:
         f"p50 {markdown.fmt(o['p50_ms'])} ms, p99 {markdown.fmt(o['p99_ms'])} ms, "
         f"error rate {o['error_rate']:.2%}"
     )
+    _print_cost(written.report)
     knee = (written.report.get("ladder") or {}).get("knee")
     if knee:
         print(f"knee: concurrency {knee['concurrency']}, {knee['throughput_rps']:.1f}/s")
     print(f"report: {written.out_dir / SUMMARY_MD}")
     return 0
+
+
+def _cmd_capture(args: argparse.Namespace) -> int:
+    """`capture start|stop|release|clear|export|key` against the mesh's Redis."""
+    import redis
+
+    from tiermesh.bench import capture
+
+    if args.action == "key":
+        print(capture.new_key())
+        return 0
+    client = redis.Redis.from_url(args.redis_url, socket_timeout=10)
+    try:
+        if args.action == "start":
+            capture.start(client, args.rate, args.window_s)
+            until = f"for {args.window_s:g} s" if args.window_s > 0 else "until stopped"
+            print(f"capturing {args.rate:.0%} of requests {until}")
+        elif args.action == "stop":
+            capture.stop(client)
+            print("capture stopped")
+        elif args.action == "release":
+            capture.release(client)
+            print("capture follows each gateway's settings again")
+        elif args.action == "clear":
+            print(f"{capture.clear(client)} captured records deleted")
+        else:
+            n = capture.export(client, Path(args.out))
+            print(f"{n} records written to {args.out}")
+    except (redis.RedisError, OSError, ValueError) as exc:
+        print(f"tiermesh bench capture: {exc}", file=sys.stderr)
+        return 2
+    finally:
+        client.close()
+    return 0
+
+
+def _cmd_replay(args: argparse.Namespace) -> int:
+    """Drive the mesh with a capture's arrivals and sizes; write the bench report."""
+    import asyncio
+
+    from tiermesh.bench import config, replay, session
+    from tiermesh.bench.report import SUMMARY_MD
+
+    try:
+        mesh_metrics, prices_file = _cost_args(args)
+        cfg = replay.ReplayConfig(
+            capture=Path(args.capture),
+            out_dir=Path(args.out) if args.out else config.default_out_dir("replay"),
+            url=args.url,
+            model=args.model,
+            speed=args.speed,
+            seed=args.seed,
+            timeout_s=args.timeout_s,
+            max_in_flight=args.max_in_flight,
+            window_s=args.window_s,
+            mesh_metrics=mesh_metrics,
+            prices_file=prices_file,
+        )
+        written = session.write(asyncio.run(replay.measure(cfg)), cfg.out_dir)
+    except ValueError as exc:
+        print(f"tiermesh bench replay: {exc}", file=sys.stderr)
+        return 2
+    o = written.report["overall"]
+    print(
+        f"{o['ok']}/{o['sent']} answered, {o['throughput_rps']:.1f}/s, "
+        f"p50 {markdown_fmt(o['p50_ms'])} ms, p99 {markdown_fmt(o['p99_ms'])} ms, "
+        f"error rate {o['error_rate']:.2%}"
+    )
+    _print_cost(written.report)
+    print(f"report: {written.out_dir / SUMMARY_MD}")
+    return 0
+
+
+def markdown_fmt(value: Any) -> str:
+    from tiermesh.bench import markdown
+
+    return markdown.fmt(value)
+
+
+def _add_capture_parsers(kinds: Any, common_cost: argparse.ArgumentParser) -> None:
+    import os
+
+    cap = kinds.add_parser(
+        "capture",
+        help="record live traffic shapes at the gateways; export them for replay",
+        description="Traffic capture at every gateway (shapes, never contents unless a "
+        "tenant enables it): start/stop it live, export the trace as JSON lines.",
+    )
+    cap.add_argument(
+        "--redis-url",
+        default=os.environ.get("TIERMESH_REDIS_URL", "redis://127.0.0.1:6379/0"),
+        help="the mesh's Redis (default: TIERMESH_REDIS_URL or %(default)s)",
+    )
+    actions = cap.add_subparsers(dest="action", required=True, metavar="ACTION")
+    start = actions.add_parser("start", help="sample requests at every gateway from now")
+    start.add_argument("--rate", type=float, default=1.0, help="share sampled (default: 1)")
+    start.add_argument(
+        "--window-s", type=float, default=0.0, help="stop after this long (default: 0, never)"
+    )
+    actions.add_parser("stop", help="stop sampling at every gateway")
+    actions.add_parser("release", help="back to each gateway's TIERMESH_CAPTURE_* settings")
+    actions.add_parser("clear", help="delete the captured records")
+    export = actions.add_parser("export", help="write the capture as JSON lines")
+    export.add_argument("--out", required=True, help="FILE.jsonl")
+    actions.add_parser("key", help="print a new key for TIERMESH_CAPTURE_CONTENTS_KEY")
+
+    rep = kinds.add_parser(
+        "replay",
+        parents=[common_cost],
+        help="replay a capture open loop (captured arrival times, synthesised inputs)",
+        description="Send a capture's requests again on their captured schedule (open loop),\n"
+        "with synthesised inputs of the captured sizes and the captured priorities, and\n"
+        "write the bench report (per bucket, priority and tier). Compare two replays of one\n"
+        "capture with `tiermesh bench compare`.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    rep.add_argument("capture", help="a capture export (tiermesh bench capture export)")
+    rep.add_argument("--url", default="127.0.0.1:8001", help="the gateway (default: %(default)s)")
+    rep.add_argument("--model", default="", help="replay only this model (default: all)")
+    rep.add_argument("--speed", type=float, default=1.0, help="time scaling: 2 sends twice as fast")
+    rep.add_argument("--seed", type=int, default=0, help="input synthesis seed")
+    rep.add_argument("--timeout-s", type=float, default=10.0, help="per request")
+    rep.add_argument("--max-in-flight", type=int, default=1024)
+    rep.add_argument("--window-s", type=float, default=1.0, help="time-series window")
+    rep.add_argument("--out", default=None, help="report directory")
+
+
+def _cost_args(args: argparse.Namespace) -> tuple[dict[str, tuple[str, ...]], Path | None]:
+    """--mesh-metrics and --prices, checked before anything is sent (ValueError)."""
+    from tiermesh.bench.cost import parse_targets
+    from tiermesh.core.prices import load_prices
+
+    prices_file = Path(args.prices) if args.prices else None
+    load_prices(prices_file)
+    return parse_targets(args.mesh_metrics or []), prices_file
+
+
+def _print_cost(report: dict[str, Any]) -> None:
+    c = report.get("cost") or {}
+    if c.get("per_1k_requests") is not None:
+        from tiermesh.bench import markdown
+
+        print(
+            f"cost per 1,000 requests {markdown.fmt(c['per_1k_requests'], 6)} {c['currency']}, "
+            f"per million tokens {markdown.fmt(c['per_million_tokens'], 4)} {c['currency']}"
+        )
 
 
 def add_bench_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -172,11 +328,26 @@ def add_bench_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -
         "http://127.0.0.1:8002/metrics (default: the client's in-flight count)",
     )
     g.add_argument("--metrics-interval-s", type=float, default=0.5, help="(default: %(default)s)")
+    cost_args = argparse.ArgumentParser(add_help=False)
+    g = cost_args.add_argument_group("cost")
     g.add_argument(
+        "--mesh-metrics",
+        action="append",
+        metavar="TIER=URL[,URL...]",
+        help="the mesh's Prometheus endpoints of one tier (repeat per tier); their CPU time "
+        "and count price the run: cost per 1,000 requests and per million tokens",
+    )
+    g.add_argument(
+        "--prices",
+        default=None,
+        help="prices file (YAML, deploy/prices.yaml; default: its built-in figures)",
+    )
+    common.add_argument(
         "--no-progress",
         action="store_true",
         help="no progress bar (off anyway when stderr is no terminal)",
     )
+    common = argparse.ArgumentParser(add_help=False, parents=[common, cost_args])
     closed = argparse.ArgumentParser(add_help=False)
     closed.add_argument(
         "--concurrency", type=int, default=8, help="callers in a closed loop (default: %(default)s)"
@@ -242,6 +413,7 @@ def add_bench_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -
         default=1024,
         help="arrivals beyond this many outstanding are counted, not sent (default: %(default)s)",
     )
+    _add_capture_parsers(kinds, cost_args)
     cmp = kinds.add_parser("compare", help="differences between two report directories")
     cmp.add_argument("a", help="the baseline report directory")
     cmp.add_argument("b", help="the report to judge against it")
@@ -262,6 +434,12 @@ def add_bench_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -
         type=float,
         default=0.01,
         help="flag a larger absolute rise (default: %(default)s)",
+    )
+    cmp.add_argument(
+        "--cost-rise",
+        type=float,
+        default=0.10,
+        help="flag a larger relative rise of cost per request or token (default: %(default)s)",
     )
     cmp.add_argument(
         "--min-ok",

@@ -152,5 +152,35 @@ def window_key(model: str, version: str, second: int) -> str:
 
 
 # Model control (Triton's explicit mode): the set of models ("{model}") and model versions
-# ("{model}:{version}") unloaded through RepositoryModelUnload; every gateway refuses them.
+# ("{model}:{version}") unloaded through RepositoryModelUnload. What the mesh serves is every
+# model of the repository folder minus this set; gateways refuse, routers stop routing and
+# workers close the sessions of what it holds.
 UNLOADED_MODELS = f"{PREFIX}:control:unloaded"
+# Incremented (in the same transaction) by every load and unload: every service polls it and
+# re-reads the set and the repository folder when it changed (core/control_watch.py).
+CONTROL_GENERATION = f"{PREFIX}:control:generation"
+
+
+def stats_key(model: str, version: str) -> str:
+    """Hash of Triton's ModelStatistics figures of (model, version), summed over every
+    gateway replica: each adds what it counted since its last flush (gateway/statistics.py)."""
+    return f"{PREFIX}:stats:{model}:{version}"
+
+
+def stats_batch_key(worker: str, batch_start_ns: int) -> str:
+    """Set (NX, with a TTL) by the first gateway that flushes a batch's figures: a batch
+    whose requests came through several gateways counts once."""
+    return f"{PREFIX}:stats:batch:{worker}:{batch_start_ns}"
+
+
+# Traffic capture (gateway/capture.py): one record per sampled request, shapes only; trimmed
+# (approximate MAXLEN) like the audit stream. The control hash (`rate`, `until_ms`) is set
+# by `tiermesh bench capture start|stop` and read by every gateway's capture writer.
+CAPTURE_STREAM = f"{PREFIX}:capture"
+CAPTURE_CONTROL = f"{PREFIX}:capture:control"
+
+
+def capture_content_key(request_id: str) -> str:
+    """String (with a TTL) holding one captured request's inputs, encrypted; only for
+    tenants whose contents capture is enabled."""
+    return f"{PREFIX}:capture:content:{request_id}"

@@ -35,6 +35,8 @@ class ServiceSettings(BaseSettings):
     internal_tls_ca_file: Path | None = None
     internal_tls_cert_file: Path | None = None
     internal_tls_key_file: Path | None = None
+    # Model control's state (what is unloaded; core/control_watch.py) is polled this often.
+    model_control_refresh_ms: int = Field(default=500, gt=0)
 
 
 class GatewaySettings(ServiceSettings):
@@ -46,8 +48,8 @@ class GatewaySettings(ServiceSettings):
     # Triton's model control mode: "explicit" lets an admin load and unload models through
     # the Repository* extension; "none" refuses it.
     model_control: Literal["none", "explicit"] = "none"
-    # Unloaded models set by any gateway are re-read this often.
-    model_control_refresh_ms: int = Field(default=500, gt=0)
+    # A model load waits this long for a worker to serve the model before answering.
+    model_control_load_wait_ms: int = Field(default=30_000, gt=0)
     metrics_port: int = 8002
     delivery_host: str = "127.0.0.1"
     delivery_port: int = 8011
@@ -68,11 +70,26 @@ class GatewaySettings(ServiceSettings):
     audit_max_len: int = Field(default=100_000, gt=0)
     # Per-version outcome counts (for canary judgement) go to Redis this often.
     rollout_flush_ms: int = Field(default=250, gt=0)
+    # Triton's ModelStatistics figures go to Redis this often (summed over every gateway).
+    statistics_flush_ms: int = Field(default=500, gt=0)
     # TLS on the public port (PEM certificate chain and key, both or neither): when set the
     # port serves TLS only. With a client CA, clients must present a certificate it signed.
     tls_cert_file: Path | None = None
     tls_key_file: Path | None = None
     tls_client_ca_file: Path | None = None
+    # Traffic capture (gateway/capture.py; `tiermesh bench capture start|stop` overrides):
+    # the share of requests recorded as shapes (0: off), for this long after start (0: no end).
+    capture_sample_rate: float = Field(default=0.0, ge=0, le=1)
+    capture_window_s: float = Field(default=0.0, ge=0)
+    # The capture stream keeps about this many records (approximate MAXLEN).
+    capture_max_len: int = Field(default=100_000, gt=0)
+    capture_flush_ms: int = Field(default=250, gt=0)
+    # Fernet key (`tiermesh bench capture key`) encrypting the contents of tenants whose
+    # tenants-file entry sets capture_contents; without it no contents are ever stored.
+    capture_contents_key: str = ""
+    capture_contents_ttl_s: int = Field(default=86_400, gt=0)
+    # Prices per tier (deploy/prices.yaml), exported as gauges for the cost rules.
+    prices_file: Path | None = None
 
 
 class RouterSettings(ServiceSettings):

@@ -4,11 +4,16 @@ from __future__ import annotations
 
 import asyncio
 import sys
+import time
 
+import redis.asyncio as aioredis
 import structlog
+from prometheus_client import CollectorRegistry
+from redis.asyncio import Redis
 
 from tiermesh.core.logging import configure_logging
 from tiermesh.core.metrics import MetricsServer, new_registry
+from tiermesh.core.prices import export_prices, load_prices
 from tiermesh.core.redis_client import connect
 from tiermesh.core.repository import ModelRepository
 from tiermesh.core.server import (
@@ -30,6 +35,7 @@ from tiermesh.core.tls import (
 from tiermesh.gateway.audit import AuditLog
 from tiermesh.gateway.auth import Tenants
 from tiermesh.gateway.cache import ResponseCache
+from tiermesh.gateway.capture import Capture, CaptureMetrics, initial_state
 from tiermesh.gateway.control import ModelControl
 from tiermesh.gateway.decoding import add_inference_servicer
 from tiermesh.gateway.extensions import TritonServicer
@@ -39,6 +45,8 @@ from tiermesh.gateway.quota import Quota
 from tiermesh.gateway.rest import RestDoor
 from tiermesh.gateway.security import Gate, Security
 from tiermesh.gateway.servicer import DeliveryServicer
+from tiermesh.gateway.statistics import InferenceStatistics
+from tiermesh.gateway.statistics_store import StatisticsStore
 from tiermesh.gateway.tenants import TenantsFileError, load_tenants
 from tiermesh.gateway.upstream import Cancellations, Liveness, RouterClient, Upstream
 from tiermesh.rollout.recorder import Recorder
@@ -105,7 +113,14 @@ async def serve(
         audit = AuditLog(redis, settings.audit_max_len, on_lost=metrics.audit_lost.inc)
         security = Security(tenants, Quota(redis, settings.retry_after_ms), audit)
         log.info("API keys required on the public port", tenants=list(tenants.names))
-    control = ModelControl(redis, repo)
+    stats = StatisticsStore(redis, InferenceStatistics())
+    control = ModelControl(
+        redis, repo, upstream.liveness, settings.model_control_load_wait_ms / 1000
+    )
+    try:
+        await control.refresh()  # what is unloaded is refused from the first request
+    except (aioredis.RedisError, OSError):
+        log.warning("model control state unreadable at start; retrying in the background")
     inference = TritonServicer(
         settings,
         repo,
@@ -116,7 +131,10 @@ async def serve(
         Gate(security, metrics),
         control=control,
         control_enabled=settings.model_control == "explicit",
+        stats=stats,
     )
+    export_prices(registry, load_prices(settings.prices_file))
+    inference.capture = capture = _capture(settings, redis, tenants, registry)
     # The KServe v2 REST door: the same servicer behind JSON and binary-data bodies.
     rest = RestDoor(inference, settings, telemetry.tracer) if settings.http_port >= 0 else None
     public = make_server(telemetry, settings.max_message_bytes, settings.max_metadata_bytes)
@@ -153,8 +171,14 @@ async def serve(
     flusher = asyncio.create_task(
         recorder.run(settings.rollout_flush_ms / 1000), name="rollout-recorder"
     )
+    capture_task = asyncio.create_task(
+        capture.run(settings.capture_flush_ms / 1000), name="capture-writer"
+    )
     control_task = asyncio.create_task(
         control.run(settings.model_control_refresh_ms / 1000), name="model-control"
+    )
+    stats_task = asyncio.create_task(
+        stats.run(settings.statistics_flush_ms / 1000), name="statistics-flush"
     )
     try:
         await stop.wait()
@@ -181,6 +205,12 @@ async def serve(
         flusher.cancel()
         await asyncio.gather(flusher, return_exceptions=True)
         await recorder.flush()  # the outcomes of the last calls
+        capture_task.cancel()
+        await asyncio.gather(capture_task, return_exceptions=True)
+        await capture.flush()  # the last captured requests
+        stats_task.cancel()
+        await asyncio.gather(stats_task, return_exceptions=True)
+        await stats.flush()  # the figures of the last calls
         await router_channel.close()
         await redis.aclose()
         metrics_server.close()
@@ -191,6 +221,21 @@ async def serve(
             answered=inference.answered,
             late_results=pending.late,
         )
+
+
+def _capture(
+    settings: GatewaySettings, redis: Redis, tenants: Tenants | None, registry: CollectorRegistry
+) -> Capture:
+    """Traffic capture as the settings start it (`tiermesh bench capture` changes it live)."""
+    return Capture(
+        redis,
+        initial_state(settings.capture_sample_rate, settings.capture_window_s, time.time() * 1e3),
+        max_len=settings.capture_max_len,
+        contents_tenants=tenants.capture_contents if tenants is not None else (),
+        contents_key=settings.capture_contents_key,
+        contents_ttl_s=settings.capture_contents_ttl_s,
+        metrics=CaptureMetrics(registry),
+    )
 
 
 async def _main() -> None:

@@ -50,6 +50,8 @@ class Tenants:
     def __init__(self, tenants: Sequence[Tenant]) -> None:
         self._by_hash = tuple((h, t) for t in tenants for h in t.key_hashes)
         self.names = tuple(t.name for t in tenants)
+        # Tenants whose request contents traffic capture may keep (encrypted).
+        self.capture_contents = frozenset(t.name for t in tenants if t.capture_contents)
 
     def lookup(self, key: str) -> Tenant | None:
         """The tenant holding `key`, or None. The presented key's digest is compared with

@@ -27,6 +27,7 @@ from tiermesh.core.telemetry import Telemetry, extract, inject_current
 from tiermesh.core.wire import result_from_proto
 from tiermesh.gateway import converters
 from tiermesh.gateway.cache import cache_digest
+from tiermesh.gateway.capture import Capture, Observed
 from tiermesh.gateway.metrics import GatewayMetrics
 from tiermesh.gateway.pending import PendingRequests
 from tiermesh.gateway.requests import (
@@ -77,6 +78,8 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
         # Requests placed on a queue, and those of them whose result reached the caller.
         self.accepted = 0
         self.answered = 0
+        # Traffic capture (gateway/capture.py), set by __main__ when configured.
+        self.capture: Capture | None = None
 
     @grpc_method
     async def ServerLive(self, request, context):  # type: ignore[no-untyped-def]
@@ -136,7 +139,9 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
         model = model_name if self._repo.get(model_name) else "unknown"
         code = grpc.StatusCode.OK
         try:
-            return await self._infer(parse, caller, call)
+            answer = await self._infer(parse, caller, call)
+            call.result, call.cache_hit = answer.result, answer.cache_hit
+            return answer
         except MeshError as err:
             code = err.code
             raise
@@ -163,6 +168,8 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
                 peer=caller.peer,
                 duration_ms=(ended_ns - call.received_ns) / 1e6,
             )
+            if self.capture is not None:
+                self.capture.observe(call.observed(code.name, ended_ns))
 
     async def _infer(
         self, parse: Callable[[], InferRequest], caller: Caller, call: _Call
@@ -207,6 +214,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
             annotations={STICKY_KEY: req.sticky_key} if req.sticky_key else {},
         )
         call.variant = job.variant
+        call.job = job
         structlog.contextvars.bind_contextvars(request_id=job.request_id, model=job.model)
         span = trace.get_current_span()
         span.set_attribute("tiermesh.request_id", job.request_id)
@@ -220,8 +228,11 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
         """From the response cache, or routed and awaited; the call counts against its
         tenant's limits meanwhile."""
         digest = self._cache_digest(cfg, job)
+        lookup_ns = 0  # the cache's share of a miss (Triton's cache_miss duration)
         if digest is not None:
+            looked = self._clock_ns()
             hit = await self._up.cache.get(cfg.name, digest)  # type: ignore[union-attr]
+            lookup_ns = self._clock_ns() - looked
             self._metrics.cache.labels(cfg.name, "miss" if hit is None else "hit").inc()
             if hit is not None:
                 return self._respond(
@@ -239,11 +250,16 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
             )
         result = await self._await_result(job)
         call.variant = result.variant or call.variant
+        call.result = result
         if result.code != grpc.StatusCode.OK:
             raise MeshError(result.code, result.message)
         # A canary's answer is not cached: it would reach stable-routed callers too.
         if digest is not None and result.annotations.get(ROLLOUT_ARM) != "canary":
+            put = self._clock_ns()
             await self._up.cache.put(cfg.name, digest, result, cfg.response_cache)  # type: ignore[union-attr]
+            lookup_ns += self._clock_ns() - put
+        if digest is not None:
+            self.statistics.cache_miss(result.model, result.version, lookup_ns)
         return self._respond(result)
 
     def _respond(self, result: JobResult, cache_hit: bool = False) -> Answer:
@@ -333,6 +349,23 @@ class _Call:
     version: str = ""
     tenant: str = ""
     variant: str = ""
+    # For traffic capture: the job as routed and its result, when it got that far.
+    job: Job | None = None
+    result: JobResult | None = None
+    cache_hit: bool = False
+
+    def observed(self, code: str, ended_ns: int) -> Observed:
+        return Observed(
+            self.request_id,
+            self.model,
+            self.tenant,
+            code,
+            self.received_ns,
+            ended_ns,
+            self.job,
+            self.result,
+            self.cache_hit,
+        )
 
 
 @dataclass(frozen=True, slots=True)

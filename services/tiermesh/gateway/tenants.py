@@ -11,6 +11,7 @@ stops the start with a message naming each problem. Pure: no gRPC, no Redis.
         rate: {requests_per_s: 50, burst: 100}
         max_in_flight: 32
         admin: false                    # true: may load/unload models (model control)
+        capture_contents: false         # true: traffic capture may keep its inputs (encrypted)
 """
 
 from __future__ import annotations
@@ -54,6 +55,7 @@ class _Tenant(BaseModel):
     rate: _Rate
     max_in_flight: int = Field(ge=1)
     admin: bool = False
+    capture_contents: bool = False
 
 
 class _File(BaseModel):
@@ -73,6 +75,8 @@ class Tenant:
     max_in_flight: int
     # May load and unload models (model control in explicit mode).
     admin: bool = False
+    # Traffic capture may store this tenant's request contents (encrypted, with a TTL).
+    capture_contents: bool = False
 
 
 def hash_key(key: str) -> bytes:
@@ -135,6 +139,7 @@ def _to_tenant(t: _Tenant) -> Tenant:
         burst=t.rate.burst,
         max_in_flight=t.max_in_flight,
         admin=t.admin,
+        capture_contents=t.capture_contents,
     )
 
 

@@ -10,10 +10,11 @@ import uuid
 import redis.asyncio as aioredis
 import structlog
 
+from tiermesh.core.control_watch import ControlState, ControlWatch
 from tiermesh.core.logging import configure_logging
 from tiermesh.core.metrics import MetricsServer, new_registry
 from tiermesh.core.redis_client import connect
-from tiermesh.core.repository import ModelRepository
+from tiermesh.core.repository import ModelRepository, RepositoryError
 from tiermesh.core.server import (
     ReadyCallback,
     add_health,
@@ -30,6 +31,7 @@ from tiermesh.rollout.controller import RolloutController
 from tiermesh.rollout.metrics import RolloutMetrics
 from tiermesh.rollout.store import RolloutStore
 from tiermesh.router.admission import Admitter
+from tiermesh.router.health_metrics import HealthCollector
 from tiermesh.router.metrics import QueueCollector, RouterMetrics
 from tiermesh.router.servicer import RouterServicer
 from tiermesh.router.text import TextEncoder
@@ -49,17 +51,15 @@ async def serve(
     repo.load()
     redis = connect(settings.redis_url)
     server = make_server(telemetry)
-    encoders = {
-        name: TextEncoder(
-            repo.checked_folder(name) / cfg.tokenize.tokenizer_file, cfg.tokenize.max_length
-        )
-        for name, cfg in repo.configs.items()
-        if cfg.tokenize is not None
-    }
+    encoders: dict[str, TextEncoder] = {}
+    add_encoders(repo, encoders, strict=True)
+    control = ControlWatch(redis, repo)
     registry = new_registry()
     metrics = RouterMetrics(registry)
     queues = QueueCollector(settings.redis_url, repo.configs)
     registry.register(queues)
+    mesh_health = HealthCollector(settings.redis_url, repo.configs)  # queue age, DLQ, workers
+    registry.register(mesh_health)
     metrics_server = MetricsServer(registry, settings.metrics_host, settings.metrics_port)
     store = RolloutStore(redis)
     rollout_metrics = RolloutMetrics(registry)
@@ -75,7 +75,14 @@ async def serve(
     )
     router_pb2_grpc.add_RouterServicer_to_server(
         RouterServicer(
-            settings, repo, Admitter(redis), encoders, telemetry, metrics, rollouts=rollouts
+            settings,
+            repo,
+            Admitter(redis),
+            encoders,
+            telemetry,
+            metrics,
+            rollouts=rollouts,
+            control=control,
         ),
         server,
     )
@@ -87,6 +94,15 @@ async def serve(
         await rollouts.refresh()  # a running rollout is in force from the first request
     except (aioredis.RedisError, OSError):
         log.warning("rollout states unreadable at start; retrying in the background")
+    try:
+        await control.read()  # what is unloaded is refused from the first request
+    except (aioredis.RedisError, OSError):
+        log.warning("model control state unreadable at start; retrying in the background")
+
+    async def on_control_change(_: ControlState) -> None:
+        # The repository was re-read: a model added to the folder may need its tokenizer.
+        await asyncio.to_thread(add_encoders, repo, encoders)
+
     # Owned here, cancelled on stop.
     loops = [
         asyncio.create_task(
@@ -94,6 +110,10 @@ async def serve(
         ),
         asyncio.create_task(
             controller.run(settings.rollout_eval_interval_ms / 1000), name="rollout-controller"
+        ),
+        asyncio.create_task(
+            control.run(settings.model_control_refresh_ms / 1000, on_control_change),
+            name="model-control",
         ),
     ]
     await server.start()
@@ -113,8 +133,28 @@ async def serve(
         await redis.aclose()
         metrics_server.close()
         queues.close()
+        mesh_health.close()
         telemetry.shutdown()
         log.info("router stopped")
+
+
+def add_encoders(
+    repo: ModelRepository, encoders: dict[str, TextEncoder], strict: bool = False
+) -> None:
+    """A text encoder for every tokenized model of the repository that has none yet. A
+    tokenizer whose files do not check stops the start (`strict`); later (a model added to
+    the folder) it is left out and logged."""
+    for name, cfg in repo.configs.items():
+        if cfg.tokenize is None or name in encoders:
+            continue
+        try:
+            folder = repo.checked_folder(name)
+        except RepositoryError as exc:
+            if strict:
+                raise
+            log.error("tokenizer not loaded: files do not check", model=name, problem=str(exc))
+            continue
+        encoders[name] = TextEncoder(folder / cfg.tokenize.tokenizer_file, cfg.tokenize.max_length)
 
 
 async def _main() -> None:

@@ -12,6 +12,7 @@ import structlog
 from opentelemetry import trace
 from opentelemetry.trace import SpanKind
 
+from tiermesh.core.control_watch import ControlWatch
 from tiermesh.core.errors import (
     MeshError,
     deadline_exceeded,
@@ -50,8 +51,10 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
         metrics: RouterMetrics,
         clock_ns: Callable[[], int] = time.time_ns,
         rollouts: RolloutStates | None = None,
+        control: ControlWatch | None = None,
     ) -> None:
         self._rollouts = rollouts
+        self._control = control
         self._settings = settings
         self._repo = repo
         self._admitter = admitter
@@ -65,6 +68,9 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
         job = job_from_proto(request)
         structlog.contextvars.bind_contextvars(request_id=job.request_id, model=job.model)
         cfg = self._repo.get(job.model)
+        if cfg is None and self._control is not None:
+            await self._control.catch_up()  # loaded into the repository just now?
+            cfg = self._repo.get(job.model)
         if cfg is None:
             raise not_found(f"unknown model '{job.model}'")
         now = self._clock_ns()
@@ -73,6 +79,7 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
         if cfg.tokenize is not None:
             job = self._tokenize(cfg.name, job)
         job, placement = self._version(cfg, job)
+        await self._check_loaded(cfg, job.version)
         job, tier = await self._place(cfg, job, now)
         stream = choose_stream(cfg, job, tier)
         with self._tracer.start_as_current_span(
@@ -114,7 +121,9 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
             log.info("request already queued", entry_id=admission.detail)
         elif admission.outcome != "ok":
             raise refusal(cfg, admission, self._settings.retry_after_ms)
-        elif placement.shadow_version:
+        elif placement.shadow_version and (
+            self._control is None or self._control.state.served(cfg, placement.shadow_version)
+        ):
             shadow_id = await self._mirror(cfg, job, tier, placement.shadow_version, now)
         return router_pb2.RouteReply(
             stream=stream.name,
@@ -133,6 +142,18 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
             annotations = {**annotations, ROLLOUT_ARM: placement.arm}
         job = dataclasses.replace(job, version=placement.version, annotations=annotations)
         return job, placement
+
+    async def _check_loaded(self, cfg: ModelConfig, version: str) -> None:
+        """UNAVAILABLE for a model or version unloaded through model control (as last
+        read by the control watch: no Redis call unless it says unloaded)."""
+        if self._control is None or self._control.state.served(cfg, version):
+            return
+        await self._control.catch_up()  # loaded again just now?
+        if not self._control.state.served(cfg, version):
+            raise unavailable(
+                f"model '{cfg.name}' version {version} is not loaded (unloaded through "
+                "model control); load it again to serve it"
+            )
 
     async def _mirror(self, cfg: ModelConfig, job: Job, tier: str, canary: str, now: int) -> str:
         """A copy of the (queued) job for the canary, to compare outputs; its answer goes to
