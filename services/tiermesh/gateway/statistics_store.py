@@ -23,8 +23,11 @@ from tiermesh.gateway.statistics import (
 )
 
 log = structlog.get_logger("tiermesh.gateway.statistics")
-# How long a batch is remembered as counted: longer than any request waits for its answer.
-BATCH_SEEN_TTL_MS = 600_000
+# How long a batch is remembered as counted. The gateways that answered requests of one
+# batch flush within about a flush interval (500 ms) of each other; only a flush held up
+# longer than this (Redis away) could count a batch twice. Kept short: one key per batch,
+# and under load they add up (10 minutes of them held megabytes in the soak test).
+BATCH_SEEN_TTL_MS = 20_000
 
 # KEYS: 1 the stats hash, 2.. one "batch counted" key per new batch.
 # ARGV: 1 number of (field, increment) pairs, the pairs, last inference (unix ms), the TTL
