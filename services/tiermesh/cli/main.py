@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from tiermesh.cli.batch import add_batch_parser
 from tiermesh.cli.bench import add_bench_parser
 from tiermesh.cli.keys import add_keys_parser
 from tiermesh.cli.optimize import add_optimize_parser
@@ -272,6 +273,7 @@ def parser() -> argparse.ArgumentParser:
     add_keys_parser(sub)
     add_rollout_parser(sub)
     add_probe_parser(sub)
+    add_batch_parser(sub, add_endpoint_args)
     return p
 
 

@@ -184,3 +184,40 @@ def capture_content_key(request_id: str) -> str:
     """String (with a TTL) holding one captured request's inputs, encrypted; only for
     tenants whose contents capture is enabled."""
     return f"{PREFIX}:capture:content:{request_id}"
+
+
+# Offline batch jobs (core/batch_store.py). A job's work goes through the background
+# streams of its compute unit: priority level 0, below every online level (1 is the
+# highest), one per (tier, bucket); the scheduler takes them only in the gaps of online work.
+BACKGROUND_PRIORITY = 0
+
+
+def background_streams(unit: str, tier: str, buckets: int) -> list[StreamKey]:
+    """The background streams of one compute unit on one tier, one per length bucket."""
+    return [StreamKey(unit, tier, BACKGROUND_PRIORITY, b) for b in range(buckets)]
+
+
+def batch_job_key(job_id: str) -> str:
+    """Hash of one job's record: owner, model, status, counts, feed cursor, times."""
+    return f"{PREFIX}:batch:{{{job_id}}}"
+
+
+def batch_inputs_key(job_id: str) -> str:
+    """List of the job's inputs, by index (each a serialized internal Job with inputs only)."""
+    return f"{PREFIX}:batch:{{{job_id}}}:in"
+
+
+def batch_results_key(job_id: str) -> str:
+    """Hash of the job's results, field = input index, written once (HSETNX)."""
+    return f"{PREFIX}:batch:{{{job_id}}}:out"
+
+
+def batch_tenant_key(tenant: str) -> str:
+    """Set of the job ids a tenant submitted."""
+    return f"{PREFIX}:batch:tenant:{tenant}"
+
+
+# Set of the ids of jobs whose inputs are still being fed onto the queues.
+BATCH_ACTIVE = f"{PREFIX}:batch:active"
+# Held (SET NX PX) by the one router whose feeder moves job inputs onto the queues.
+BATCH_FEED_LOCK = f"{PREFIX}:batch:feed:lock"

@@ -103,6 +103,12 @@ class RouterSettings(ServiceSettings):
     # this long after the evaluating one died).
     rollout_eval_interval_ms: int = Field(default=500, gt=0)
     rollout_lock_ttl_ms: int = Field(default=3000, gt=0)
+    # Batch jobs (batch/feeder.py): the tier their work is pinned to ("" = the model's last
+    # tier), inputs moved per round and job, the most of a job's inputs queued at once.
+    batch_tier: str = ""
+    batch_feed_chunk: int = Field(default=64, gt=0)
+    batch_max_queued: int = Field(default=256, gt=0)
+    batch_feed_interval_ms: int = Field(default=20, gt=0)
 
 
 class WorkerSettings(ServiceSettings):
@@ -125,6 +131,11 @@ class WorkerSettings(ServiceSettings):
     max_deliveries: int = Field(default=3, ge=1)
     # On stop: after deregistering, entries routed here meanwhile are still read this long.
     leave_window_ms: int = Field(default=500, ge=0)
+    # Batch jobs: whether this worker takes their (background) work at all - false keeps a
+    # pool online-only - and the share of compute time it may give them while online work
+    # waits (0: only in the gaps of online work).
+    batch_jobs: bool = True
+    batch_background_share: float = Field(default=0.0, ge=0, le=1)
 
     @property
     def model_names(self) -> list[str]:

@@ -11,6 +11,7 @@ import structlog
 from prometheus_client import CollectorRegistry
 from redis.asyncio import Redis
 
+from tiermesh.batch.store import BatchStore
 from tiermesh.core.logging import configure_logging
 from tiermesh.core.metrics import MetricsServer, new_registry
 from tiermesh.core.prices import export_prices, load_prices
@@ -34,6 +35,7 @@ from tiermesh.core.tls import (
 )
 from tiermesh.gateway.audit import AuditLog
 from tiermesh.gateway.auth import Tenants
+from tiermesh.gateway.batch_jobs import BatchJobsServicer
 from tiermesh.gateway.cache import ResponseCache
 from tiermesh.gateway.capture import Capture, CaptureMetrics, initial_state
 from tiermesh.gateway.control import ModelControl
@@ -51,7 +53,7 @@ from tiermesh.gateway.tenants import TenantsFileError, load_tenants
 from tiermesh.gateway.upstream import Cancellations, Liveness, RouterClient, Upstream
 from tiermesh.rollout.recorder import Recorder
 from tiermesh.rollout.store import RolloutStore
-from tiermesh.v1 import delivery_pb2_grpc
+from tiermesh.v1 import batch_pb2_grpc, delivery_pb2_grpc
 
 log = structlog.get_logger("tiermesh.gateway")
 
@@ -140,6 +142,9 @@ async def serve(
     public = make_server(telemetry, settings.max_message_bytes, settings.max_metadata_bytes)
     # Like tritonclient's add_..._to_server; unparseable requests get INVALID_ARGUMENT.
     add_inference_servicer(inference, public)
+    batch_pb2_grpc.add_BatchJobsServicer_to_server(
+        BatchJobsServicer(repo, BatchStore(redis), Gate(security, metrics)), public
+    )
     health = add_health(public)
     port = bind(
         public, settings.gateway_host, settings.gateway_port, public_server_credentials(settings)

@@ -10,6 +10,8 @@ import uuid
 import redis.asyncio as aioredis
 import structlog
 
+from tiermesh.batch.feeder import Feeder
+from tiermesh.batch.store import BatchStore
 from tiermesh.core.control_watch import ControlState, ControlWatch
 from tiermesh.core.logging import configure_logging
 from tiermesh.core.metrics import MetricsServer, new_registry
@@ -114,6 +116,19 @@ async def serve(
         asyncio.create_task(
             control.run(settings.model_control_refresh_ms / 1000, on_control_change),
             name="model-control",
+        ),
+        asyncio.create_task(
+            Feeder(
+                BatchStore(redis),
+                repo,
+                encoders,
+                owner=f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}",
+                pinned_tier=settings.batch_tier,
+                max_queued=settings.batch_max_queued,
+                chunk=settings.batch_feed_chunk,
+                lock_ttl_ms=settings.rollout_lock_ttl_ms,
+            ).run(settings.batch_feed_interval_ms / 1000),
+            name="batch-feeder",
         ),
     ]
     await server.start()

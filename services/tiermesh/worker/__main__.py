@@ -10,6 +10,7 @@ import socket
 import redis.asyncio as aioredis
 import structlog
 
+from tiermesh.batch.store import BatchStore
 from tiermesh.core.control_watch import ControlWatch
 from tiermesh.core.logging import configure_logging
 from tiermesh.core.metrics import MetricsServer, new_registry
@@ -28,10 +29,11 @@ from tiermesh.core.serving import worker_units
 from tiermesh.core.settings import WorkerSettings
 from tiermesh.core.telemetry import Telemetry
 from tiermesh.core.tls import internal_channel_credentials, internal_server_credentials
+from tiermesh.worker.background import BackgroundResults
 from tiermesh.worker.handoff import PostprocessClient
 from tiermesh.worker.loop import Worker
 from tiermesh.worker.metrics import WorkerMetrics
-from tiermesh.worker.runner import ModelRunner
+from tiermesh.worker.runner import ComputeTime, ModelRunner
 from tiermesh.worker.streams import StreamClient
 from tiermesh.worker.units import UnitControl, open_runner
 
@@ -61,8 +63,11 @@ async def serve(
     # version is computed by that version's weights, not the latest's.
     served = worker_units(configs, names, watch.state.unloaded)
 
+    registry = new_registry()
+    compute_time = ComputeTime(registry)
+
     def opener(unit: str, cfg: ModelConfig) -> ModelRunner:
-        return open_runner(repo, unit, cfg, settings.intra_op_threads)
+        return open_runner(repo, unit, cfg, settings.intra_op_threads, compute_time)
 
     runners = {unit: opener(unit, cfg) for unit, cfg in served.items()}
     for unit, runner in runners.items():
@@ -73,7 +78,6 @@ async def serve(
         credentials=internal_channel_credentials(settings),
     )
     consumer = settings.worker_id or f"{socket.gethostname()}-{settings.worker_tier}-{os.getpid()}"
-    registry = new_registry()
     metrics_server = MetricsServer(registry, settings.metrics_host, settings.metrics_port)
     worker = Worker(
         tier=settings.worker_tier,
@@ -97,6 +101,8 @@ async def serve(
             opener,
             settings.model_control_refresh_ms / 1000,
         ),
+        background=BackgroundResults(BatchStore(redis), served) if settings.batch_jobs else None,
+        background_share=settings.batch_background_share,
     )
     server = make_server(telemetry)
     health = add_health(server)

@@ -24,6 +24,7 @@ from tiermesh.core.serving import plan_units, worker_units
 from tiermesh.core.telemetry import Telemetry, span_context_of
 from tiermesh.core.wire import decode_job, encode_job
 from tiermesh.worker import results
+from tiermesh.worker.background import BackgroundResults, job_of
 from tiermesh.worker.batching import (
     QueuedJob,
     split_cancelled,
@@ -35,7 +36,7 @@ from tiermesh.worker.cascade import escalates
 from tiermesh.worker.handoff import PostprocessClient
 from tiermesh.worker.metrics import WorkerMetrics
 from tiermesh.worker.runner import JobOutputs, ModelRunner
-from tiermesh.worker.scheduler import Scheduler
+from tiermesh.worker.scheduler import Scheduler, is_background
 from tiermesh.worker.spans import request_spans, skipped_span
 from tiermesh.worker.streams import Entry, StreamClient
 from tiermesh.worker.units import UnitControl
@@ -71,7 +72,12 @@ class Worker:
         reclaim_min_idle_ms: int = 5000,
         max_deliveries: int = 3,
         control: UnitControl | None = None,
+        background: BackgroundResults | None = None,
+        background_share: float = 0.0,
     ) -> None:
+        # Batch-job work (background streams): read, computed in the gaps of online work
+        # and written into its job; None: this worker takes none.
+        self._background = background
         self._reclaim_interval_s = reclaim_interval_ms / 1000
         self._reclaim_min_idle_ms = reclaim_min_idle_ms
         self._max_deliveries = max_deliveries
@@ -92,7 +98,7 @@ class Worker:
         self._hb_interval_s = heartbeat_interval_ms / 1000
         self._hb_ttl_ms = heartbeat_ttl_ms
         self._clock_ns = clock_ns
-        self._scheduler = Scheduler(configs)
+        self._scheduler = Scheduler(configs, background_share)
         self._keys = self._stream_keys()
         self._buffer: dict[StreamKey, list[QueuedJob]] = defaultdict(list)
         self._rates: dict[StreamKey, float] = {}
@@ -122,7 +128,7 @@ class Worker:
         return [u for u in self._configs if u not in self._closing]
 
     def _stream_keys(self) -> list[StreamKey]:
-        return [
+        online = [
             k
             for unit in self.serving
             for k in keys.stream_keys(
@@ -131,6 +137,13 @@ class Worker:
                 self._configs[unit].priority_levels,
                 self._configs[unit].bucket_count,
             )
+        ]
+        if self._background is None:
+            return online
+        return online + [
+            k
+            for unit in self.serving
+            for k in keys.background_streams(unit, self.tier, self._configs[unit].bucket_count)
         ]
 
     async def run(self) -> None:
@@ -277,6 +290,12 @@ class Worker:
         except (aioredis.RedisError, OSError):
             gone = set()
         live, cancelled = split_cancelled(live, gone)
+        if self._background is not None and is_background(key):
+            try:
+                live, dropped = await self._background.split_cancelled(live)
+                cancelled += dropped
+            except (aioredis.RedisError, OSError):
+                pass  # computed; the job refuses the results if it was cancelled
         await self._drop(key, expired, "expired")
         await self._drop(key, cancelled, "cancelled")
         return live
@@ -419,7 +438,12 @@ class Worker:
     ) -> None:
         """Publish, then ack: entries are deleted only after postprocess took the batch.
         When the hand-off keeps failing they stay pending for recovery. (With nothing to
-        hand off - every request cascaded to another tier - it only acknowledges.)"""
+        hand off - every request cascaded to another tier - it only acknowledges.)
+        Batch-job results go into their job instead (worker/background.py)."""
+        if self._background is not None and is_background(key):
+            if not await self._write_background(key, done):
+                return
+            done = []
         for attempt in range(HANDOFF_ATTEMPTS if done else 0):
             try:
                 await self._handoff.process(done)
@@ -436,6 +460,20 @@ class Worker:
             await self._streams.done(key, [q.entry_id for q in batch], rate)
         except (aioredis.RedisError, OSError):
             log.error("ack failed; entries will be delivered again", stream=key.name)
+
+    async def _write_background(self, key: StreamKey, done: list[JobResult]) -> bool:
+        """Write batch-job results into their jobs, retrying; False when Redis stays away
+        (the entries then stay pending and are computed again: written once all the same)."""
+        assert self._background is not None
+        for attempt in range(HANDOFF_ATTEMPTS):
+            try:
+                await self._background.write(done)
+                return True
+            except (aioredis.RedisError, OSError) as exc:
+                log.warning("batch results not written", attempt=attempt + 1, error=str(exc))
+                await asyncio.sleep(min(0.1 * 2**attempt, 1.0))
+        log.error("batch results gave up; entries stay pending", stream=key.name)
+        return False
 
     def _drain_rate(self, key: StreamKey, entries: int, period_ns: int) -> float:
         """Entries per second this stream drains at (EWMA), for admission. The period is the
@@ -491,6 +529,10 @@ class Worker:
                 )
             )
         log.error("dead-lettered entries", n=len(entries))
+        if self._background is not None:  # batch-job inputs: an error result in their job
+            with contextlib.suppress(aioredis.RedisError, OSError):
+                await self._background.write(answers)
+            answers = [a for a in answers if job_of(a.annotations) is None]
         if answers:
             try:
                 await self._handoff.process(answers)
@@ -541,6 +583,8 @@ class Worker:
             self._configs[unit], self._runners[unit] = wanted[unit], runner
             log.info("model loaded", unit=unit, load_s=round(runner.load_s, 3))
         self._scheduler.set_units(self._configs)
+        if self._background is not None:
+            self._background.set_units(self._configs)
         self._keys = self._stream_keys()
         opened = [u for u in (*plan.open, *plan.reopen) if u in self.serving]
         if opened:

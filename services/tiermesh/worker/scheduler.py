@@ -40,6 +40,19 @@ preferred sizes, the largest preferred size that fits in the rows waiting (Trito
 convention), else all rows up to the maximum. A target in rows; the caller takes whole
 requests up to it.
 
+Background work (batch jobs; streams at ``keys.BACKGROUND_PRIORITY``, below every online
+level): never a candidate for aging or the weighted pick. While any online view has rows a
+background view is picked only when background batches took less than ``background_share``
+of the recent compute time (0, the default: never). With no online rows it is picked at
+once. Its batch closes at once (the feeder keeps enough queued) and takes
+``background_rows``: the throughput-optimal size, i.e. the smallest batch whose per-row
+cost under the fitted ``fixed + per_row * rows`` is within ``1 / (1 - BG_EFFICIENCY)`` of
+the marginal cost (rows >= fixed / per_row * BG_EFFICIENCY / (1 - BG_EFFICIENCY)), capped
+by the bucket's max_batch_size; the maximum itself before anything was measured. Larger
+batches gain little throughput and only lengthen the one batch that online work arriving
+meanwhile waits for: a background batch is never preempted, so online work yields to at
+most one of them.
+
 Compute estimate (`observe`, `compute_estimate_ns`), per (compute unit, bucket), shared by
 tiers and priorities: an exponentially weighted least-squares fit of batch time against
 rows, ``t = fixed + per_row * rows``, with the per-row slope clamped between 0 (all fixed
@@ -55,7 +68,7 @@ from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from tiermesh.core.keys import StreamKey
+from tiermesh.core.keys import BACKGROUND_PRIORITY, StreamKey
 from tiermesh.core.model_config import ModelConfig
 
 NS_PER_MS = 1_000_000
@@ -63,6 +76,10 @@ NS_PER_MS = 1_000_000
 EWMA_ALPHA = 0.2
 # Below this variance of observed batch sizes (rows squared) the fit has no slope to read.
 _MIN_ROWS_VARIANCE = 1e-6
+# A background batch reaches this share of the best throughput the cost fit allows.
+BG_EFFICIENCY = 0.9
+# Weight of the newest batch in the background share of compute time.
+SHARE_ALPHA = 0.05
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,8 +125,12 @@ class Scheduler:
     """The worker's scheduling decisions for the compute units in `configs` (keyed like
     ``StreamKey.model``). One per worker; not thread-safe (the loop owns it)."""
 
-    def __init__(self, configs: Mapping[str, ModelConfig]) -> None:
+    def __init__(self, configs: Mapping[str, ModelConfig], background_share: float = 0.0) -> None:
         self._configs = dict(configs)
+        self._background_share = background_share
+        # EWMAs of compute ns per batch: background batches only, and all batches.
+        self._bg_ns = 0.0
+        self._all_ns = 0.0
         # (unit, level) -> smooth weighted round-robin credit; sums to zero.
         self._credits: dict[tuple[str, int], int] = defaultdict(int)
         self._costs: dict[tuple[str, int], _CostFit] = {}
@@ -123,7 +144,10 @@ class Scheduler:
     def pick(self, views: Sequence[StreamView], now_ns: int) -> StreamKey | None:
         """The stream to form the next batch from, or None when no view has rows. Called
         once per batch: a weighted pick charges the winning level's credit."""
-        live = [v for v in views if v.rows > 0]
+        live = [v for v in views if v.rows > 0 and not is_background(v.key)]
+        background = [v for v in views if v.rows > 0 and is_background(v.key)]
+        if background and (not live or self.background_time_share < self._background_share):
+            return min(background, key=lambda v: (v.key.bucket, v.key.model, v.key.tier)).key
         if not live:
             return None
         overdue = [(excess, v) for v in live if (excess := self._overdue_ns(v, now_ns)) > 0]
@@ -149,6 +173,8 @@ class Scheduler:
     def wait_ms(self, view: StreamView, now_ns: int) -> float:
         """How much longer to keep filling this stream's batch; <= 0 means close it now.
         Called for the picked stream, again whenever more entries arrive or time passes."""
+        if is_background(view.key):
+            return 0.0
         spec = self._config(view.key.model).bucket(view.key.bucket)
         if view.rows >= spec.max_batch_size:
             return 0.0
@@ -169,6 +195,8 @@ class Scheduler:
         """How many rows the batch closed now should take: never more than the bucket's
         max_batch_size; the largest preferred size that fits when preferred sizes exist
         and one does, else every row up to that maximum."""
+        if is_background(view.key):
+            return min(view.rows, self.background_rows(view.key))
         spec = self._config(view.key.model).bucket(view.key.bucket)
         cap = min(view.rows, spec.max_batch_size)
         fitting = [p for p in spec.preferred_batch_sizes if p <= cap]
@@ -181,12 +209,34 @@ class Scheduler:
             raise ValueError(
                 f"observe needs rows >= 1 and compute_ns >= 0, got {rows}, {compute_ns}"
             )
+        bg_ns = compute_ns if is_background(key) else 0
+        self._bg_ns += SHARE_ALPHA * (bg_ns - self._bg_ns)
+        self._all_ns += SHARE_ALPHA * (compute_ns - self._all_ns)
         slot = (key.model, key.bucket)
         fit = self._costs.get(slot)
         if fit is None:
             self._costs[slot] = _CostFit(rows, compute_ns, rows * rows, rows * compute_ns)
         else:
             fit.update(rows, compute_ns)
+
+    @property
+    def background_time_share(self) -> float:
+        """The recent share of compute time background batches took (EWMA), 0..1."""
+        return self._bg_ns / self._all_ns if self._all_ns > 0 else 0.0
+
+    def background_rows(self, key: StreamKey) -> int:
+        """The throughput-optimal batch of this (unit, bucket) for background work: see the
+        module docstring. The bucket's max_batch_size until a cost fit with a slope exists."""
+        cap = self._config(key.model).bucket(key.bucket).max_batch_size
+        fit = self._costs.get((key.model, key.bucket))
+        if fit is None:
+            return cap
+        fixed = fit.estimate(0)
+        per_row = fit.estimate(1) - fixed
+        if per_row <= 0:
+            return cap  # all fixed cost: the bigger the better
+        best = math.ceil(max(fixed, 0.0) / per_row * BG_EFFICIENCY / (1 - BG_EFFICIENCY))
+        return max(1, min(cap, best))
 
     def compute_estimate_ns(self, key: StreamKey, rows: int) -> int:
         """Expected compute time of a batch of `rows` rows of this (unit, bucket), rounded
@@ -210,6 +260,11 @@ class Scheduler:
     def _remaining_wait_ns(self, view: StreamView, now_ns: int) -> int:
         spec = self._config(view.key.model).bucket(view.key.bucket)
         return round(spec.max_batch_wait_ms * NS_PER_MS) - (now_ns - view.first_dequeued_ns)
+
+
+def is_background(key: StreamKey) -> bool:
+    """Whether a stream carries batch-job work (below every online level)."""
+    return key.priority == BACKGROUND_PRIORITY
 
 
 def _order(key: StreamKey) -> tuple[int, int, str, str]:

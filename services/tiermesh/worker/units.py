@@ -12,10 +12,16 @@ from dataclasses import dataclass
 from tiermesh.core.control_watch import ControlWatch
 from tiermesh.core.keys import split_unit
 from tiermesh.core.repository import ModelConfig, ModelRepository
-from tiermesh.worker.runner import ModelRunner
+from tiermesh.worker.runner import ComputeTime, ModelRunner
 
 
-def open_runner(repo: ModelRepository, unit: str, cfg: ModelConfig, threads: int) -> ModelRunner:
+def open_runner(
+    repo: ModelRepository,
+    unit: str,
+    cfg: ModelConfig,
+    threads: int,
+    compute_time: ComputeTime | None = None,
+) -> ModelRunner:
     """The session of one compute unit, built from bytes that matched their sha256
     (`verified_model`: nothing changed on disk afterwards reaches it). Blocking: reads,
     hashes and builds; the loop calls it in a thread. Raises RepositoryError on a mismatch."""
@@ -25,6 +31,7 @@ def open_runner(repo: ModelRepository, unit: str, cfg: ModelConfig, threads: int
         repo.verified_model(cfg.name, version, variant),
         threads,
         preoptimized=repo.preoptimized(cfg.name, variant, version),
+        compute_time=compute_time,
     )
 
 

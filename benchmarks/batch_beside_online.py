@@ -1,0 +1,112 @@
+"""Online p99 at a steady online load alone, and beside a running batch job; and the job's
+sequences per hour against the idle-machine limit for the same model. Prints, asserts
+nothing. Runs `tiermesh up` (tests/e2e/conftest.py's start_up) on the echo model.
+
+    .venv/bin/python benchmarks/batch_beside_online.py [--rate 100] [--seconds 10]
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import grpc
+import numpy as np
+import tritonclient.grpc as grpcclient
+
+from tests.e2e.conftest import start_up
+from tiermesh.v1 import batch_pb2, batch_pb2_grpc
+
+
+def online_p99(url: str, rate: float, seconds: float) -> tuple[float, int]:
+    """Open-loop requests at `rate`/s for `seconds` from 8 threads; (p99 ms, answered)."""
+    lat: list[float] = []
+    lock = threading.Lock()
+    start = time.monotonic()
+
+    def run(k: int) -> None:
+        client = grpcclient.InferenceServerClient(url)
+        inp = grpcclient.InferInput("TEXT", [1, 1], "BYTES")
+        inp.set_data_from_numpy(np.array([[b"an online request"]], dtype=object))
+        i = k
+        while (due := start + i / rate) < start + seconds:
+            time.sleep(max(0.0, due - time.monotonic()))
+            t = time.monotonic()
+            client.infer("echo", [inp], priority=1)
+            with lock:
+                lat.append(time.monotonic() - due if due > t else time.monotonic() - t)
+            i += 8
+
+    threads = [threading.Thread(target=run, args=(k,)) for k in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return float(np.percentile(lat, 99) * 1000), len(lat)
+
+
+def submit(stub: batch_pb2_grpc.BatchJobsStub, n: int) -> str:
+    texts = [f"batch document {i}" for i in range(n)]
+    chunks = (
+        batch_pb2.SubmitChunk(model="echo", texts=texts[i : i + 5000]) for i in range(0, n, 5000)
+    )
+    reply: batch_pb2.BatchJob = stub.Submit(chunks)
+    return reply.job_id
+
+
+def finished(stub: batch_pb2_grpc.BatchJobsStub, job_id: str) -> batch_pb2.BatchJob:
+    reply: batch_pb2.BatchJob = stub.Status(batch_pb2.JobRef(job_id=job_id))
+    return reply
+
+
+def job_rate(stub: batch_pb2_grpc.BatchJobsStub, job_id: str, seconds: float) -> float:
+    """Sequences per hour the job drains at over `seconds` (measured while it runs)."""
+    a = finished(stub, job_id).done
+    time.sleep(seconds)
+    b = finished(stub, job_id).done
+    return (b - a) / seconds * 3600
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--rate", type=float, default=100.0, help="online requests per second")
+    p.add_argument("--seconds", type=float, default=10.0)
+    p.add_argument("--job", type=int, default=200_000, help="inputs of the batch job")
+    args = p.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        up = start_up(Path(tmp), span_files=False)
+        try:
+            with grpc.insecure_channel(up.url) as channel:
+                stub = batch_pb2_grpc.BatchJobsStub(channel)
+                online_p99(up.url, args.rate, 2)  # warm up
+                alone, n_alone = online_p99(up.url, args.rate, args.seconds)
+                # The idle-machine limit: the job alone (no online load).
+                idle_job = submit(stub, args.job)
+                idle = job_rate(stub, idle_job, args.seconds)
+                stub.Cancel(batch_pb2.JobRef(job_id=idle_job))
+                job = submit(stub, args.job)
+                time.sleep(1)  # the job is running
+                result: dict[str, float] = {}
+                rate_thread = threading.Thread(
+                    target=lambda: result.update(r=job_rate(stub, job, args.seconds))
+                )
+                rate_thread.start()
+                beside, n_beside = online_p99(up.url, args.rate, args.seconds)
+                rate_thread.join()
+                stub.Cancel(batch_pb2.JobRef(job_id=job))
+        finally:
+            up.interrupt()
+    print(f"online load: {args.rate:.0f} req/s of echo, {args.seconds:.0f} s per phase")
+    print(f"online p99 alone:              {alone:8.2f} ms  ({n_alone} answered)")
+    print(f"online p99 beside a batch job: {beside:8.2f} ms  ({n_beside} answered)")
+    print(f"  ratio beside/alone:          {beside / alone:8.2f}x  (target <= 1.2x)")
+    print(f"batch job alone (idle limit):  {idle:12,.0f} sequences/hour")
+    print(f"batch job beside online load:  {result['r']:12,.0f} sequences/hour")
+    print(f"  share of the idle limit:     {result['r'] / idle:8.2%}")
+
+
+if __name__ == "__main__":
+    main()

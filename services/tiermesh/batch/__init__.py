@@ -1,0 +1,1 @@
+"""Offline batch jobs: many inputs computed in the gaps of the online traffic."""

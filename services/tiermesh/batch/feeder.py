@@ -1,0 +1,130 @@
+"""The feeder: moves batch-job inputs from their job onto the background streams, a chunk at
+a time, keeping a bounded number of each job's inputs queued. Runs in every router; only
+the holder of a Redis lock with a TTL feeds (another router takes over within the TTL when
+it dies). Restart-safe: the cursor lives in the job record and moves atomically with the
+XADDs (batch/store.py), so a feeder that dies mid-round queues nothing twice."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import time
+from collections.abc import Callable, Mapping
+
+import redis.asyncio as aioredis
+import structlog
+
+from tiermesh.batch.plan import (
+    FINISHED,
+    INDEX_ANNOTATION,
+    JOB_ANNOTATION,
+    JobRecord,
+    background_tier,
+    feed_count,
+    request_id,
+)
+from tiermesh.batch.store import BatchStore
+from tiermesh.core.jobs import Job, Timing
+from tiermesh.core.keys import BACKGROUND_PRIORITY, StreamKey
+from tiermesh.core.model_config import ModelConfig
+from tiermesh.core.repository import ModelRepository
+from tiermesh.core.wire import decode_job, encode_job
+from tiermesh.router.policy import choose_stream
+from tiermesh.router.text import TextEncoder
+
+log = structlog.get_logger("tiermesh.batch.feeder")
+
+
+class Feeder:
+    def __init__(
+        self,
+        store: BatchStore,
+        repo: ModelRepository,
+        encoders: Mapping[str, TextEncoder],
+        owner: str,
+        *,
+        pinned_tier: str = "",
+        max_queued: int = 256,
+        chunk: int = 64,
+        lock_ttl_ms: int = 3000,
+        clock_ns: Callable[[], int] = time.time_ns,
+    ) -> None:
+        self._store = store
+        self._repo = repo
+        self._encoders = encoders
+        self._owner = owner
+        self._pinned = pinned_tier
+        self._max_queued = max_queued
+        self._chunk = chunk
+        self._lock_ttl_ms = lock_ttl_ms
+        self._clock_ns = clock_ns
+
+    async def run(self, interval_s: float) -> None:
+        """Feed rounds until cancelled; Redis trouble is logged and the next round retries."""
+        while True:
+            try:
+                await self.round()
+            except (aioredis.RedisError, OSError) as exc:
+                log.warning("batch feed round failed", error=str(exc))
+            # redis-py can swallow a cancellation that lands mid-command: stop all the same.
+            if (task := asyncio.current_task()) is not None and task.cancelling():
+                raise asyncio.CancelledError
+            await asyncio.sleep(interval_s)
+
+    async def round(self) -> int:
+        """One round, if this router holds the lock: each active job gets its next chunk
+        where it has room. Returns how many inputs were queued."""
+        if not await self._store.hold_lock(self._owner, self._lock_ttl_ms):
+            return 0
+        queued = 0
+        for job_id in await self._store.active():
+            job = await self._store.get(job_id)
+            if job is None or job.status in FINISHED:
+                continue
+            cfg = self._repo.get(job.model)
+            n = feed_count(job, self._max_queued, self._chunk)
+            if cfg is None or n == 0:
+                continue
+            raw = await self._store.inputs(job_id, job.fed, n)
+            entries = [self._entry(cfg, job, job.fed + i, r) for i, r in enumerate(raw)]
+            if entries and await self._store.feed(job_id, job.fed, entries) >= 0:
+                queued += len(entries)
+        return queued
+
+    @staticmethod
+    def _tier_variant(cfg: ModelConfig, tier: str) -> str:
+        return next((t.variant for t in cfg.tiers if t.name == tier), "")
+
+    def _entry(
+        self, cfg: ModelConfig, rec: JobRecord, index: int, raw: bytes
+    ) -> tuple[StreamKey, bytes]:
+        """The stream entry of one input: input processing as the router does it online
+        (tokenizing text), then its background stream on the job's tier."""
+        stored = decode_job(raw)
+        now = self._clock_ns()
+        tier = rec.tier or background_tier(cfg, self._pinned)
+        job = Job(
+            request_id=request_id(rec.job_id, index),
+            model=cfg.name,
+            inputs=stored.inputs,
+            gateway="",
+            tenant=rec.tenant,
+            version=rec.version or cfg.stable.version,
+            variant=rec.variant or self._tier_variant(cfg, tier) or cfg.default_variant,
+            annotations={JOB_ANNOTATION: rec.job_id, INDEX_ANNOTATION: str(index)},
+        )
+        if cfg.tokenize is not None:
+            # The same input processing as the router's Route for the online path.
+            (ids, mask), truncated = self._encoders[cfg.name].encode_tensor(job.inputs[0])
+            annotations = {**job.annotations, "truncated": "true" if truncated else "false"}
+            job = dataclasses.replace(job, inputs=(ids, mask), annotations=annotations)
+        online = choose_stream(cfg, job, tier)
+        stream = StreamKey(online.model, tier, BACKGROUND_PRIORITY, online.bucket)
+        job = dataclasses.replace(
+            job,
+            priority=BACKGROUND_PRIORITY,
+            bucket=stream.bucket,
+            tier=tier,
+            timing=Timing(received_ns=now, routed_ns=now, enqueued_ns=now),
+        )
+        return stream, encode_job(job)

@@ -1,0 +1,229 @@
+"""A batch job's durable state in Redis: the record, its inputs, its results.
+
+Everything a job is lives under its own keys (core/keys.py): the record hash, the list of
+inputs by index, and the results hash by index. Writes that must hold together run as one
+script: feeding (XADDs + cursor, only while the cursor is where the feeder read it) and
+recording results (HSETNX per index + the counts + the end of the job), so a redelivered
+input computed twice is written once, and a Redis restarted from its AOF never sees a
+cursor ahead of what it queued.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Sequence
+from typing import Any, cast
+
+import redis.asyncio as aioredis
+
+from tiermesh.batch.plan import CANCELLED, FINISHED, LOADING, QUEUED, RUNNING, JobRecord
+from tiermesh.core import keys
+from tiermesh.core.keys import StreamKey
+
+# Stream entry field naming the batch job an entry belongs to (cancel finds them by it).
+BATCH_FIELD = "batch"
+
+# KEYS: record, results, active set. ARGV: now_ms, job_id, then (index, payload, ok) triples.
+_RECORD = """
+local st = redis.call('HGET', KEYS[1], 'status')
+if (not st) or st == 'cancelled' then return -1 end
+local ok, err = 0, 0
+for i = 3, #ARGV, 3 do
+  if redis.call('HSETNX', KEYS[2], ARGV[i], ARGV[i + 1]) == 1 then
+    if ARGV[i + 2] == '1' then ok = ok + 1 else err = err + 1 end
+  end
+end
+local done = redis.call('HINCRBY', KEYS[1], 'done', ok)
+local errors = redis.call('HINCRBY', KEYS[1], 'errors', err)
+local total = tonumber(redis.call('HGET', KEYS[1], 'total') or '0')
+if st ~= 'loading' and st ~= 'done' and done + errors >= total then
+  redis.call('HSET', KEYS[1], 'status', 'done', 'finished_ms', ARGV[1])
+  redis.call('SREM', KEYS[3], ARGV[2])
+end
+return ok + err
+"""
+
+# KEYS: record, then one stream per entry. ARGV: expected cursor, job id, payloads.
+_FEED = """
+local st = redis.call('HGET', KEYS[1], 'status')
+if st ~= 'queued' and st ~= 'running' then return -1 end
+if tonumber(redis.call('HGET', KEYS[1], 'fed')) ~= tonumber(ARGV[1]) then return -1 end
+for i = 2, #KEYS do
+  redis.call('XADD', KEYS[i], '*', 'job', ARGV[i + 1], 'batch', ARGV[2])
+end
+if st == 'queued' then redis.call('HSET', KEYS[1], 'status', 'running') end
+return redis.call('HINCRBY', KEYS[1], 'fed', #KEYS - 1)
+"""
+
+_LOCK = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  return 1
+end
+if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then return 1 end
+return 0
+"""
+
+
+def _text(raw: dict[Any, Any]) -> dict[str, str]:
+    return {
+        (k.decode() if isinstance(k, bytes) else str(k)): (
+            v.decode() if isinstance(v, bytes) else str(v)
+        )
+        for k, v in raw.items()
+    }
+
+
+class BatchStore:
+    def __init__(self, redis: aioredis.Redis) -> None:
+        self._redis = redis
+        self._record = redis.register_script(_RECORD)
+        self._feed = redis.register_script(_FEED)
+        self._lock = redis.register_script(_LOCK)
+
+    async def create(self, tenant: str, model: str, variant: str, tier: str = "") -> JobRecord:
+        """A new job in status loading (inputs still arriving; nothing fed yet)."""
+        job = JobRecord(
+            job_id=uuid.uuid4().hex[:16],
+            tenant=tenant,
+            model=model,
+            variant=variant,
+            status=LOADING,
+            total=0,
+            fed=0,
+            done=0,
+            errors=0,
+            created_ms=int(time.time() * 1000),
+            tier=tier,
+        )
+        async with self._redis.pipeline(transaction=True) as pipe:
+            pipe.hset(keys.batch_job_key(job.job_id), mapping=dict(job.fields()))  # type: ignore[arg-type]
+            pipe.sadd(keys.batch_tenant_key(tenant), job.job_id)
+            await pipe.execute()
+        return job
+
+    async def append(self, job_id: str, inputs: Sequence[bytes]) -> None:
+        if inputs:
+            await self._redis.rpush(keys.batch_inputs_key(job_id), *inputs)
+
+    async def seal(self, job_id: str) -> JobRecord:
+        """Every input is in: the job's total is fixed and the feeder takes it up."""
+        total = await self._redis.llen(keys.batch_inputs_key(job_id))
+        async with self._redis.pipeline(transaction=True) as pipe:
+            status = QUEUED if total else "done"
+            pipe.hset(keys.batch_job_key(job_id), mapping={"total": total, "status": status})
+            if total:
+                pipe.sadd(keys.BATCH_ACTIVE, job_id)
+            else:
+                pipe.hset(keys.batch_job_key(job_id), "finished_ms", int(time.time() * 1000))
+            await pipe.execute()
+        job = await self.get(job_id)
+        assert job is not None
+        return job
+
+    async def get(self, job_id: str) -> JobRecord | None:
+        raw = await self._redis.hgetall(keys.batch_job_key(job_id))
+        return JobRecord.from_fields(_text(raw)) if raw else None
+
+    async def active(self) -> list[str]:
+        members = cast(set[bytes], await self._redis.smembers(keys.BATCH_ACTIVE))
+        return sorted(m.decode() for m in members)
+
+    async def inputs(self, job_id: str, start: int, count: int) -> list[bytes]:
+        key = keys.batch_inputs_key(job_id)
+        return cast(list[bytes], await self._redis.lrange(key, start, start + count - 1))
+
+    async def feed(
+        self, job_id: str, cursor: int, entries: Sequence[tuple[StreamKey, bytes]]
+    ) -> int:
+        """Queue `entries` (the job's inputs from `cursor` on) and advance the cursor, all at
+        once; -1 (nothing queued) when the cursor moved meanwhile or the job stopped."""
+        return int(
+            await self._feed(
+                keys=[keys.batch_job_key(job_id), *(s.name for s, _ in entries)],
+                args=[cursor, job_id, *(p for _, p in entries)],
+            )
+        )
+
+    async def record(self, job_id: str, results: Sequence[tuple[int, bytes, bool]]) -> int:
+        """Write each (index, result, ok) unless that index has a result already; returns
+        how many were new (-1: the job is cancelled or gone, nothing written). Finishes the
+        job when every input has its result."""
+        args: list[Any] = [int(time.time() * 1000), job_id]
+        for index, payload, ok in results:
+            args += [index, payload, "1" if ok else "0"]
+        return int(
+            await self._record(
+                keys=[
+                    keys.batch_job_key(job_id),
+                    keys.batch_results_key(job_id),
+                    keys.BATCH_ACTIVE,
+                ],
+                args=args,
+            )
+        )
+
+    async def results(self, job_id: str, start: int, count: int) -> list[tuple[int, bytes]]:
+        """The finished results among indices [start, start + count), in index order."""
+        indices = list(range(start, start + count))
+        if not indices:
+            return []
+        values = cast(
+            list[bytes | None], await self._redis.hmget(keys.batch_results_key(job_id), indices)
+        )
+        return [(i, v) for i, v in zip(indices, values, strict=True) if v is not None]
+
+    async def result_count(self, job_id: str) -> int:
+        return int(await self._redis.hlen(keys.batch_results_key(job_id)))
+
+    async def statuses(self, job_ids: Sequence[str]) -> dict[str, str]:
+        """Status of each job (missing jobs left out), one round trip."""
+        async with self._redis.pipeline(transaction=False) as pipe:
+            for job_id in job_ids:
+                pipe.hget(keys.batch_job_key(job_id), "status")
+            values = await pipe.execute()
+        return {j: v.decode() for j, v in zip(job_ids, values, strict=True) if v is not None}
+
+    async def cancel(self, job_id: str, streams: Sequence[StreamKey]) -> JobRecord | None:
+        """Stop the job: no more feeding, no more results written, and its entries deleted
+        from `streams` (the background streams it was fed to). Entries a worker has read
+        already are skipped by it (the status says cancelled)."""
+        job = await self.get(job_id)
+        if job is None:
+            return None
+        if job.status not in FINISHED:
+            async with self._redis.pipeline(transaction=True) as pipe:
+                pipe.hset(
+                    keys.batch_job_key(job_id),
+                    mapping={"status": CANCELLED, "finished_ms": int(time.time() * 1000)},
+                )
+                pipe.srem(keys.BATCH_ACTIVE, job_id)
+                await pipe.execute()
+        await self.purge(job_id, streams)
+        return await self.get(job_id)
+
+    async def purge(self, job_id: str, streams: Sequence[StreamKey]) -> int:
+        """Delete (and acknowledge) the job's entries still on `streams`; how many."""
+        removed = 0
+        marker = job_id.encode()
+        for stream in streams:
+            entries = cast(
+                list[tuple[bytes, dict[bytes, bytes]]],
+                await self._redis.xrange(stream.name, "-", "+"),
+            )
+            ids = [eid for eid, f in entries if f and f.get(BATCH_FIELD.encode()) == marker]
+            if ids:
+                async with self._redis.pipeline(transaction=True) as pipe:
+                    pipe.xack(stream.name, keys.GROUP, *ids)
+                    pipe.xdel(stream.name, *ids)
+                    await pipe.execute()
+                removed += len(ids)
+        return removed
+
+    async def hold_lock(self, owner: str, ttl_ms: int) -> bool:
+        """Take the feeder lock, or keep it when `owner` holds it already."""
+        return bool(await self._lock(keys=[keys.BATCH_FEED_LOCK], args=[owner, ttl_ms]))
+
+
+__all__ = ["BATCH_FIELD", "RUNNING", "BatchStore"]

@@ -1,0 +1,127 @@
+"""Batch jobs on the in-process mesh against the real redis-server: a small job completes
+with every result written exactly once; cancelling frees its queues at once and stops its
+results within one batch."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+import grpc
+import pytest
+import redis.asyncio as aioredis
+
+from tests.integration.conftest import start_mesh
+from tiermesh.batch.plan import job_streams
+from tiermesh.batch.store import BatchStore
+from tiermesh.core import keys
+from tiermesh.core.repository import ModelRepository
+from tiermesh.core.tensors import split_bytes
+from tiermesh.core.wire import tensor_from_proto
+from tiermesh.v1 import batch_pb2, batch_pb2_grpc
+
+pytestmark = pytest.mark.integration
+
+
+async def _until(check: Callable[[], Awaitable[bool]], timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not await check():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        await asyncio.sleep(0.02)
+
+
+async def _submit(stub: batch_pb2_grpc.BatchJobsStub, texts: list[str]) -> batch_pb2.BatchJob:
+    async def chunks():  # type: ignore[no-untyped-def]
+        yield batch_pb2.SubmitChunk(model="echo", texts=texts[: len(texts) // 2])
+        yield batch_pb2.SubmitChunk(texts=texts[len(texts) // 2 :])
+
+    reply: batch_pb2.BatchJob = await stub.Submit(chunks())
+    return reply
+
+
+def _echo_text(r: batch_pb2.BatchResult) -> str:
+    t = tensor_from_proto(r.outputs[0])
+    return split_bytes(t.raw, 1, t.name)[0].decode()
+
+
+async def test_small_job_every_result_exactly_once(redis_url: str, model_repo: Path) -> None:
+    mesh = await start_mesh(redis_url, model_repo, common_overrides={"batch_max_queued": 40})
+    redis = aioredis.from_url(redis_url)
+    try:
+        async with grpc.aio.insecure_channel(mesh.gateway) as channel:
+            stub = batch_pb2_grpc.BatchJobsStub(channel)
+            texts = [f"sentence number {i}" for i in range(300)]
+            job = await _submit(stub, texts)
+            assert job.total == 300 and job.status == "queued"
+
+            async def done() -> bool:
+                s = await stub.Status(batch_pb2.JobRef(job_id=job.job_id))
+                # The feeder never has more than its bound of the job queued.
+                assert s.fed - s.done - s.errors <= 40
+                return bool(s.status == "done")
+
+            await _until(done, 60, "the job to finish")
+            status = await stub.Status(batch_pb2.JobRef(job_id=job.job_id))
+            assert (status.done, status.errors, status.fed) == (300, 0, 300)
+            results = [r async for r in stub.Results(batch_pb2.ResultsRequest(job_id=job.job_id))]
+            assert [r.index for r in results] == list(range(300))
+            assert [_echo_text(r) for r in results] == texts
+            assert all(r.code == 0 for r in results)
+            # Written exactly once: a second write of an index (a redelivered input) is
+            # refused and changes neither the result nor the counts.
+            store = BatchStore(redis)
+            assert await store.record(job.job_id, [(0, b"other", True)]) == 0
+            assert (await store.results(job.job_id, 0, 1))[0][1] != b"other"
+            rec = await store.get(job.job_id)
+            assert rec is not None and rec.done == 300
+            assert await store.result_count(job.job_id) == 300
+            assert job.job_id not in await store.active()
+            # Another tenant's (here: an unknown) job id is not found.
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                await stub.Status(batch_pb2.JobRef(job_id="nope"))
+            assert err.value.code() == grpc.StatusCode.NOT_FOUND
+    finally:
+        await redis.aclose()
+        await mesh.close()
+
+
+async def test_cancel_frees_queues_within_a_batch(redis_url: str, model_repo: Path) -> None:
+    mesh = await start_mesh(redis_url, model_repo, common_overrides={"batch_max_queued": 200})
+    redis = aioredis.from_url(redis_url)
+    try:
+        async with grpc.aio.insecure_channel(mesh.gateway) as channel:
+            stub = batch_pb2_grpc.BatchJobsStub(channel)
+            job = await _submit(stub, [f"text {i}" for i in range(20_000)])
+            ref = batch_pb2.JobRef(job_id=job.job_id)
+
+            async def started() -> bool:
+                return bool((await stub.Status(ref)).done > 0)
+
+            await _until(started, 30, "the first results")
+            cancelled = await stub.Cancel(ref)
+            assert cancelled.status == "cancelled"
+            store = BatchStore(redis)
+            written = await store.result_count(job.job_id)
+            cfg = ModelRepository(model_repo).load()["echo"]
+            rec = await store.get(job.job_id)
+            assert rec is not None
+            streams = job_streams(cfg, rec)
+            # Its queues are freed at once: no entry of the job is left on any stream.
+            for s in streams:
+                assert await redis.xlen(s.name) == 0
+
+            async def settled() -> bool:
+                pending = [await redis.xpending(s.name, keys.GROUP) for s in streams]
+                return all(p["pending"] == 0 for p in pending)
+
+            await _until(settled, 10, "the worker to drop what it had read")
+            # What was read but not computed is skipped; nothing more is written or fed.
+            assert await store.result_count(job.job_id) == written
+            after = await store.get(job.job_id)
+            assert after is not None and after.fed == rec.fed < 20_000
+            assert after.status == "cancelled"
+    finally:
+        await redis.aclose()
+        await mesh.close()
