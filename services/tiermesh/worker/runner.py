@@ -3,6 +3,8 @@ worker calls `run` in a thread so the event loop keeps moving data."""
 
 from __future__ import annotations
 
+import resource
+import threading
 import time
 from collections import defaultdict
 from collections.abc import Sequence
@@ -11,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import onnxruntime as ort
+from prometheus_client import CollectorRegistry, Counter
 
 from tiermesh.core.jobs import Job
 from tiermesh.core.model_files import VerifiedModel
@@ -26,6 +29,50 @@ def session_options(intra_op_threads: int) -> ort.SessionOptions:
     # Spinning threads make timings on small shared machines vary several-fold.
     opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
     return opts
+
+
+class ComputeTime:
+    """Seconds spent inside `InferenceSession.run`, summed over every runner of a worker:
+    wall time, and the process's CPU time (user + system, every thread) while a call was
+    running. Benchmarks subtract the CPU figure from the worker's total to get the cost of
+    everything around the model. The CPU figure is an upper bound of onnxruntime's own: what
+    other threads of the process did during the call is counted too."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self._lock = threading.Lock()
+        self._running = 0
+        self._cpu_at_start = 0.0
+        self.wall = Counter(
+            "tiermesh_onnxruntime_seconds",
+            "Wall time inside onnxruntime session calls",
+            registry=registry,
+        )
+        self.cpu = Counter(
+            "tiermesh_onnxruntime_cpu_seconds",
+            "Process CPU time while an onnxruntime session call was running",
+            registry=registry,
+        )
+
+    @staticmethod
+    def _process_cpu() -> float:
+        usage = resource.getrusage(resource.RUSAGE_SELF)
+        return usage.ru_utime + usage.ru_stime
+
+    def enter(self) -> float:
+        """Called right before a session call; returns the wall clock to hand to `leave`.
+        Overlapping calls count the CPU of the interval once."""
+        with self._lock:
+            if self._running == 0:
+                self._cpu_at_start = self._process_cpu()
+            self._running += 1
+        return time.perf_counter()
+
+    def leave(self, started: float) -> None:
+        self.wall.inc(time.perf_counter() - started)
+        with self._lock:
+            self._running -= 1
+            if self._running == 0:
+                self.cpu.inc(max(0.0, self._process_cpu() - self._cpu_at_start))
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,6 +98,7 @@ class ModelRunner:
         model: VerifiedModel | Path,
         intra_op_threads: int = 0,
         preoptimized: bool = False,
+        compute_time: ComputeTime | None = None,
     ) -> None:
         """`model`: what `ModelRepository.verified_model` returned (the worker's way: the
         session is built from the bytes that matched their sha256, external data included,
@@ -58,6 +106,7 @@ class ModelRunner:
         tools). `preoptimized`: the file was saved after graph optimisation (tiermesh
         optimize's `graph` variant), so loading skips it instead of redoing it at every start."""
         self.cfg = cfg
+        self._compute_time = compute_time
         opts = session_options(intra_op_threads)
         if preoptimized:
             opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
@@ -111,7 +160,13 @@ class ModelRunner:
 
     def _run(self, inputs: Sequence[TensorData]) -> tuple[TensorData, ...]:
         feeds = {t.name: to_numpy(t) for t in inputs}
-        arrays = self.session.run(self._outputs, feeds)
+        clock = self._compute_time
+        started = clock.enter() if clock is not None else 0.0
+        try:
+            arrays = self.session.run(self._outputs, feeds)
+        finally:
+            if clock is not None:
+                clock.leave(started)
         return tuple(
             from_numpy(name, arr, self._types[name])
             for name, arr in zip(self._outputs, arrays, strict=True)

@@ -1,0 +1,489 @@
+"""The whole mesh against the raw onnxruntime limit on MiniLM-L3 FP32, a 70/25/5 length mix.
+
+One run, one model file (minilm-l3 `model.onnx`), one machine, the same seeded inputs:
+
+- raw: onnxruntime in this process at its best batch size per length (chosen once at the
+  start from --raw-batches), the mix grouped by length: the limit. Also batch 1 at 16
+  tokens, one call after the other: the latency floor.
+- mesh: `tiermesh up` as `make run` starts it (redis-server, postprocess, router, center
+  and edge workers, gateway; default settings and log level), on a private repository
+  holding only minilm-l3 with its FP32 variant for every request (no tiers: the edge
+  worker's INT8 would be another model) and a 256-token bucket (the committed config stops
+  at 128). Driven by the bench tools (`tiermesh.bench` Sender + closed loop) at the
+  concurrency that maximises throughput (picked once at the start from --concurrencies),
+  on pre-tokenized ids (`minilm-l3-ids`) and on raw text (`minilm-l3`, tokenized by the
+  router): the same sequences.
+- mesh at concurrency 1, 16 tokens (ids and text): latency overhead.
+
+Per round (rounds interleave raw and mesh, the order alternating), and the median over the
+rounds: the ratios of issue 10, and CPU seconds per request of every mesh process (from
+/proc) with the worker's onnxruntime CPU (`tiermesh_onnxruntime_cpu_seconds`) taken out.
+It asserts nothing. All traffic goes to 127.0.0.1, bounded in count and time.
+
+    .venv/bin/python benchmarks/mesh_vs_raw.py [--repeats 3] [--requests 1500] [--json PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import onnxruntime as ort
+import tritonclient.grpc.aio as grpcaio
+import yaml
+from tokenizers import Tokenizer
+
+from tiermesh.bench import runner
+from tiermesh.bench.calls import Sender
+from tiermesh.bench.records import Record
+from tiermesh.bench.workload import RequestSpec, Tensor
+from tiermesh.core.model_files import mirror_files
+from tiermesh.core.settings import WorkerSettings
+from tiermesh.up.processes import free_port
+from tiermesh.up.supervisor import Mesh, UpOptions
+from tiermesh.worker.runner import session_options
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+MODEL = "minilm-l3"
+IDS_MODEL = "minilm-l3-ids"
+LENGTHS = (16, 64, 256)
+SHARES = (14, 5, 1)  # per block of 20: 70% / 25% / 5%
+WORDS = (
+    "time year people way day man thing woman life child world school state family student "
+    "group country problem hand part place case week company system program question work "
+    "government number night point home water room mother area money story fact month lot "
+    "right study book eye job word business issue side kind head house service friend father "
+    "power hour game line end member law car city community name president team minute idea "
+    "kid body information back parent face others level office door health person art war "
+    "history party result change morning reason research girl guy moment air teacher force"
+).split()
+TIMEOUT_S = 30.0
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+Ids = npt.NDArray[np.int64]
+
+
+def log(msg: str) -> None:
+    print(f"[bench] {msg}", file=sys.stderr, flush=True)
+
+
+# --- inputs --------------------------------------------------------------------------
+
+
+def exact_text(tok: Tokenizer, rng: np.random.Generator, n: int) -> tuple[str, list[int]]:
+    """A text of plain words that tokenizes to exactly n tokens ([CLS] and [SEP] included)."""
+    while True:
+        words: list[str] = []
+        ids: list[int] = []
+        while len(ids) < n:
+            words.append(str(rng.choice(WORDS)))
+            ids = tok.encode(" ".join(words)).ids
+        if len(ids) == n:
+            return " ".join(words), ids
+
+
+def make_inputs(seed: int, count: int) -> list[tuple[int, str, list[int]]]:
+    """`count` requests (length, text, ids): the mix in exact proportions per block of 20,
+    shuffled; the same every round and for both workloads."""
+    tok = Tokenizer.from_file(str(REPO_ROOT / "models" / MODEL / "1" / "tokenizer.json"))
+    tok.no_truncation()
+    tok.no_padding()
+    rng = np.random.default_rng(seed)
+    pool = {n: [exact_text(tok, rng, n) for _ in range(16)] for n in LENGTHS}
+    block = [n for n, k in zip(LENGTHS, SHARES, strict=True) for _ in range(k)]
+    lengths = [block[i % len(block)] for i in range(count)]
+    rng.shuffle(lengths)
+    out = []
+    for i, n in enumerate(lengths):
+        text, ids = pool[n][i % len(pool[n])]
+        out.append((n, text, ids))
+    return out
+
+
+def spec_ids(i: int, n: int, ids: list[int]) -> RequestSpec:
+    arr = np.asarray([ids], dtype=np.int64)
+    return RequestSpec(
+        i,
+        str(n),
+        2,
+        (
+            Tensor("input_ids", "INT64", arr),
+            Tensor("attention_mask", "INT64", np.ones_like(arr)),
+        ),
+    )
+
+
+def spec_text(i: int, n: int, text: str) -> RequestSpec:
+    arr = np.array([[text.encode()]], dtype=np.object_)
+    return RequestSpec(i, str(n), 2, (Tensor("text", "BYTES", arr),))
+
+
+# --- raw onnxruntime -------------------------------------------------------------------
+
+
+class Raw:
+    def __init__(self, model_path: Path, seqs: dict[int, list[int]]) -> None:
+        threads = WorkerSettings().intra_op_threads
+        self.session = ort.InferenceSession(
+            str(model_path), session_options(threads), providers=["CPUExecutionProvider"]
+        )
+        self.seqs = seqs
+        self.best: dict[int, int] = {}
+
+    def feeds(self, n: int, batch: int) -> dict[str, Ids]:
+        ids = np.asarray([self.seqs[n]] * batch, dtype=np.int64)
+        return {"input_ids": ids, "attention_mask": np.ones_like(ids)}
+
+    def seconds_per_seq(self, n: int, batch: int, min_s: float) -> float:
+        feeds = self.feeds(n, batch)
+        self.session.run(None, feeds)
+        calls, t0 = 0, time.perf_counter()
+        while calls < 2 or time.perf_counter() - t0 < min_s:
+            self.session.run(None, feeds)
+            calls += 1
+        return (time.perf_counter() - t0) / (calls * batch)
+
+    def calibrate(self, batches: Sequence[int]) -> None:
+        for n in LENGTHS:
+            times = {b: self.seconds_per_seq(n, b, 0.3) for b in batches}
+            self.best[n] = min(times, key=lambda b: times[b])
+            log(f"raw best batch at {n} tokens: {self.best[n]} ({1 / times[self.best[n]]:.0f}/s)")
+
+    def limit(self) -> dict[str, float]:
+        """The mix's sequences per second at the best batch per length, and each length's."""
+        per = {n: self.seconds_per_seq(n, self.best[n], 0.6) for n in LENGTHS}
+        total = sum(SHARES)
+        mix_s = sum(per[n] * k / total for n, k in zip(LENGTHS, SHARES, strict=True))
+        return {"mix_rps": 1 / mix_s, **{f"rps_{n}": 1 / per[n] for n in LENGTHS}}
+
+    def b1_p50_ms(self, calls: int) -> float:
+        feeds = self.feeds(16, 1)
+        lat = []
+        for _ in range(calls):
+            t0 = time.perf_counter()
+            self.session.run(None, feeds)
+            lat.append(time.perf_counter() - t0)
+        return statistics.median(lat) * 1e3
+
+
+# --- the mesh ------------------------------------------------------------------------
+
+
+def build_repo(root: Path) -> Path:
+    """minilm-l3 alone: FP32 for everything (no tiers), tokenizer up to 256 tokens and a
+    256-token bucket (batch 2: raw onnxruntime gains nothing past it there)."""
+    src = REPO_ROOT / "models" / MODEL
+    raw = yaml.safe_load((src / "config.yaml").read_text())
+    raw.pop("tiers", None)
+    raw.pop("cascade", None)
+    raw["tokenize"]["max_length"] = 256
+    raw["length_buckets"].append({"max_length": 256, "max_batch_size": 2, "max_batch_wait_ms": 4})
+    dest = root / MODEL
+    dest.mkdir(parents=True)
+    (dest / "config.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
+    for version in raw["versions"]:
+        mirror_files(src / str(version), dest / str(version))
+    return root
+
+
+def proc_cpu(pid: int) -> float:
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / CLK_TCK
+
+
+def scrape(port: int, name: str) -> float:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
+        text = resp.read().decode()
+    total = 0.0
+    for line in text.splitlines():
+        if line.startswith(name + " ") or line.startswith(name + "{"):
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+class MeshRun:
+    def __init__(self, mesh: Mesh, client: grpcaio.InferenceServerClient) -> None:
+        self.mesh = mesh
+        self.client = client
+        self.pids = {s.name: s.proc.pid for s in mesh.services}
+        if mesh.redis is not None:
+            self.pids["redis"] = mesh.redis.pid
+        self.worker_metrics = mesh.metrics_ports["worker"]
+
+    def cpu(self) -> dict[str, float]:
+        out = {name: proc_cpu(pid) for name, pid in self.pids.items()}
+        out["ort"] = scrape(self.worker_metrics, "tiermesh_onnxruntime_cpu_seconds_total")
+        out["ort_wall"] = scrape(self.worker_metrics, "tiermesh_onnxruntime_seconds_total")
+        out["client"] = sum(os.times()[:2])
+        return out
+
+    async def load(
+        self, model: str, specs: list[RequestSpec], concurrency: int
+    ) -> tuple[list[Record], float, dict[str, float]]:
+        send = Sender(self.client, model, TIMEOUT_S)
+        rec = runner.Recorder()
+        it: Iterator[RequestSpec] = iter(specs)
+        before = self.cpu()
+        t0 = time.perf_counter()
+        await runner.closed_loop(
+            send,
+            it,
+            rec,
+            concurrency=concurrency,
+            limit=len(specs),
+            until=rec.clock() + 600,
+        )
+        wall = time.perf_counter() - t0
+        after = self.cpu()
+        return rec.records, wall, {k: after[k] - before[k] for k in after}
+
+
+def throughput_case(records: list[Record], wall: float, cpu: dict[str, float]) -> dict[str, Any]:
+    ok = [r for r in records if r.ok]
+    n = max(len(ok), 1)
+    per_req_us = {k: v / n * 1e6 for k, v in cpu.items()}
+    mesh_keys = [k for k in cpu if k not in ("ort", "ort_wall", "client")]
+    total = sum(cpu[k] for k in mesh_keys)
+    return {
+        "ok": len(ok),
+        "errors": len(records) - len(ok),
+        "first_error": next((r.outcome.code for r in records if not r.ok), ""),
+        "rps": len(ok) / wall,
+        "p50_ms": float(np.median([r.outcome.latency_ms for r in ok])) if ok else float("nan"),
+        "cpu_us_per_req": per_req_us,
+        "mesh_cpu_us_per_req": total / n * 1e6,
+        "outside_ort_us_per_req": (total - cpu["ort"]) / n * 1e6,
+    }
+
+
+def latency_case(records: list[Record]) -> float:
+    ok = [r.outcome.latency_ms for r in records if r.ok]
+    return float(np.median(ok)) if ok else float("nan")
+
+
+# --- rounds and report ---------------------------------------------------------------
+
+
+async def one_round(
+    raw: Raw,
+    meshes: dict[str, MeshRun],
+    ids_specs: list[RequestSpec],
+    text_specs: list[RequestSpec],
+    c1_ids: list[RequestSpec],
+    c1_text: list[RequestSpec],
+    concurrency: int,
+    shift: int,
+) -> dict[str, Any]:
+    """Raw, then every mesh, in an order rotated by `shift` (rounds interleave)."""
+    out: dict[str, Any] = {}
+
+    async def raw_cases() -> None:
+        out["raw"] = raw.limit()
+        out["raw_b1_p50_ms"] = raw.b1_p50_ms(300)
+
+    def mesh_cases(name: str, mesh: MeshRun) -> Callable[[], Any]:
+        async def cases() -> None:
+            o: dict[str, Any] = {}
+            o["mesh_ids"] = throughput_case(*await mesh.load(IDS_MODEL, ids_specs, concurrency))
+            o["mesh_text"] = throughput_case(*await mesh.load(MODEL, text_specs, concurrency))
+            o["c1_ids_p50_ms"] = latency_case((await mesh.load(IDS_MODEL, c1_ids, 1))[0])
+            o["c1_text_p50_ms"] = latency_case((await mesh.load(MODEL, c1_text, 1))[0])
+            out[name] = o
+
+        return cases
+
+    steps: list[Callable[[], Any]] = [raw_cases, *(mesh_cases(n, m) for n, m in meshes.items())]
+    k = shift % len(steps)
+    for step in steps[k:] + steps[:k]:
+        await step()
+    lim = out["raw"]["mix_rps"]
+    for name in meshes:
+        o = out[name]
+        o["ratio_ids"] = o["mesh_ids"]["rps"] / lim
+        o["ratio_text"] = o["mesh_text"]["rps"] / lim
+        o["c1_ids_minus_raw_ms"] = o["c1_ids_p50_ms"] - out["raw_b1_p50_ms"]
+        o["c1_text_minus_raw_ms"] = o["c1_text_p50_ms"] - out["raw_b1_p50_ms"]
+    return out
+
+
+def med(rounds: list[dict[str, Any]], *path: str) -> float:
+    vals = []
+    for r in rounds:
+        v: Any = r
+        for p in path:
+            v = v[p]
+        vals.append(float(v))
+    return statistics.median(vals)
+
+
+def report(
+    rounds: list[dict[str, Any]], names: Sequence[str], concurrency: int, best: dict[int, int]
+) -> str:
+    lines = [
+        f"rounds: {len(rounds)}; mesh concurrency {concurrency}; raw best batch {best}",
+        f"raw limit (mix, best batch per length): {med(rounds, 'raw', 'mix_rps'):8.1f} seq/s"
+        + "".join(f"  [{n}: {med(rounds, 'raw', f'rps_{n}'):.0f}/s]" for n in LENGTHS),
+        f"raw batch-1 p50, 16 tokens:             {med(rounds, 'raw_b1_p50_ms'):8.3f} ms",
+    ]
+    for v in names:
+        lines.append(f"== mesh {v}")
+        for w in ("ids", "text"):
+            k = f"mesh_{w}"
+            lines.append(
+                f"{w:<4} c{concurrency}: {med(rounds, v, k, 'rps'):7.1f} req/s "
+                f"(ratio to raw limit {med(rounds, v, f'ratio_{w}'):.3f}), "
+                f"p50 {med(rounds, v, k, 'p50_ms'):.1f} ms, "
+                f"errors {max(r[v][k]['errors'] for r in rounds)}"
+            )
+            lines.append(
+                f"  CPU us/request: mesh total {med(rounds, v, k, 'mesh_cpu_us_per_req'):.0f}, "
+                f"outside onnxruntime {med(rounds, v, k, 'outside_ort_us_per_req'):.0f}"
+            )
+            procs = rounds[0][v][k]["cpu_us_per_req"].keys()
+            lines.append(
+                "    "
+                + ", ".join(f"{n} {med(rounds, v, k, 'cpu_us_per_req', n):.0f}" for n in procs)
+            )
+        for w in ("ids", "text"):
+            lines.append(
+                f"{w:<4} c1 16 tokens p50: {med(rounds, v, f'c1_{w}_p50_ms'):.3f} ms; "
+                f"minus raw batch-1 p50: {med(rounds, v, f'c1_{w}_minus_raw_ms'):.3f} ms"
+            )
+        lines.append(
+            "  per round: ratio ids / text, c1 ids - raw ms, outside-ORT us/req ids / text"
+        )
+        for i, r in enumerate(rounds):
+            o = r[v]
+            lines.append(
+                f"  {i + 1}: {o['ratio_ids']:.3f} / {o['ratio_text']:.3f}, "
+                f"{o['c1_ids_minus_raw_ms']:.3f}, {o['mesh_ids']['outside_ort_us_per_req']:.0f} / "
+                f"{o['mesh_text']['outside_ort_us_per_req']:.0f}"
+            )
+    return "\n".join(lines)
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--requests", type=int, default=1500, help="mesh requests per case")
+    p.add_argument("--requests-c1", type=int, default=150)
+    p.add_argument("--concurrency", type=int, default=0, help="0: pick from --concurrencies")
+    p.add_argument("--concurrencies", default="16,32,64")
+    p.add_argument("--raw-batches", default="1,2,4,8,16,32,64")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", type=Path, default=None)
+    p.add_argument(
+        "--variant",
+        action="append",
+        default=[],
+        metavar="NAME[:K=V,...]",
+        help="a mesh with extra environment (repeatable; all run side by side in each "
+        "round). Default: one mesh, `default`, environment as make run.",
+    )
+    return p.parse_args(argv)
+
+
+async def run(args: argparse.Namespace) -> int:
+    inputs = make_inputs(args.seed, args.requests)
+    seqs = {n: next(ids for m, _, ids in inputs if m == n) for n in LENGTHS}
+    ids_specs = [spec_ids(i, n, ids) for i, (n, _, ids) in enumerate(inputs)]
+    text_specs = [spec_text(i, n, t) for i, (n, t, _) in enumerate(inputs)]
+    short = [(n, t, ids) for n, t, ids in inputs if n == 16][: args.requests_c1]
+    c1_ids = [spec_ids(i, n, ids) for i, (n, _, ids) in enumerate(short)]
+    c1_text = [spec_text(i, n, t) for i, (n, t, _) in enumerate(short)]
+    raw = Raw(REPO_ROOT / "models" / MODEL / "1" / "model.onnx", seqs)
+    raw.calibrate([int(b) for b in args.raw_batches.split(",")])
+    variants: dict[str, dict[str, str]] = {}
+    for item in args.variant or ["default"]:
+        name, _, pairs = item.partition(":")
+        variants[name] = dict(kv.split("=", 1) for kv in pairs.split(",") if kv)
+    with tempfile.TemporaryDirectory(prefix="tiermesh-raw-") as tmp:
+        repo = build_repo(Path(tmp) / "models")
+        meshes: dict[str, MeshRun] = {}
+        started: list[Mesh] = []
+        clients: list[grpcaio.InferenceServerClient] = []
+        try:
+            for name, env in variants.items():
+                port = free_port()
+                mesh = Mesh(
+                    UpOptions(
+                        port=port,
+                        data_dir=Path(tmp) / f"data-{name}",
+                        model_repository=repo,
+                        http_port=0,
+                        metrics_port=0,
+                        grace_s=5.0,
+                        extra_env=env,
+                    )
+                )
+                started.append(mesh)
+                mesh.start()
+                clients.append(grpcaio.InferenceServerClient(f"127.0.0.1:{port}"))
+                meshes[name] = MeshRun(mesh, clients[-1])
+                await meshes[name].load(IDS_MODEL, ids_specs[:200], 32)
+                await meshes[name].load(MODEL, text_specs[:200], 32)
+                log(f"mesh {name} up: {env}")
+            concurrency = args.concurrency
+            if not concurrency:
+                first = next(iter(meshes.values()))
+                best = 0.0
+                for c in (int(x) for x in args.concurrencies.split(",")):
+                    recs, wall, _ = await first.load(IDS_MODEL, ids_specs[:600], c)
+                    rps = sum(r.ok for r in recs) / wall
+                    log(f"concurrency {c}: {rps:.0f} req/s")
+                    if rps > best:
+                        best, concurrency = rps, c
+            rounds = []
+            for r in range(args.repeats):
+                t0 = time.perf_counter()
+                rounds.append(
+                    await one_round(
+                        raw, meshes, ids_specs, text_specs, c1_ids, c1_text, concurrency, r
+                    )
+                )
+                log(f"round {r + 1}/{args.repeats} in {time.perf_counter() - t0:.1f}s")
+        finally:
+            for client in clients:
+                await client.close()
+            for mesh in started:
+                mesh.stop()
+    commit = git_commit()
+    print(f"mesh_vs_raw {time.strftime('%Y-%m-%d %H:%M')} commit {commit} (+ working tree)")
+    print(report(rounds, list(variants), concurrency, raw.best))
+    if args.json:
+        args.json.write_text(
+            json.dumps(
+                {"concurrency": concurrency, "variants": variants, "rounds": rounds}, indent=1
+            )
+        )
+    return 0
+
+
+def git_commit() -> str:
+    return subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=REPO_ROOT
+    ).stdout.strip()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    return asyncio.run(run(parse_args(argv)))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
