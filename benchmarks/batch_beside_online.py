@@ -1,6 +1,6 @@
 """Online p99 at a steady online load alone, and beside a running batch job; and the job's
 sequences per hour against the idle-machine limit for the same model. Prints, asserts
-nothing. Runs `tiermesh up` (tests/e2e/conftest.py's start_up) on the echo model.
+nothing. Runs a `tiermesh up` mesh (center tier) on the project's echo model (`make models`).
 
     .venv/bin/python benchmarks/batch_beside_online.py [--rate 100] [--seconds 10]
 """
@@ -17,8 +17,11 @@ import grpc
 import numpy as np
 import tritonclient.grpc as grpcclient
 
-from tests.e2e.conftest import start_up
+from tiermesh.up.processes import free_port
+from tiermesh.up.supervisor import Mesh, UpOptions
 from tiermesh.v1 import batch_pb2, batch_pb2_grpc
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
 
 
 def online_p99(url: str, rate: float, seconds: float) -> tuple[float, int]:
@@ -77,12 +80,23 @@ def main() -> None:
     p.add_argument("--job", type=int, default=200_000, help="inputs of the batch job")
     args = p.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
-        up = start_up(Path(tmp), span_files=False)
+        opts = UpOptions(
+            port=free_port(),
+            data_dir=Path(tmp) / "data",
+            model_repository=REPO_ROOT / "models",
+            metrics_port=0,
+            http_port=-1,
+            tiers=("center",),
+            extra_env={"TIERMESH_LOG_LEVEL": "warning"},
+        )
+        mesh = Mesh(opts)
+        url = f"127.0.0.1:{opts.port}"
         try:
-            with grpc.insecure_channel(up.url) as channel:
+            mesh.start()
+            with grpc.insecure_channel(url) as channel:
                 stub = batch_pb2_grpc.BatchJobsStub(channel)
-                online_p99(up.url, args.rate, 2)  # warm up
-                alone, n_alone = online_p99(up.url, args.rate, args.seconds)
+                online_p99(url, args.rate, 2)  # warm up
+                alone, n_alone = online_p99(url, args.rate, args.seconds)
                 # The idle-machine limit: the job alone (no online load).
                 idle_job = submit(stub, args.job)
                 idle = job_rate(stub, idle_job, args.seconds)
@@ -94,11 +108,11 @@ def main() -> None:
                     target=lambda: result.update(r=job_rate(stub, job, args.seconds))
                 )
                 rate_thread.start()
-                beside, n_beside = online_p99(up.url, args.rate, args.seconds)
+                beside, n_beside = online_p99(url, args.rate, args.seconds)
                 rate_thread.join()
                 stub.Cancel(batch_pb2.JobRef(job_id=job))
         finally:
-            up.interrupt()
+            mesh.stop()
     print(f"online load: {args.rate:.0f} req/s of echo, {args.seconds:.0f} s per phase")
     print(f"online p99 alone:              {alone:8.2f} ms  ({n_alone} answered)")
     print(f"online p99 beside a batch job: {beside:8.2f} ms  ({n_beside} answered)")

@@ -49,7 +49,7 @@ from tokenizers import Tokenizer
 from tiermesh.bench import runner
 from tiermesh.bench.calls import Sender
 from tiermesh.bench.records import Record
-from tiermesh.bench.workload import RequestSpec, Tensor
+from tiermesh.bench.workload import RequestSpec, Tensor, text_with_tokens
 from tiermesh.core.model_files import mirror_files
 from tiermesh.core.settings import WorkerSettings
 from tiermesh.up.processes import free_port
@@ -61,15 +61,6 @@ MODEL = "minilm-l3"
 IDS_MODEL = "minilm-l3-ids"
 LENGTHS = (16, 64, 256)
 SHARES = (14, 5, 1)  # per block of 20: 70% / 25% / 5%
-WORDS = (
-    "time year people way day man thing woman life child world school state family student "
-    "group country problem hand part place case week company system program question work "
-    "government number night point home water room mother area money story fact month lot "
-    "right study book eye job word business issue side kind head house service friend father "
-    "power hour game line end member law car city community name president team minute idea "
-    "kid body information back parent face others level office door health person art war "
-    "history party result change morning reason research girl guy moment air teacher force"
-).split()
 TIMEOUT_S = 30.0
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
@@ -86,13 +77,9 @@ def log(msg: str) -> None:
 def exact_text(tok: Tokenizer, rng: np.random.Generator, n: int) -> tuple[str, list[int]]:
     """A text of plain words that tokenizes to exactly n tokens ([CLS] and [SEP] included)."""
     while True:
-        words: list[str] = []
-        ids: list[int] = []
-        while len(ids) < n:
-            words.append(str(rng.choice(WORDS)))
-            ids = tok.encode(" ".join(words)).ids
-        if len(ids) == n:
-            return " ".join(words), ids
+        text, count = text_with_tokens(tok, rng, n)
+        if count == n:
+            return text, tok.encode(text).ids
 
 
 def make_inputs(seed: int, count: int) -> list[tuple[int, str, list[int]]]:

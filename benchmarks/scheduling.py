@@ -53,6 +53,7 @@ import yaml
 from tokenizers import Tokenizer
 from tritonclient.utils import InferenceServerException
 
+from tiermesh.bench.workload import text_with_tokens
 from tiermesh.core.model_config import parse_config
 from tiermesh.core.model_files import mirror_files
 from tiermesh.up.processes import free_port
@@ -89,25 +90,6 @@ REQUEST_TIMEOUT_S = 10.0  # closed loop and trickle requests
 SETTLE_S = 1.0  # after a flood, before the next measurement
 MESSAGE_CHARS = 90
 MESSAGE_LINES = 4  # refusal messages shown in the table (all in --json)
-# Plain words that the MiniLM WordPiece vocabularies keep whole (one token each, mostly).
-WORDS = (
-    "the a of and to in is it that was for on are with as his they be at one have this "
-    "from or had by word but what some we can out other were all there when up use your "
-    "how said an each she which do their time if will way about many then them write would "
-    "like so these her long make thing see him two has look more day could go come did "
-    "number sound no most people my over know water than call first who may down side been "
-    "now find any new work part take get place made live where after back little only round "
-    "man year came show every good me give our under name very through just form sentence "
-    "great think say help low line differ turn cause much mean before move right boy old "
-    "too same tell does set three want air well also play small end put home read hand port "
-    "large spell add even land here must big high such follow act why ask men change went "
-    "light kind off need house picture try us again animal point mother world near build "
-    "self earth father head stand own page should country found answer school grow study "
-    "still learn plant cover food sun four between state keep eye never last let thought "
-    "city tree cross farm hard start might story saw far sea draw left late run while press "
-    "close night real life few north open seem together next white children begin got walk "
-    "example ease paper group always music those both mark often letter until mile river car"
-).split()
 
 
 @dataclass(frozen=True)
@@ -118,20 +100,6 @@ class Text:
 
 
 # --- workload ------------------------------------------------------------------------
-
-
-def make_text(tok: Tokenizer, rng: np.random.Generator, target: int) -> str:
-    """Random plain words until the tokenizer counts `target` tokens (specials included);
-    one word more or less at the edges, so the count lands at or just past the target."""
-    words = [str(w) for w in rng.choice(WORDS, size=max(target - 2, 1))]
-    count = len(tok.encode(" ".join(words)).ids)
-    while count > target and len(words) > 1:
-        words.pop()
-        count = len(tok.encode(" ".join(words)).ids)
-    while count < target:
-        words.append(str(rng.choice(WORDS)))
-        count = len(tok.encode(" ".join(words)).ids)
-    return " ".join(words)
 
 
 def make_texts(
@@ -151,8 +119,8 @@ def make_texts(
     for i in order:
         kind = labels[int(i)]
         lo, hi = ranges[kind]
-        text = make_text(tok, rng, int(rng.integers(lo, hi + 1)))
-        out.append(Text(text.encode(), kind, len(tok.encode(text).ids)))
+        text, count = text_with_tokens(tok, rng, int(rng.integers(lo, hi + 1)))
+        out.append(Text(text.encode(), kind, count))
     return out
 
 

@@ -51,6 +51,7 @@ import yaml
 from tokenizers import Tokenizer
 from tritonclient.utils import InferenceServerException
 
+from tiermesh.bench.workload import text_with_tokens
 from tiermesh.core.model_files import mirror_files
 from tiermesh.up.processes import free_port
 from tiermesh.up.supervisor import Mesh, UpOptions
@@ -103,9 +104,8 @@ def log(msg: str) -> None:
 def make_texts(
     tok: Tokenizer, rng: np.random.Generator, n: int, long: tuple[int, int]
 ) -> list[Text]:
-    """`n` texts of whole vocabulary words in the exact MIX proportions, shuffled; each
-    grown or shrunk a word at a time until the tokenizer counts its target length."""
-    words = sorted(w for w in tok.get_vocab() if w.isascii() and w.isalpha() and len(w) > 2)
+    """`n` texts in the exact MIX proportions, shuffled, each of its target length in
+    tokens (tiermesh.bench.workload.text_with_tokens)."""
     kinds = [(k, share, long if k == "long" else span) for k, share, span in MIX]
     counts = [round(n * share) for _, share, _ in kinds]
     counts[0] += n - sum(counts)
@@ -113,16 +113,8 @@ def make_texts(
     out = []
     for i in rng.permutation(len(labels)):
         kind, (lo, hi) = labels[int(i)]
-        target = int(rng.integers(lo, hi + 1))
-        picked = [str(w) for w in rng.choice(words, size=max(target - 2, 1))]
-        count = len(tok.encode(" ".join(picked)).ids)
-        while count > target and len(picked) > 1:
-            picked.pop()
-            count = len(tok.encode(" ".join(picked)).ids)
-        while count < target:
-            picked.append(str(rng.choice(words)))
-            count = len(tok.encode(" ".join(picked)).ids)
-        out.append(Text(" ".join(picked).encode(), kind, count))
+        text, count = text_with_tokens(tok, rng, int(rng.integers(lo, hi + 1)))
+        out.append(Text(text.encode(), kind, count))
     return out
 
 

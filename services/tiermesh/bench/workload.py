@@ -9,10 +9,13 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 import numpy.typing as npt
+
+if TYPE_CHECKING:
+    from tokenizers import Tokenizer
 
 BLOCK = 100
 DEFAULT_MIX = (("short", 0.70), ("medium", 0.25), ("long", 0.05))
@@ -180,6 +183,23 @@ def labels(
 
 def make_text(rng: np.random.Generator, n_words: int) -> str:
     return " ".join(WORDS[int(i)] for i in rng.integers(0, len(WORDS), size=n_words))
+
+
+def text_with_tokens(
+    tokenizer: Tokenizer, rng: np.random.Generator, target: int
+) -> tuple[str, int]:
+    """Random words, dropped or added one at a time until `tokenizer` counts `target`
+    tokens ([CLS] and [SEP] included); returns the text and its count, which is `target`
+    unless the last word added spans more than one token (then the nearest above)."""
+    words = [WORDS[int(i)] for i in rng.integers(0, len(WORDS), size=max(target - 2, 1))]
+    count = len(tokenizer.encode(" ".join(words)).ids)
+    while count > target and len(words) > 1:
+        words.pop()
+        count = len(tokenizer.encode(" ".join(words)).ids)
+    while count < target:
+        words.append(WORDS[int(rng.integers(0, len(WORDS)))])
+        count = len(tokenizer.encode(" ".join(words)).ids)
+    return " ".join(words), count
 
 
 def is_text_model(inputs: Sequence[InputSpec]) -> bool:
