@@ -7,11 +7,16 @@ from collections import Counter
 
 import numpy as np
 import pytest
+from tokenizers import Tokenizer
+from tokenizers.models import WordLevel
+from tokenizers.pre_tokenizers import Whitespace
+from tokenizers.processors import TemplateProcessing
 
 from tiermesh.bench import arrivals
 from tiermesh.bench.workload import (
     DEFAULT_LENGTHS,
     NUMERIC,
+    WORDS,
     InputSpec,
     Workload,
     block_counts,
@@ -19,6 +24,7 @@ from tiermesh.bench.workload import (
     parse_mix,
     parse_priorities,
     parse_shares,
+    text_with_tokens,
 )
 
 TEXT = [InputSpec("text", "BYTES", (-1, 1))]
@@ -165,3 +171,21 @@ def test_spikes_only() -> None:
 def test_burst_plan_rejects(kwargs: dict[str, float]) -> None:
     with pytest.raises(ValueError):
         arrivals.BurstPlan(**kwargs)  # type: ignore[arg-type]
+
+
+def _tokenizer() -> Tokenizer:
+    """Every workload word one token, plus [CLS] and [SEP] around each text."""
+    vocab = {w: i for i, w in enumerate(("[UNK]", "[CLS]", "[SEP]", *WORDS))}
+    tok = Tokenizer(WordLevel(vocab, unk_token="[UNK]"))
+    tok.pre_tokenizer = Whitespace()
+    tok.post_processor = TemplateProcessing(
+        single="[CLS] $A [SEP]", special_tokens=[("[CLS]", 1), ("[SEP]", 2)]
+    )
+    return tok
+
+
+@pytest.mark.parametrize("target", [3, 16, 64, 256])
+def test_text_with_tokens_hits_the_target_count(target: int) -> None:
+    tok = _tokenizer()
+    text, count = text_with_tokens(tok, np.random.default_rng(target), target)
+    assert count == target == len(tok.encode(text).ids)
