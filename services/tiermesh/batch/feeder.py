@@ -26,6 +26,7 @@ from tiermesh.batch.plan import (
 from tiermesh.batch.store import BatchStore
 from tiermesh.core.jobs import Job, Timing
 from tiermesh.core.keys import BACKGROUND_PRIORITY, StreamKey
+from tiermesh.core.loops import raise_if_cancelling
 from tiermesh.core.model_config import ModelConfig
 from tiermesh.core.repository import ModelRepository
 from tiermesh.core.wire import decode_job, encode_job
@@ -66,9 +67,7 @@ class Feeder:
                 await self.round()
             except (aioredis.RedisError, OSError) as exc:
                 log.warning("batch feed round failed", error=str(exc))
-            # redis-py can swallow a cancellation that lands mid-command: stop all the same.
-            if (task := asyncio.current_task()) is not None and task.cancelling():
-                raise asyncio.CancelledError
+            raise_if_cancelling()
             await asyncio.sleep(interval_s)
 
     async def round(self) -> int:

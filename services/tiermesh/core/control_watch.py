@@ -22,6 +22,7 @@ import structlog
 from redis import exceptions as redis_errors
 
 from tiermesh.core import keys
+from tiermesh.core.loops import raise_if_cancelling
 from tiermesh.core.model_config import ModelConfig
 from tiermesh.core.repository import ModelRepository, RepositoryError
 from tiermesh.core.serving import is_served
@@ -128,10 +129,7 @@ class ControlWatch:
             except (redis_errors.RedisError, OSError) as exc:
                 # The last view stays in force until Redis answers again.
                 log.warning("model control state not applied yet", error=repr(exc))
-            # redis-py can swallow a cancellation that lands in mid-command (or turn it
-            # into a connection error): a stop must still stop this loop.
-            if (task := asyncio.current_task()) is not None and task.cancelling():
-                raise asyncio.CancelledError
+            raise_if_cancelling()
 
 
 def _text(value: object) -> str:

@@ -20,6 +20,7 @@ import structlog
 from redis.exceptions import RedisError
 
 from tiermesh.core import keys
+from tiermesh.core.loops import raise_if_cancelling
 
 log = structlog.get_logger("tiermesh.gateway")
 
@@ -112,6 +113,7 @@ class AuditLog:
             await self._wake.wait()
             self._wake.clear()
             await self.flush()
+            raise_if_cancelling()
 
     def _lose(self, n: int, why: str, **facts: str) -> None:
         self.lost += n

@@ -35,6 +35,7 @@ from redis.exceptions import RedisError
 
 from tiermesh.core import keys
 from tiermesh.core.jobs import Job, JobResult
+from tiermesh.core.loops import raise_if_cancelling
 from tiermesh.core.tensors import split_bytes
 
 log = structlog.get_logger("tiermesh.gateway.capture")
@@ -226,6 +227,7 @@ class Capture:
         while True:
             await asyncio.sleep(interval_s)  # a write period, not a synchronisation
             await self.flush()
+            raise_if_cancelling()
 
     async def flush(self) -> int:
         """Writes what is queued and reads the control hash, in one pipeline; returns the

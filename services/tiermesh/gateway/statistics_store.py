@@ -13,6 +13,7 @@ import redis.asyncio as aioredis
 import structlog
 
 from tiermesh.core import keys
+from tiermesh.core.loops import raise_if_cancelling
 from tiermesh.gateway.statistics import (
     DURATIONS,
     BatchStats,
@@ -91,6 +92,7 @@ class StatisticsStore:
         while True:
             await asyncio.sleep(interval_s)
             await self.flush()
+            raise_if_cancelling()
 
     async def read(self, wanted: Sequence[Key]) -> dict[Key, VersionStats]:
         """The mesh's figures of each (model, version): Redis's sums plus what this gateway

@@ -9,6 +9,7 @@ from collections.abc import Sequence
 import redis.asyncio as aioredis
 import structlog
 
+from tiermesh.core.loops import raise_if_cancelling
 from tiermesh.rollout.metrics import RolloutMetrics
 from tiermesh.rollout.state import RolloutState
 from tiermesh.rollout.store import RolloutStore
@@ -51,10 +52,7 @@ class RolloutStates:
                 await self.refresh()
             except (aioredis.RedisError, OSError) as exc:
                 log.debug("rollout states not refreshed", error=repr(exc))
-            # redis-py can swallow a cancellation that lands in mid-command (or turn it
-            # into a connection error): a stop must still stop this loop.
-            if (task := asyncio.current_task()) is not None and task.cancelling():
-                raise asyncio.CancelledError
+            raise_if_cancelling()
             await asyncio.sleep(interval_s)
 
     def _export(self, state: RolloutState) -> None:

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import redis.asyncio as aioredis
 import structlog
 
+from tiermesh.core.loops import raise_if_cancelling
 from tiermesh.core.model_config import ModelConfig
 from tiermesh.rollout import state as transitions
 from tiermesh.rollout.cache import RolloutStates
@@ -63,10 +64,7 @@ class RolloutController:
                 await self.evaluate_once()
             except (aioredis.RedisError, OSError) as exc:
                 log.warning("rollout evaluation skipped", error=repr(exc))
-            # redis-py can swallow a cancellation that lands in mid-command (or turn it
-            # into a connection error): a stop must still stop this loop.
-            if (task := asyncio.current_task()) is not None and task.cancelling():
-                raise asyncio.CancelledError
+            raise_if_cancelling()
             await asyncio.sleep(interval_s)
 
     async def evaluate_once(self) -> list[Evaluation]:

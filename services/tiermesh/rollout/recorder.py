@@ -14,6 +14,7 @@ import redis.asyncio as aioredis
 import structlog
 
 from tiermesh.core.jobs import JobResult
+from tiermesh.core.loops import raise_if_cancelling
 from tiermesh.rollout.drift import Pair, ShadowPairs
 from tiermesh.rollout.split import SHADOW_OF
 from tiermesh.rollout.store import RolloutStore
@@ -96,3 +97,4 @@ class Recorder:
         while True:
             await asyncio.sleep(interval_s)
             await self.flush()
+            raise_if_cancelling()

@@ -82,6 +82,10 @@ WORKERS = {"center": "worker", "edge": "worker-edge"}
 EDGE_LINKS = ("edge-link-redis", "edge-link-postprocess")
 
 
+# Starts of one service within `tiermesh up`'s own start before it gives up.
+START_ATTEMPTS = 3
+
+
 class StartupError(RuntimeError):
     pass
 
@@ -233,7 +237,20 @@ class Mesh:
                 )
             module = "tiermesh.worker" if name in WORKERS.values() else f"tiermesh.{name}"
             svc = self._spawn(name, python_module(module), child_env, address)
-            wait_healthy(svc, opts.ready_timeout_s, tls.internal)
+            self._wait_started(svc, tls.internal)
+
+    def _wait_started(self, svc: Service, credentials: grpc.ChannelCredentials | None) -> None:
+        """wait_healthy; a service that dies while starting is started again, as it would be
+        once serving (START_ATTEMPTS in all), so one crash at start does not sink the mesh."""
+        for attempt in range(1, START_ATTEMPTS + 1):
+            try:
+                wait_healthy(svc, self.opts.ready_timeout_s, credentials)
+                return
+            except StartupError as exc:
+                if svc.proc.poll() is None or attempt == START_ATTEMPTS:
+                    raise
+                _say(f"{svc.name} died while starting ({exc}); starting it again")
+                svc.proc = spawn(svc.argv, svc.env)
 
     def _spawn(self, name: str, argv: list[str], env: dict[str, str], address: str) -> Service:
         backoff = Backoff(self.opts.restart, time.monotonic())
