@@ -53,7 +53,7 @@ import yaml
 from tokenizers import Tokenizer
 from tritonclient.utils import InferenceServerException
 
-from tiermesh.bench.workload import text_with_tokens
+from tiermesh.bench.workload import TokenText, mixed_texts
 from tiermesh.core.model_config import parse_config
 from tiermesh.core.model_files import mirror_files
 from tiermesh.up.processes import free_port
@@ -92,36 +92,16 @@ MESSAGE_CHARS = 90
 MESSAGE_LINES = 4  # refusal messages shown in the table (all in --json)
 
 
-@dataclass(frozen=True)
-class Text:
-    text: bytes
-    kind: str  # short | medium | long
-    tokens: int  # with [CLS] and [SEP], as the model's tokenizer counts them
-
-
-# --- workload ------------------------------------------------------------------------
-
-
 def make_texts(
     tok: Tokenizer,
     rng: np.random.Generator,
     n: int,
     long_tokens: tuple[int, int],
     kinds: Sequence[tuple[str, float]] = MIX,
-) -> list[Text]:
+) -> list[TokenText]:
     """`n` texts in the exact proportions of `kinds` (rounded), shuffled."""
     ranges = {"short": SHORT_TOKENS, "medium": MEDIUM_TOKENS, "long": long_tokens}
-    counts = [round(n * share) for _, share in kinds]
-    counts[0] += n - sum(counts)
-    labels = [k for (k, _), c in zip(kinds, counts, strict=True) for _ in range(c)]
-    order = rng.permutation(len(labels))
-    out = []
-    for i in order:
-        kind = labels[int(i)]
-        lo, hi = ranges[kind]
-        text, count = text_with_tokens(tok, rng, int(rng.integers(lo, hi + 1)))
-        out.append(Text(text.encode(), kind, count))
-    return out
+    return mixed_texts(tok, rng, n, [(k, share, ranges[k]) for k, share in kinds])
 
 
 def infer_input(text: bytes) -> grpcaio.InferInput:
@@ -234,7 +214,7 @@ def status_of(exc: InferenceServerException) -> str:
 async def closed_loop(
     client: grpcaio.InferenceServerClient,
     model: str,
-    texts: Sequence[Text],
+    texts: Sequence[TokenText],
     concurrency: int,
     budget_s: float,
 ) -> Run:
@@ -272,7 +252,7 @@ async def closed_loop(
 async def open_loop(
     client: grpcaio.InferenceServerClient,
     model: str,
-    texts: Sequence[Text],
+    texts: Sequence[TokenText],
     rate: float,
     priority: int,
 ) -> Run:
@@ -477,7 +457,7 @@ def log(msg: str) -> None:
 
 
 async def mixed_rounds(
-    targets: dict[str, Target], model: str, texts: list[Text], args: argparse.Namespace
+    targets: dict[str, Target], model: str, texts: list[TokenText], args: argparse.Namespace
 ) -> list[dict[str, Any]]:
     rounds = []
     for r in range(args.repeats):
@@ -504,7 +484,7 @@ async def mixed_rounds(
 async def priority_rounds(
     target: Target,
     model: str,
-    trickle: list[Text],
+    trickle: list[TokenText],
     flood_texts: list[bytes],
     capacity: float,
     age_limit: float,

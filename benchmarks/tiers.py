@@ -51,7 +51,7 @@ import yaml
 from tokenizers import Tokenizer
 from tritonclient.utils import InferenceServerException
 
-from tiermesh.bench.workload import text_with_tokens
+from tiermesh.bench.workload import TokenText, mixed_texts
 from tiermesh.core.model_files import mirror_files
 from tiermesh.up.processes import free_port
 from tiermesh.up.supervisor import Mesh, UpOptions
@@ -61,13 +61,6 @@ MIX = (("light", 0.70, (8, 14)), ("medium", 0.25, (40, 60)), ("long", 0.05, (110
 PLACEMENTS = ("tiered", "all-center", "all-edge")
 TIERS = ("edge", "center")
 REQUEST_TIMEOUT_S = 20.0
-
-
-@dataclass(frozen=True)
-class Text:
-    text: bytes
-    kind: str  # light | medium | long
-    tokens: int  # [CLS] and [SEP] included, as the model's tokenizer counts them
 
 
 @dataclass
@@ -103,19 +96,9 @@ def log(msg: str) -> None:
 
 def make_texts(
     tok: Tokenizer, rng: np.random.Generator, n: int, long: tuple[int, int]
-) -> list[Text]:
-    """`n` texts in the exact MIX proportions, shuffled, each of its target length in
-    tokens (tiermesh.bench.workload.text_with_tokens)."""
-    kinds = [(k, share, long if k == "long" else span) for k, share, span in MIX]
-    counts = [round(n * share) for _, share, _ in kinds]
-    counts[0] += n - sum(counts)
-    labels = [(k, span) for (k, _, span), c in zip(kinds, counts, strict=True) for _ in range(c)]
-    out = []
-    for i in rng.permutation(len(labels)):
-        kind, (lo, hi) = labels[int(i)]
-        text, count = text_with_tokens(tok, rng, int(rng.integers(lo, hi + 1)))
-        out.append(Text(text.encode(), kind, count))
-    return out
+) -> list[TokenText]:
+    """`n` texts in the exact MIX proportions, the long class at `long` tokens."""
+    return mixed_texts(tok, rng, n, [(k, sh, long if k == "long" else span) for k, sh, span in MIX])
 
 
 def infer_input(text: bytes) -> grpcaio.InferInput:
@@ -180,7 +163,7 @@ def param_str(res: Any, key: str) -> str:
 async def closed_loop(
     client: grpcaio.InferenceServerClient,
     model: str,
-    texts: Sequence[Text],
+    texts: Sequence[TokenText],
     concurrency: int,
     budget_s: float,
 ) -> Run:

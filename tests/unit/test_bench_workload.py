@@ -20,6 +20,7 @@ from tiermesh.bench.workload import (
     InputSpec,
     Workload,
     block_counts,
+    mixed_texts,
     parse_lengths,
     parse_mix,
     parse_priorities,
@@ -189,3 +190,11 @@ def test_text_with_tokens_hits_the_target_count(target: int) -> None:
     tok = _tokenizer()
     text, count = text_with_tokens(tok, np.random.default_rng(target), target)
     assert count == target == len(tok.encode(text).ids)
+
+
+def test_mixed_texts_hold_the_exact_mix_at_the_right_lengths() -> None:
+    classes = [("short", 0.7, (8, 14)), ("medium", 0.25, (40, 60)), ("long", 0.05, (110, 125))]
+    texts = mixed_texts(_tokenizer(), np.random.default_rng(3), 40, classes)
+    assert Counter(t.kind for t in texts) == {"short": 28, "medium": 10, "long": 2}
+    spans = {k: span for k, _, span in classes}
+    assert all(spans[t.kind][0] <= t.tokens <= spans[t.kind][1] for t in texts)

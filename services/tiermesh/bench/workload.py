@@ -202,6 +202,32 @@ def text_with_tokens(
     return " ".join(words), count
 
 
+@dataclass(frozen=True)
+class TokenText:
+    text: bytes
+    kind: str  # the length class it was made for
+    tokens: int  # [CLS] and [SEP] included, as the model's tokenizer counts them
+
+
+def mixed_texts(
+    tokenizer: Tokenizer,
+    rng: np.random.Generator,
+    n: int,
+    classes: Sequence[tuple[str, float, tuple[int, int]]],
+) -> list[TokenText]:
+    """`n` texts in the exact proportions of `classes` ((kind, share, token range); rounded,
+    remainder to the first), shuffled, each of a length drawn from its class's range."""
+    counts = [round(n * share) for _, share, _ in classes]
+    counts[0] += n - sum(counts)
+    labels = [(k, span) for (k, _, span), c in zip(classes, counts, strict=True) for _ in range(c)]
+    out = []
+    for i in rng.permutation(len(labels)):
+        kind, (lo, hi) = labels[int(i)]
+        text, count = text_with_tokens(tokenizer, rng, int(rng.integers(lo, hi + 1)))
+        out.append(TokenText(text.encode(), kind, count))
+    return out
+
+
 def is_text_model(inputs: Sequence[InputSpec]) -> bool:
     return any(spec.datatype == "BYTES" for spec in inputs)
 
