@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 import redis.asyncio as aioredis
 
+from tests.conftest import copy_repository
 from tiermesh.core import keys
 from tiermesh.core.jobs import Job
 from tiermesh.core.keys import StreamKey
@@ -181,14 +182,23 @@ async def test_entries_stay_pending_when_the_hand_off_fails(
     await redis.aclose()
 
 
+@pytest.mark.parametrize("adaptive", [False, True])
 async def test_batch_wait_never_blocks_in_redis(
-    redis_url: str, model_repo: Path, downstream: Downstream
+    redis_url: str, tmp_path: Path, downstream: Downstream, adaptive: bool
 ) -> None:
     """Redis ends a blocked read only on its 100 ms server tick: a 2 ms batch wait that
-    blocked in XREADGROUP would last 100 ms. Filling a batch must poll instead."""
+    blocked in XREADGROUP would last 100 ms. Filling a batch must poll instead. With the
+    adaptive wait (the default) a lone request on a quiet stream waits for nobody."""
+    repo = copy_repository(tmp_path)
+    cfg = repo / "mlp" / "config.yaml"
+    text = cfg.read_text().replace(
+        "batching:\n", f"batching:\n  adaptive_wait: {str(adaptive).lower()}\n"
+    )
+    assert text != cfg.read_text()
+    cfg.write_text(text)
     redis = aioredis.Redis.from_url(redis_url)
     streams = RecordingStreams(redis, "w1")
-    worker = make_worker(redis, model_repo, downstream.postprocess_address, streams)
+    worker = make_worker(redis, repo, downstream.postprocess_address, streams)
     lone = downstream.pending.register("lone")
     entry = job(
         "lone",
@@ -205,8 +215,11 @@ async def test_batch_wait_never_blocks_in_redis(
         await asyncio.wait_for(task, 10)
     assert result.code == grpc.StatusCode.OK
     fills = [block for n, block in streams.reads if n == 1]
-    assert fills, "a lone request should have waited for company"
-    assert all(block is None for block in fills)
+    if adaptive:
+        assert not fills, "a lone request on a quiet stream waited for company"
+    else:
+        assert fills, "a lone request should have waited for company"
+        assert all(block is None for block in fills)
     await redis.aclose()
 
 

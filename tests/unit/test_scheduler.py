@@ -3,6 +3,7 @@ close and size, compute estimates. The clock is a plain integer throughout."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections import Counter
 from collections.abc import Sequence
 from typing import Any
@@ -10,7 +11,7 @@ from typing import Any
 import pytest
 
 from tiermesh.core.keys import StreamKey
-from tiermesh.core.model_config import ModelConfig, parse_config
+from tiermesh.core.model_config import ModelConfig, RepositoryError, parse_config
 from tiermesh.worker.scheduler import Scheduler, StreamView
 
 MS = 1_000_000
@@ -28,7 +29,11 @@ AGE_LIMITS = (1000.0, 100.0)
 
 
 def _cfg(weights: Sequence[int] = (4, 1), ages: Sequence[float] = AGE_LIMITS) -> ModelConfig:
-    raw: dict[str, Any] = {
+    return parse_config(_raw(weights, ages), "test")
+
+
+def _raw(weights: Sequence[int] = (4, 1), ages: Sequence[float] = AGE_LIMITS) -> dict[str, Any]:
+    return {
         "name": "minilm",
         "max_batch_size": 32,
         "inputs": [{"name": "IDS", "datatype": "INT64", "dims": [-1]}],
@@ -46,7 +51,6 @@ def _cfg(weights: Sequence[int] = (4, 1), ages: Sequence[float] = AGE_LIMITS) ->
         ],
         "scheduling": {"priority_weights": list(weights), "age_limit_ms": list(ages)},
     }
-    return parse_config(raw, "test")
 
 
 def _sched(weights: Sequence[int] = (4, 1), ages: Sequence[float] = AGE_LIMITS) -> Scheduler:
@@ -278,6 +282,69 @@ def test_wait_ms_close_conditions(
         assert got <= 0
     else:
         assert got == pytest.approx(expected)
+
+
+def _arrivals(sched: Scheduler, key: StreamKey, every_ms: float, n: int, end: int) -> None:
+    """`n` single-row arrivals on `key`, `every_ms` apart, the last at `end`."""
+    for i in range(n):
+        sched.arrived(key, 1, end - round((n - 1 - i) * every_ms * MS))
+
+
+@pytest.mark.parametrize(
+    ("every_ms", "waits"),
+    [
+        (14.0, False),  # one client waiting for each answer: ~70/s, 0.35 rows per 5 ms
+        (1000.0, False),  # a trickle
+        (2.0, True),  # 500/s: 2.5 rows expected in the 5 ms wait
+        (0.1, True),
+    ],
+)
+def test_adaptive_wait_follows_the_arrival_rate(every_ms: float, waits: bool) -> None:
+    sched = _sched()
+    _arrivals(sched, _key(1, 1), every_ms, 200, T0)
+    got = sched.wait_ms(_view(1, 1, 1), T0)
+    assert (got > 0) is waits
+    if waits:
+        assert got == pytest.approx(5.0)  # the whole remaining wait, as before
+
+
+def test_adaptive_wait_closes_once_too_little_is_left_to_wait_for() -> None:
+    """At 1 row per ms a 5 ms wait is worth it at first, not in its last ms."""
+    sched = _sched()
+    _arrivals(sched, _key(1, 1), 1.0, 1000, T0)
+    assert sched.wait_ms(_view(1, 1, 1, waited_ms=1.0), T0) > 0
+    assert sched.wait_ms(_view(1, 1, 1, waited_ms=4.5), T0) <= 0
+
+
+def test_adaptive_wait_forgets_a_past_burst() -> None:
+    sched = _sched()
+    _arrivals(sched, _key(1, 1), 0.1, 1000, T0)
+    assert sched.wait_ms(_view(1, 1, 1), T0) > 0
+    later = T0 + 2000 * MS  # two seconds of silence (10 time constants)
+    assert sched.wait_ms(_view(1, 1, 1, now=later), later) <= 0
+
+
+def test_adaptive_wait_is_per_stream_and_needs_a_record() -> None:
+    sched = _sched()
+    _arrivals(sched, _key(1, 1), 14.0, 200, T0)
+    assert sched.wait_ms(_view(1, 1, 1), T0) <= 0
+    # Nothing recorded for this stream: the whole wait, as configured.
+    assert sched.wait_ms(_view(2, 1, 1), T0) == pytest.approx(5.0)
+
+
+def test_adaptive_wait_off_waits_the_whole_wait() -> None:
+    cfg = dataclasses.replace(_cfg(), adaptive_wait=False)
+    sched = Scheduler({UNIT: cfg})
+    _arrivals(sched, _key(1, 1), 1000.0, 10, T0)
+    assert sched.wait_ms(_view(1, 1, 1), T0) == pytest.approx(5.0)
+
+
+def test_adaptive_wait_parses_from_the_batching_section() -> None:
+    assert _cfg().adaptive_wait is True
+    raw = {**_raw(), "batching": {"max_batch_wait_ms": 2, "adaptive_wait": False}}
+    assert parse_config(raw, "test").adaptive_wait is False
+    with pytest.raises(RepositoryError, match="adaptive_wait: expected true or false"):
+        parse_config({**_raw(), "batching": {"adaptive_wait": "no"}}, "test")
 
 
 def test_overdue_view_closes_at_once() -> None:

@@ -135,6 +135,10 @@ class ModelConfig:
     outputs: tuple[TensorSpec, ...]
     versions: tuple[ModelVersion, ...]
     max_batch_wait_ms: float = 2.0
+    # Close a batch before its wait is over when the stream's measured arrival rate says
+    # no further row is likely to come meanwhile (see worker/scheduler.py); false: always
+    # wait the whole max_batch_wait_ms (Triton's max_queue_delay).
+    adaptive_wait: bool = True
     # Entries waiting in one stream, and (when > 0) in all of the model's streams together.
     queue_bound: int = 1024
     model_queue_bound: int = 0
@@ -297,6 +301,7 @@ def parse_config(raw: Any, where: str) -> ModelConfig:
             outputs=_tensor_specs(raw.get("outputs"), f"{where} outputs"),
             versions=versions,
             max_batch_wait_ms=float(batching.get("max_batch_wait_ms", 2.0)),
+            adaptive_wait=_flag(batching.get("adaptive_wait", True), f"{where} adaptive_wait"),
             queue_bound=int(raw.get("queue_bound", 1024)),
             model_queue_bound=int(raw.get("model_queue_bound", 0)),
             priority_levels=int(raw.get("priority_levels", 2)),
@@ -454,3 +459,9 @@ def _same_interface(given: tuple[TensorSpec, ...], compute: tuple[TensorSpec, ..
         and all(want in (-1, got) for got, want in zip(a.dims, b.dims, strict=True))
         for a, b in zip(given, compute, strict=True)
     )
+
+
+def _flag(value: Any, where: str) -> bool:
+    if not isinstance(value, bool):
+        raise RepositoryError(f"{where}: expected true or false, got {value!r}")
+    return value

@@ -239,6 +239,7 @@ class Worker:
                 continue
             job = dataclasses.replace(job, timing=job.timing.with_(dequeued_ns=now))
             self._buffer[e.stream].append(QueuedJob(e.stream, e.entry_id, job, now))
+            self._scheduler.arrived(e.stream, job.rows, now)
 
     async def _dispatch(self, key: StreamKey) -> None:
         queued = self._buffer[key]

@@ -32,8 +32,14 @@ Closing a batch (`Scheduler.wait_ms` <= 0 means close now), when:
 rows reach the bucket's ``max_batch_size``; or rows reach its largest preferred size; or
 the oldest entry is overdue (see 1); or the batch wait is over; or waiting out the rest of
 it and then computing would miss the earliest deadline:
-``now + remaining_wait + compute_estimate(batch_rows) > earliest_deadline``. Otherwise the
-remaining wait in ms.
+``now + remaining_wait + compute_estimate(batch_rows) > earliest_deadline``; or (with the
+model's ``batching.adaptive_wait``, the default) fewer than ``ROWS_WORTH_WAITING`` more
+rows are expected in the rest of the wait at the stream's measured arrival rate
+(`arrived`): a client that sends its next request only after this answer, or a trickle,
+gets no batch wait at all, while a busy stream still waits for the rows that are coming.
+The rate is an exponentially decayed count of arrived rows (time constant
+``ARRIVAL_TAU_NS``) over that time constant; a stream nothing was recorded for waits the
+whole wait. Otherwise the remaining wait in ms.
 
 Batch size (`Scheduler.batch_rows`): at most the bucket's ``max_batch_size``; with
 preferred sizes, the largest preferred size that fits in the rows waiting (Triton's
@@ -80,6 +86,10 @@ _MIN_ROWS_VARIANCE = 1e-6
 BG_EFFICIENCY = 0.9
 # Weight of the newest batch in the background share of compute time.
 SHARE_ALPHA = 0.05
+# Time constant of a stream's measured arrival rate.
+ARRIVAL_TAU_NS = 200 * NS_PER_MS
+# A batch keeps waiting only while at least this many more rows are expected meanwhile.
+ROWS_WORTH_WAITING = 1.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,6 +131,25 @@ class _CostFit:
         return self.ns + slope * (rows - self.rows)
 
 
+@dataclass(slots=True)
+class _Arrivals:
+    """Rows arrived on one stream, decayed with time constant ARRIVAL_TAU_NS."""
+
+    rows: float
+    at_ns: int
+
+    def decayed(self, now_ns: int) -> float:
+        return self.rows * math.exp(-max(now_ns - self.at_ns, 0) / ARRIVAL_TAU_NS)
+
+    def add(self, rows: int, now_ns: int) -> None:
+        self.rows = self.decayed(now_ns) + rows
+        self.at_ns = max(self.at_ns, now_ns)
+
+    def expected(self, now_ns: int, within_ns: int) -> float:
+        """Rows expected to arrive within the next `within_ns` at the measured rate."""
+        return self.decayed(now_ns) / ARRIVAL_TAU_NS * within_ns
+
+
 class Scheduler:
     """The worker's scheduling decisions for the compute units in `configs` (keyed like
     ``StreamKey.model``). One per worker; not thread-safe (the loop owns it)."""
@@ -135,6 +164,7 @@ class Scheduler:
         self._credits: dict[tuple[str, int], int] = defaultdict(int)
         self._costs: dict[tuple[str, int], _CostFit] = {}
         self._last_pick_aged = False
+        self._arrivals: dict[StreamKey, _Arrivals] = {}
 
     def set_units(self, configs: Mapping[str, ModelConfig]) -> None:
         """The units served from now on (model control opened or closed some). Credits and
@@ -185,11 +215,26 @@ class Scheduler:
         remaining_ns = self._remaining_wait_ns(view, now_ns)
         if remaining_ns <= 0:
             return 0.0
+        arrivals = self._arrivals.get(view.key)
+        if (
+            arrivals is not None
+            and self._config(view.key.model).adaptive_wait
+            and arrivals.expected(now_ns, remaining_ns) < ROWS_WORTH_WAITING
+        ):
+            return 0.0
         if view.earliest_deadline_ns:
             compute_ns = self.compute_estimate_ns(view.key, self.batch_rows(view))
             if now_ns + remaining_ns + compute_ns > view.earliest_deadline_ns:
                 return 0.0
         return remaining_ns / NS_PER_MS
+
+    def arrived(self, key: StreamKey, rows: int, now_ns: int) -> None:
+        """Record rows read from a stream (its arrival rate, for the adaptive batch wait)."""
+        slot = self._arrivals.get(key)
+        if slot is None:
+            self._arrivals[key] = _Arrivals(float(rows), now_ns)
+        else:
+            slot.add(rows, now_ns)
 
     def batch_rows(self, view: StreamView) -> int:
         """How many rows the batch closed now should take: never more than the bucket's
