@@ -3,24 +3,35 @@
 OTLP export follows the standard OTEL_* variables (OTEL_EXPORTER_OTLP_ENDPOINT or
 OTEL_TRACES_EXPORTER=otlp). With TIERMESH_TRACE_DIR set, every process also writes its
 finished spans as JSON lines to ``<trace_dir>/<service>-<pid>.jsonl``.
+
+Spans are recorded only where they go somewhere: while a process has no span processor
+(no exporter, no trace dir) it starts no trace of its own (``ParentBased(ALWAYS_OFF)``),
+so a request that arrives without a sampled ``traceparent`` costs no span anywhere on
+the mesh; context still propagates. A caller that sends a sampled ``traceparent`` is
+traced as before. Once a processor is added, the sampler of OTEL_TRACES_SAMPLER (default
+``parentbased_always_on``) decides.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import IO
 
 from opentelemetry import context as otel_context
 from opentelemetry import propagate, trace
+from opentelemetry.context import Context
 from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor, TracerProvider, sampling
 from opentelemetry.sdk.trace.export import (
     BatchSpanProcessor,
     ConsoleSpanExporter,
     SimpleSpanProcessor,
 )
+from opentelemetry.trace import Link, SpanKind
+from opentelemetry.trace.span import TraceState
+from opentelemetry.util.types import Attributes
 
 
 class Telemetry:
@@ -28,7 +39,7 @@ class Telemetry:
 
     def __init__(self, service: str, trace_dir: Path | None = None) -> None:
         self.service = service
-        self.provider = TracerProvider(
+        self.provider = _Provider(
             resource=Resource.create(
                 {"service.name": os.environ.get("OTEL_SERVICE_NAME", f"tiermesh-{service}")}
             )
@@ -51,6 +62,47 @@ class Telemetry:
         self.provider.shutdown()
         if self._file is not None:
             self._file.close()
+
+
+class _WhenExported(sampling.Sampler):
+    """The configured sampler while the provider exports somewhere, else no new traces."""
+
+    def __init__(self, exported: sampling.Sampler) -> None:
+        self.exporting = False
+        self._exported = exported
+        self._quiet = sampling.ParentBased(sampling.ALWAYS_OFF)
+
+    def should_sample(
+        self,
+        parent_context: Context | None,
+        trace_id: int,
+        name: str,
+        kind: SpanKind | None = None,
+        attributes: Attributes = None,
+        links: Sequence[Link] | None = None,
+        trace_state: TraceState | None = None,
+    ) -> sampling.SamplingResult:
+        sampler = self._exported if self.exporting else self._quiet
+        return sampler.should_sample(
+            parent_context, trace_id, name, kind, attributes, links, trace_state
+        )
+
+    def get_description(self) -> str:
+        return f"WhenExported{{{self._exported.get_description()}}}"
+
+
+class _Provider(TracerProvider):
+    """A tracer provider that records spans only once a span processor is added."""
+
+    def __init__(self, resource: Resource) -> None:
+        # The sampler OTEL_TRACES_SAMPLER names, as the SDK reads it for a plain provider.
+        configured = TracerProvider(shutdown_on_exit=False).sampler
+        self._gate = _WhenExported(configured)
+        super().__init__(resource=resource, sampler=self._gate)
+
+    def add_span_processor(self, span_processor: SpanProcessor) -> None:
+        super().add_span_processor(span_processor)
+        self._gate.exporting = True
 
 
 def _one_line(span: ReadableSpan) -> str:

@@ -1,0 +1,60 @@
+"""Spans are recorded only where they go somewhere; context propagates either way."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+from tiermesh.core.telemetry import Telemetry, extract, inject_current
+
+SAMPLED_PARENT = {"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"}
+UNSAMPLED_PARENT = {"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-00"}
+
+
+def test_without_a_processor_no_new_trace_is_recorded_but_context_flows() -> None:
+    t = Telemetry("quiet")
+    with t.tracer.start_as_current_span("root") as span:
+        assert not span.is_recording()
+        assert span.get_span_context().is_valid
+        carrier = inject_current()
+    flags = int(carrier["traceparent"].rsplit("-", 1)[1], 16)
+    assert flags & 0x01 == 0  # propagated, marked unsampled
+
+
+def test_a_sampled_caller_is_traced_even_without_a_processor() -> None:
+    t = Telemetry("quiet")
+    with t.tracer.start_as_current_span("child", context=extract(SAMPLED_PARENT)) as span:
+        assert span.is_recording()
+        assert span.get_span_context().trace_id == 0x0AF7651916CD43DD8448EB211C80319C
+
+
+def test_once_a_processor_is_added_spans_are_recorded_and_exported() -> None:
+    t = Telemetry("traced")
+    exported = InMemorySpanExporter()
+    t.provider.add_span_processor(SimpleSpanProcessor(exported))
+    with t.tracer.start_as_current_span("root") as span:
+        assert span.is_recording()
+    with t.tracer.start_as_current_span("child", context=extract(UNSAMPLED_PARENT)) as span:
+        assert not span.is_recording()  # the caller's decision still stands
+    assert [s.name for s in exported.get_finished_spans()] == ["root"]
+
+
+def test_a_trace_dir_records_from_the_start(tmp_path: Path) -> None:
+    t = Telemetry("filed", tmp_path)
+    with t.tracer.start_as_current_span("root") as span:
+        assert span.is_recording()
+    t.shutdown()
+    (written,) = tmp_path.glob("filed-*.jsonl")
+    assert '"name": "root"' in written.read_text()
+
+
+def test_the_configured_sampler_decides_when_exporting(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OTEL_TRACES_SAMPLER", "always_off")
+    t = Telemetry("off")
+    t.provider.add_span_processor(SimpleSpanProcessor(InMemorySpanExporter()))
+    with t.tracer.start_as_current_span("root") as span:
+        assert not span.is_recording()
+    assert "AlwaysOff" in t.provider.sampler.get_description()
