@@ -14,6 +14,7 @@ import pytest
 import redis.asyncio as aioredis
 
 from tests.integration.conftest import start_mesh
+from tiermesh.batch.feeder import Feeder
 from tiermesh.batch.plan import job_streams
 from tiermesh.batch.store import BatchStore
 from tiermesh.core import keys
@@ -125,3 +126,23 @@ async def test_cancel_frees_queues_within_a_batch(redis_url: str, model_repo: Pa
     finally:
         await redis.aclose()
         await mesh.close()
+
+
+async def test_an_idle_feeder_only_looks_for_jobs(redis_url: str, model_repo: Path) -> None:
+    """With no active job a round is one read: no lock taken, and `busy` tells `run` to
+    come back only every IDLE_INTERVALS intervals; a job makes it busy again."""
+    redis = aioredis.Redis.from_url(redis_url)
+    await redis.delete(keys.BATCH_ACTIVE, keys.BATCH_FEED_LOCK)
+    store = BatchStore(redis)
+    repo = ModelRepository(model_repo)
+    repo.load()
+    feeder = Feeder(store, repo, {}, "router-a")
+    assert await feeder.round() == 0
+    assert not feeder.busy
+    assert await redis.exists(keys.BATCH_FEED_LOCK) == 0
+    await redis.sadd(keys.BATCH_ACTIVE, "no-such-job")
+    assert await feeder.round() == 0
+    assert feeder.busy
+    assert await redis.get(keys.BATCH_FEED_LOCK) == b"router-a"
+    await redis.delete(keys.BATCH_ACTIVE, keys.BATCH_FEED_LOCK)
+    await redis.aclose()

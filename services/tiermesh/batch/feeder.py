@@ -34,6 +34,8 @@ from tiermesh.router.policy import choose_stream
 from tiermesh.router.text import TextEncoder
 
 log = structlog.get_logger("tiermesh.batch.feeder")
+# Rounds while no job is active come this many feed intervals apart (20 ms -> 0.5 s).
+IDLE_INTERVALS = 25
 
 
 class Feeder:
@@ -59,24 +61,29 @@ class Feeder:
         self._chunk = chunk
         self._lock_ttl_ms = lock_ttl_ms
         self._clock_ns = clock_ns
+        # Whether the last round found an active job (the next comes after one interval).
+        self.busy = False
 
     async def run(self, interval_s: float) -> None:
-        """Feed rounds until cancelled; Redis trouble is logged and the next round retries."""
+        """Feed rounds until cancelled; Redis trouble is logged and the next round retries.
+        While no job is active a round is one SMEMBERS, every IDLE_INTERVALS intervals."""
         while True:
             try:
                 await self.round()
             except (aioredis.RedisError, OSError) as exc:
                 log.warning("batch feed round failed", error=str(exc))
             raise_if_cancelling()
-            await asyncio.sleep(interval_s)
+            await asyncio.sleep(interval_s * (1 if self.busy else IDLE_INTERVALS))
 
     async def round(self) -> int:
         """One round, if this router holds the lock: each active job gets its next chunk
         where it has room. Returns how many inputs were queued."""
-        if not await self._store.hold_lock(self._owner, self._lock_ttl_ms):
+        active = await self._store.active()
+        self.busy = bool(active)
+        if not active or not await self._store.hold_lock(self._owner, self._lock_ttl_ms):
             return 0
         queued = 0
-        for job_id in await self._store.active():
+        for job_id in active:
             job = await self._store.get(job_id)
             if job is None or job.status in FINISHED:
                 continue
