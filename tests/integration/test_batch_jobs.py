@@ -5,18 +5,22 @@ results within one batch."""
 from __future__ import annotations
 
 import asyncio
+import json
+import sys
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import grpc
+import numpy as np
 import pytest
 import redis.asyncio as aioredis
+import tritonclient.grpc.aio as aioclient
 
 from tests.integration.conftest import start_mesh
 from tiermesh.batch.feeder import Feeder
 from tiermesh.batch.plan import job_streams
-from tiermesh.batch.store import BatchStore
+from tiermesh.batch.store import DEFAULT_RETENTION_S, BatchStore
 from tiermesh.core import keys
 from tiermesh.core.repository import ModelRepository
 from tiermesh.core.tensors import split_bytes
@@ -45,6 +49,14 @@ async def _submit(stub: batch_pb2_grpc.BatchJobsStub, texts: list[str]) -> batch
 def _echo_text(r: batch_pb2.BatchResult) -> str:
     t = tensor_from_proto(r.outputs[0])
     return split_bytes(t.raw, 1, t.name)[0].decode()
+
+
+async def _assert_retained(redis: aioredis.Redis, job_id: str) -> None:
+    """An ended job: inputs deleted, record and results kept for the retention period."""
+    assert await redis.exists(keys.batch_inputs_key(job_id)) == 0
+    for key in (keys.batch_job_key(job_id), keys.batch_results_key(job_id)):
+        ttl_ms = await redis.pttl(key)
+        assert 0 < ttl_ms <= DEFAULT_RETENTION_S * 1000, (key, ttl_ms)
 
 
 async def test_small_job_every_result_exactly_once(redis_url: str, model_repo: Path) -> None:
@@ -79,6 +91,7 @@ async def test_small_job_every_result_exactly_once(redis_url: str, model_repo: P
             assert rec is not None and rec.done == 300
             assert await store.result_count(job.job_id) == 300
             assert job.job_id not in await store.active()
+            await _assert_retained(redis, job.job_id)
             # Another tenant's (here: an unknown) job id is not found.
             with pytest.raises(grpc.aio.AioRpcError) as err:
                 await stub.Status(batch_pb2.JobRef(job_id="nope"))
@@ -123,6 +136,7 @@ async def test_cancel_frees_queues_within_a_batch(redis_url: str, model_repo: Pa
             after = await store.get(job.job_id)
             assert after is not None and after.fed == rec.fed < 20_000
             assert after.status == "cancelled"
+            await _assert_retained(redis, job.job_id)
     finally:
         await redis.aclose()
         await mesh.close()
@@ -146,3 +160,73 @@ async def test_an_idle_feeder_only_looks_for_jobs(redis_url: str, model_repo: Pa
     assert await redis.get(keys.BATCH_FEED_LOCK) == b"router-a"
     await redis.delete(keys.BATCH_ACTIVE, keys.BATCH_FEED_LOCK)
     await redis.aclose()
+
+
+async def _cli(*argv: str) -> tuple[int, str, str]:
+    """`tiermesh ARGV...` as a user runs it (its own process: the CLI is synchronous)."""
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "tiermesh.cli.main",
+        *argv,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    out, err = await asyncio.wait_for(proc.communicate(), 120)
+    assert proc.returncode is not None
+    return proc.returncode, out.decode(), err.decode()
+
+
+async def test_cli_tensor_job_results_as_npy_and_jsonl_match_online_answers(
+    redis_url: str, model_repo: Path, tmp_path: Path
+) -> None:
+    """A JSONL file of tensors through `tiermesh batch submit --wait`: the progress bar
+    and summary print, and the results (.npy and JSONL) equal the online answers."""
+    rng = np.random.default_rng(7)
+    xs = rng.normal(size=(40, 1, 4)).astype(np.float32)
+    inputs = tmp_path / "inputs.jsonl"
+    inputs.write_text(
+        "".join(
+            json.dumps(
+                {"inputs": {"INPUT0": {"datatype": "FP32", "shape": [1, 4], "data": x.tolist()}}}
+            )
+            + "\n"
+            for x in xs
+        )
+    )
+    mesh = await start_mesh(redis_url, model_repo)
+    client = aioclient.InferenceServerClient(mesh.gateway)
+    try:
+        url = ["--url", mesh.gateway]
+        code, out, err = await _cli("batch", "submit", "mlp", str(inputs), "--wait", *url)
+        assert code == 0, err
+        job_id, summary_line = out.strip().splitlines()
+        summary = json.loads(summary_line)
+        assert summary["job"] == job_id and summary["status"] == "done"
+        assert (summary["inputs"], summary["errors"]) == (40, 0)
+        assert summary["sequences_per_hour"] > 0
+        assert "40/40" in err  # the progress bar reached the end
+        npy = tmp_path / "out.npy"
+        code, _, err = await _cli("batch", "results", job_id, "--out", str(npy), *url)
+        assert code == 0, err
+        got = np.load(npy)
+        code, out, err = await _cli("batch", "results", job_id, *url)
+        assert code == 0, err
+        lines = [json.loads(line) for line in out.splitlines()]
+        assert [line["index"] for line in lines] == list(range(40))
+        assert np.allclose(np.array([line["outputs"]["OUTPUT0"][0] for line in lines]), got)
+        online = []
+        for x in xs:
+            inp = aioclient.InferInput("INPUT0", [1, 4], "FP32")
+            inp.set_data_from_numpy(x)
+            online.append((await client.infer("mlp", [inp])).as_numpy("OUTPUT0")[0])
+        assert got.shape == (40, 3)
+        assert np.allclose(got, np.stack(online), atol=1e-6)
+        # A bad line is refused before anything is sent.
+        bad = tmp_path / "bad.jsonl"
+        bad.write_text('{"nothing": 1}\n')
+        code, _, err = await _cli("batch", "submit", "mlp", str(bad), *url)
+        assert code != 0 and "needs 'text' or 'inputs'" in err
+    finally:
+        await client.close()
+        await mesh.close()

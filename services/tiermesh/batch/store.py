@@ -21,15 +21,18 @@ from tiermesh.batch.plan import CANCELLED, FINISHED, LOADING, QUEUED, RUNNING, J
 from tiermesh.core import keys
 from tiermesh.core.keys import StreamKey
 
+# How long a finished job's record and results are kept (a week).
+DEFAULT_RETENTION_S = 7 * 24 * 3600
 # Stream entry field naming the batch job an entry belongs to (cancel finds them by it).
 BATCH_FIELD = "batch"
 
-# KEYS: record, results, active set. ARGV: now_ms, job_id, then (index, payload, ok) triples.
+# KEYS: record, results, active set, inputs. ARGV: now_ms, job_id, retention_ms, then
+# (index, payload, ok) triples.
 _RECORD = """
 local st = redis.call('HGET', KEYS[1], 'status')
 if (not st) or st == 'cancelled' then return -1 end
 local ok, err = 0, 0
-for i = 3, #ARGV, 3 do
+for i = 4, #ARGV, 3 do
   if redis.call('HSETNX', KEYS[2], ARGV[i], ARGV[i + 1]) == 1 then
     if ARGV[i + 2] == '1' then ok = ok + 1 else err = err + 1 end
   end
@@ -40,6 +43,9 @@ local total = tonumber(redis.call('HGET', KEYS[1], 'total') or '0')
 if st ~= 'loading' and st ~= 'done' and done + errors >= total then
   redis.call('HSET', KEYS[1], 'status', 'done', 'finished_ms', ARGV[1])
   redis.call('SREM', KEYS[3], ARGV[2])
+  redis.call('DEL', KEYS[4])
+  redis.call('PEXPIRE', KEYS[1], ARGV[3])
+  redis.call('PEXPIRE', KEYS[2], ARGV[3])
 end
 return ok + err
 """
@@ -76,8 +82,12 @@ def _text(raw: dict[Any, Any]) -> dict[str, str]:
 
 
 class BatchStore:
-    def __init__(self, redis: aioredis.Redis) -> None:
+    """A job's inputs are deleted once it has ended (done or cancelled: nothing reads them
+    again); its record and results expire `retention_s` after."""
+
+    def __init__(self, redis: aioredis.Redis, retention_s: int = DEFAULT_RETENTION_S) -> None:
         self._redis = redis
+        self._retention_ms = retention_s * 1000
         self._record = redis.register_script(_RECORD)
         self._feed = redis.register_script(_FEED)
         self._lock = redis.register_script(_LOCK)
@@ -117,6 +127,7 @@ class BatchStore:
                 pipe.sadd(keys.BATCH_ACTIVE, job_id)
             else:
                 pipe.hset(keys.batch_job_key(job_id), "finished_ms", int(time.time() * 1000))
+                pipe.pexpire(keys.batch_job_key(job_id), self._retention_ms)
             await pipe.execute()
         job = await self.get(job_id)
         assert job is not None
@@ -150,7 +161,7 @@ class BatchStore:
         """Write each (index, result, ok) unless that index has a result already; returns
         how many were new (-1: the job is cancelled or gone, nothing written). Finishes the
         job when every input has its result."""
-        args: list[Any] = [int(time.time() * 1000), job_id]
+        args: list[Any] = [int(time.time() * 1000), job_id, self._retention_ms]
         for index, payload, ok in results:
             args += [index, payload, "1" if ok else "0"]
         return int(
@@ -159,6 +170,7 @@ class BatchStore:
                     keys.batch_job_key(job_id),
                     keys.batch_results_key(job_id),
                     keys.BATCH_ACTIVE,
+                    keys.batch_inputs_key(job_id),
                 ],
                 args=args,
             )
@@ -199,6 +211,9 @@ class BatchStore:
                     mapping={"status": CANCELLED, "finished_ms": int(time.time() * 1000)},
                 )
                 pipe.srem(keys.BATCH_ACTIVE, job_id)
+                pipe.delete(keys.batch_inputs_key(job_id))
+                pipe.pexpire(keys.batch_job_key(job_id), self._retention_ms)
+                pipe.pexpire(keys.batch_results_key(job_id), self._retention_ms)
                 await pipe.execute()
         await self.purge(job_id, streams)
         return await self.get(job_id)

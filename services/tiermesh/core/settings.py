@@ -27,6 +27,8 @@ class ServiceSettings(BaseSettings):
     # OTLP export follows the standard OTEL_* variables.
     trace_dir: Path | None = None
     shutdown_grace_s: float = Field(default=10.0, ge=0)
+    # How long a finished batch job's record and results are kept (its inputs go at once).
+    batch_retention_s: int = Field(default=7 * 24 * 3600, gt=0)
     # Prometheus text format at http://metrics_host:metrics_port/metrics (0 picks a port).
     metrics_host: str = "127.0.0.1"
     # Mutual TLS between services (all three PEM files or none; core/tls.py): every internal
@@ -136,6 +138,10 @@ class WorkerSettings(ServiceSettings):
     # waits (0: only in the gaps of online work).
     batch_jobs: bool = True
     batch_background_share: float = Field(default=0.0, ge=0, le=1)
+    # While online requests keep arriving, the share of wall time background batches may
+    # take (each is followed by a pause in proportion), so that their CPU does not slow
+    # online requests on the same cores; 1: no pacing. Without online traffic: full speed.
+    batch_background_duty: float = Field(default=0.5, gt=0, le=1)
 
     @property
     def model_names(self) -> list[str]:

@@ -12,6 +12,7 @@ from prometheus_client import CollectorRegistry
 from redis.asyncio import Redis
 
 from tiermesh.batch.store import BatchStore
+from tiermesh.core.heap import settle_heap
 from tiermesh.core.logging import configure_logging
 from tiermesh.core.metrics import MetricsServer, new_registry
 from tiermesh.core.prices import export_prices, load_prices
@@ -143,7 +144,10 @@ async def serve(
     # Like tritonclient's add_..._to_server; unparseable requests get INVALID_ARGUMENT.
     add_inference_servicer(inference, public)
     batch_pb2_grpc.add_BatchJobsServicer_to_server(
-        BatchJobsServicer(repo, BatchStore(redis), Gate(security, metrics)), public
+        BatchJobsServicer(
+            repo, BatchStore(redis, settings.batch_retention_s), Gate(security, metrics)
+        ),
+        public,
     )
     health = add_health(public)
     port = bind(
@@ -247,7 +251,7 @@ async def _main() -> None:
     settings = GatewaySettings()
     configure_logging("gateway", settings.log_level, settings.log_format)
     try:
-        await serve(settings, stop_event_on_signals())
+        await serve(settings, stop_event_on_signals(), ready=settle_heap)
     except TenantsFileError as exc:
         log.error("gateway not started: bad tenants file", problem=str(exc))
         sys.exit(2)

@@ -6,6 +6,7 @@ import asyncio
 
 import structlog
 
+from tiermesh.core.heap import settle_heap
 from tiermesh.core.logging import configure_logging
 from tiermesh.core.metrics import MetricsServer, new_registry
 from tiermesh.core.repository import ModelRepository
@@ -78,7 +79,7 @@ async def serve(
 async def _main() -> None:
     settings = PostprocessSettings()
     configure_logging("postprocess", settings.log_level, settings.log_format)
-    await serve(settings, stop_event_on_signals())
+    await serve(settings, stop_event_on_signals(), ready=settle_heap)
 
 
 if __name__ == "__main__":

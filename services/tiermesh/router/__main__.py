@@ -13,6 +13,7 @@ import structlog
 from tiermesh.batch.feeder import Feeder
 from tiermesh.batch.store import BatchStore
 from tiermesh.core.control_watch import ControlState, ControlWatch
+from tiermesh.core.heap import settle_heap
 from tiermesh.core.logging import configure_logging
 from tiermesh.core.metrics import MetricsServer, new_registry
 from tiermesh.core.redis_client import connect
@@ -119,7 +120,7 @@ async def serve(
         ),
         asyncio.create_task(
             Feeder(
-                BatchStore(redis),
+                BatchStore(redis, settings.batch_retention_s),
                 repo,
                 encoders,
                 owner=f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}",
@@ -175,7 +176,7 @@ def add_encoders(
 async def _main() -> None:
     settings = RouterSettings()
     configure_logging("router", settings.log_level, settings.log_format)
-    await serve(settings, stop_event_on_signals())
+    await serve(settings, stop_event_on_signals(), ready=settle_heap)
 
 
 if __name__ == "__main__":

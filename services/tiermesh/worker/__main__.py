@@ -12,6 +12,7 @@ import structlog
 
 from tiermesh.batch.store import BatchStore
 from tiermesh.core.control_watch import ControlWatch
+from tiermesh.core.heap import settle_heap
 from tiermesh.core.logging import configure_logging
 from tiermesh.core.metrics import MetricsServer, new_registry
 from tiermesh.core.redis_client import connect
@@ -101,8 +102,11 @@ async def serve(
             opener,
             settings.model_control_refresh_ms / 1000,
         ),
-        background=BackgroundResults(BatchStore(redis), served) if settings.batch_jobs else None,
+        background=BackgroundResults(BatchStore(redis, settings.batch_retention_s), served)
+        if settings.batch_jobs
+        else None,
         background_share=settings.batch_background_share,
+        background_duty=settings.batch_background_duty,
     )
     server = make_server(telemetry)
     health = add_health(server)
@@ -163,7 +167,7 @@ async def serve(
 async def _main() -> None:
     settings = WorkerSettings()
     configure_logging("worker", settings.log_level, settings.log_format)
-    await serve(settings, stop_event_on_signals())
+    await serve(settings, stop_event_on_signals(), ready=settle_heap)
 
 
 if __name__ == "__main__":
