@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import math
 
+import pytest
+
 from tests.unit.test_scheduler import MS, T0, UNIT, _cfg, _key, _view
 from tiermesh.batch.plan import (
     CANCELLED,
@@ -64,6 +66,58 @@ def test_share_limit_lets_background_progress_under_online_load() -> None:
         s.observe(key, 8, 1 * MS)  # equal batch times: share of batches = share of time
     share = sum(k.priority == BG for k in picks[100:]) / 300
     assert 0.2 <= share <= 0.3
+
+
+def _online_traffic(s: Scheduler, until: int) -> None:
+    """100 online requests/s for the last second before `until`."""
+    for i in range(100):
+        s.arrived(_key(1, 0), 1, until - i * 10 * MS)
+
+
+def test_paced_background_while_online_requests_keep_arriving() -> None:
+    s = Scheduler({UNIT: _cfg()}, background_duty=0.25)
+    bg = _view(BG, 0, rows=64)
+    _online_traffic(s, T0)
+    assert s.online_present(T0)
+    assert s.pick([bg], T0) == bg.key
+    s.background_started()
+    # In flight: no second background batch, whatever the time.
+    assert math.isinf(s.background_wait_ms(T0 + 1 * MS))
+    assert s.pick([bg], T0 + 1 * MS) is None
+    # Done after 10 ms: at duty 0.25 it pauses 30 ms before the next.
+    s.background_done(T0, T0 + 10 * MS)
+    assert s.background_wait_ms(T0 + 10 * MS) == 30.0
+    assert s.pick([bg], T0 + 39 * MS) is None
+    assert s.pick([bg], T0 + 40 * MS) == bg.key
+    # Online work is never held back by the pause.
+    online = _view(1, 0, rows=1, now=T0 + 20 * MS)
+    assert s.pick([bg, online], T0 + 20 * MS) == online.key
+
+
+def test_unpaced_without_online_traffic_or_at_full_duty() -> None:
+    bg = _view(BG, 0, rows=64)
+    quiet = Scheduler({UNIT: _cfg()}, background_duty=0.25)
+    quiet.background_started()
+    quiet.background_done(T0, T0 + 10 * MS)
+    assert not quiet.online_present(T0 + 10 * MS)
+    assert quiet.pick([bg], T0 + 10 * MS) == bg.key  # nobody online to protect
+    full = Scheduler({UNIT: _cfg()}, background_duty=1.0)
+    _online_traffic(full, T0)
+    full.background_started()
+    assert full.background_wait_ms(T0) == 0.0
+    # Online traffic that stopped a while ago no longer paces.
+    paced = Scheduler({UNIT: _cfg()}, background_duty=0.5)
+    _online_traffic(paced, T0)
+    paced.background_done(T0, T0 + 10 * MS)
+    later = T0 + 3000 * MS
+    assert not paced.online_present(later)
+    assert paced.pick([bg], later) == bg.key
+
+
+@pytest.mark.parametrize("bad", [0.0, -0.1, 1.5])
+def test_background_duty_must_be_a_share(bad: float) -> None:
+    with pytest.raises(ValueError, match="background_duty"):
+        Scheduler({UNIT: _cfg()}, background_duty=bad)
 
 
 def test_background_batches_are_large() -> None:

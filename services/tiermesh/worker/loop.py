@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import math
 import time
 from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
@@ -46,6 +47,8 @@ HANDOFF_ATTEMPTS = 5
 # How often a batch that is not yet full looks for more entries while it waits.
 FILL_POLL_MS = 0.5
 MAX_HANDOFFS_IN_FLIGHT = 2
+# While a paced background batch is still being written, reads block at most this long.
+PACE_POLL_MS = 5
 # Weight of the newest batch in a stream's measured drain rate.
 RATE_ALPHA = 0.3
 
@@ -74,6 +77,7 @@ class Worker:
         control: UnitControl | None = None,
         background: BackgroundResults | None = None,
         background_share: float = 0.0,
+        background_duty: float = 1.0,
     ) -> None:
         # Batch-job work (background streams): read, computed in the gaps of online work
         # and written into its job; None: this worker takes none.
@@ -98,7 +102,7 @@ class Worker:
         self._hb_interval_s = heartbeat_interval_ms / 1000
         self._hb_ttl_ms = heartbeat_ttl_ms
         self._clock_ns = clock_ns
-        self._scheduler = Scheduler(configs, background_share)
+        self._scheduler = Scheduler(configs, background_share, background_duty)
         self._keys = self._stream_keys()
         self._buffer: dict[StreamKey, list[QueuedJob]] = defaultdict(list)
         self._rates: dict[StreamKey, float] = {}
@@ -163,8 +167,7 @@ class Worker:
             while not self._stopping.is_set() or self._buffered():
                 await self._retire()
                 if not self._stopping.is_set():
-                    # Block only when idle; otherwise just look for newer, maybe more urgent work.
-                    await self._collect(await self._read_any(block=not self._buffered()))
+                    await self._collect(await self._read_any(self._block_ms()))
                 await self._sweep_expired()
                 views = [view_of(k, q) for k, q in self._buffer.items() if q]
                 key = self._scheduler.pick(views, self._clock_ns())
@@ -185,22 +188,36 @@ class Worker:
     def _buffered(self) -> bool:
         return any(self._buffer.values())
 
+    def _block_ms(self) -> int | None:
+        """How long the next read may block: while idle, the poll; while online work is
+        buffered, not at all (just look for newer, maybe more urgent work); while only
+        paced background work is (scheduler.background_wait_ms), until its pause ends."""
+        if not self._buffered():
+            return self._poll_block_ms
+        if any(q for k, q in self._buffer.items() if not is_background(k)):
+            return None
+        wait = self._scheduler.background_wait_ms(self._clock_ns())
+        if wait <= 0:
+            return None
+        wait = PACE_POLL_MS if math.isinf(wait) else math.ceil(wait)
+        return max(1, min(self._poll_block_ms, wait))  # BLOCK 0 would block for ever
+
     def _room(self, key: StreamKey) -> int:
         """Rows a stream's buffer may still take: two batches' worth, no more, so unread
         work stays in Redis where other workers can take it."""
         limit = 2 * self._configs[key.model].bucket(key.bucket).max_batch_size
         return limit - sum(q.job.rows for q in self._buffer[key])
 
-    async def _read_any(self, block: bool) -> list[Entry]:
+    async def _read_any(self, block_ms: int | None) -> list[Entry]:
         wanted = [k for k in self._keys if self._room(k) > 0]
         count = max((self._room(k) for k in wanted), default=0)
         if not wanted:
-            if block:  # nothing to read (every unit unloaded): idle, not spinning
+            if block_ms:  # nothing to read (every unit unloaded, or paced): idle, not spinning
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._stopping.wait(), self._poll_block_ms / 1000)
+                    await asyncio.wait_for(self._stopping.wait(), block_ms / 1000)
             return []
         try:
-            return await self._streams.read(wanted, count, self._poll_block_ms if block else None)
+            return await self._streams.read(wanted, count, block_ms)
         except (aioredis.RedisError, OSError) as exc:
             log.warning("redis read failed; retrying", error=str(exc))
             with contextlib.suppress(TimeoutError):
@@ -253,17 +270,28 @@ class Worker:
         interval = started - max(self._last_dispatch.get(key, started), arrived)
         self._last_dispatch[key] = started
         await self._handoff_slots.acquire()
+        background = is_background(key)
+        if background:
+            self._scheduler.background_started()
         try:
             live, done = await self._compute(key, batch)
         except BaseException:
             self._handoff_slots.release()
+            if background:
+                self._scheduler.background_done(started, self._clock_ns())
             raise
         if not live and not done:
             self._handoff_slots.release()
+            if background:
+                self._scheduler.background_done(started, self._clock_ns())
             return
         task = asyncio.create_task(self._finish(key, live, done, started, interval))
         self._finishing.add(task)
         task.add_done_callback(self._finished)
+        if background:  # done once its results are written (or given up): pacing
+            task.add_done_callback(
+                lambda _: self._scheduler.background_done(started, self._clock_ns())
+            )
 
     def _finished(self, task: asyncio.Task[None]) -> None:
         self._finishing.discard(task)

@@ -50,7 +50,14 @@ Background work (batch jobs; streams at ``keys.BACKGROUND_PRIORITY``, below ever
 level): never a candidate for aging or the weighted pick. While any online view has rows a
 background view is picked only when background batches took less than ``background_share``
 of the recent compute time (0, the default: never). With no online rows it is picked at
-once. Its batch closes at once (the feeder keeps enough queued) and takes
+once, unless paced: while online rows keep arriving (their decayed count over the online
+streams is at least ``ONLINE_PRESENT_ROWS``), background batches take at most
+``background_duty`` of the wall time. One is in flight at a time (`background_started`,
+`background_done`), and each is followed by a pause of its own span (pick to results
+written) times ``(1 - duty) / duty`` (`background_wait_ms`). On a small machine the
+background batch's CPU (results written, the feeder's inputs queued) competes with online
+requests for the same cores even when the worker itself is idle; pacing bounds that.
+A background batch closes at once (the feeder keeps enough queued) and takes
 ``background_rows``: the throughput-optimal size, i.e. the smallest batch whose per-row
 cost under the fitted ``fixed + per_row * rows`` is within ``1 / (1 - BG_EFFICIENCY)`` of
 the marginal cost (rows >= fixed / per_row * BG_EFFICIENCY / (1 - BG_EFFICIENCY)), capped
@@ -86,6 +93,9 @@ _MIN_ROWS_VARIANCE = 1e-6
 BG_EFFICIENCY = 0.9
 # Weight of the newest batch in the background share of compute time.
 SHARE_ALPHA = 0.05
+# Online traffic is present (background work paced) while at least this many online rows
+# arrived within about one ARRIVAL_TAU_NS (decayed count).
+ONLINE_PRESENT_ROWS = 1.0
 # Time constant of a stream's measured arrival rate.
 ARRIVAL_TAU_NS = 200 * NS_PER_MS
 # A batch keeps waiting only while at least this many more rows are expected meanwhile.
@@ -154,9 +164,20 @@ class Scheduler:
     """The worker's scheduling decisions for the compute units in `configs` (keyed like
     ``StreamKey.model``). One per worker; not thread-safe (the loop owns it)."""
 
-    def __init__(self, configs: Mapping[str, ModelConfig], background_share: float = 0.0) -> None:
+    def __init__(
+        self,
+        configs: Mapping[str, ModelConfig],
+        background_share: float = 0.0,
+        background_duty: float = 1.0,
+    ) -> None:
+        if not 0 < background_duty <= 1:
+            raise ValueError(f"background_duty must be in (0, 1], got {background_duty}")
         self._configs = dict(configs)
         self._background_share = background_share
+        self._background_duty = background_duty
+        # Background batches picked and not yet done; when paused background may go again.
+        self._bg_in_flight = 0
+        self._bg_resume_ns = 0
         # EWMAs of compute ns per batch: background batches only, and all batches.
         self._bg_ns = 0.0
         self._all_ns = 0.0
@@ -176,7 +197,10 @@ class Scheduler:
         once per batch: a weighted pick charges the winning level's credit."""
         live = [v for v in views if v.rows > 0 and not is_background(v.key)]
         background = [v for v in views if v.rows > 0 and is_background(v.key)]
-        if background and (not live or self.background_time_share < self._background_share):
+        if background and (
+            (not live and self.background_wait_ms(now_ns) <= 0)
+            or (live and self.background_time_share < self._background_share)
+        ):
             return min(background, key=lambda v: (v.key.bucket, v.key.model, v.key.tier)).key
         if not live:
             return None
@@ -263,6 +287,32 @@ class Scheduler:
             self._costs[slot] = _CostFit(rows, compute_ns, rows * rows, rows * compute_ns)
         else:
             fit.update(rows, compute_ns)
+
+    def online_present(self, now_ns: int) -> bool:
+        """Whether online rows keep arriving (recently enough to pace background work)."""
+        rows = sum(a.decayed(now_ns) for k, a in self._arrivals.items() if not is_background(k))
+        return rows >= ONLINE_PRESENT_ROWS
+
+    def background_wait_ms(self, now_ns: int) -> float:
+        """How long background work must still wait before its next batch (0: it may go
+        now; inf: until the batch in flight is done). Always 0 without online traffic."""
+        if self._background_duty >= 1 or not self.online_present(now_ns):
+            return 0.0
+        if self._bg_in_flight:
+            return math.inf
+        return max(0.0, (self._bg_resume_ns - now_ns) / NS_PER_MS)
+
+    def background_started(self) -> None:
+        """A background batch was picked (its rows go to compute)."""
+        self._bg_in_flight += 1
+
+    def background_done(self, started_ns: int, ended_ns: int) -> None:
+        """The background batch picked at `started_ns` is done (results written, or given
+        up); the next one may start after a pause in proportion to its span."""
+        self._bg_in_flight = max(0, self._bg_in_flight - 1)
+        span = max(0, ended_ns - started_ns)
+        pause = span * (1 - self._background_duty) / self._background_duty
+        self._bg_resume_ns = max(self._bg_resume_ns, ended_ns + round(pause))
 
     @property
     def background_time_share(self) -> float:
