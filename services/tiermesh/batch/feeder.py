@@ -36,6 +36,8 @@ from tiermesh.router.text import TextEncoder
 log = structlog.get_logger("tiermesh.batch.feeder")
 # Rounds while no job is active come this many feed intervals apart (20 ms -> 0.5 s).
 IDLE_INTERVALS = 25
+# Inputs prepared (decoded, tokenized, encoded) between two yields to the event loop.
+ENTRIES_PER_YIELD = 8
 
 
 class Feeder:
@@ -92,7 +94,12 @@ class Feeder:
             if cfg is None or n == 0:
                 continue
             raw = await self._store.inputs(job_id, job.fed, n)
-            entries = [self._entry(cfg, job, job.fed + i, r) for i, r in enumerate(raw)]
+            entries = []
+            for i, r in enumerate(raw):
+                entries.append(self._entry(cfg, job, job.fed + i, r))
+                if i % ENTRIES_PER_YIELD == ENTRIES_PER_YIELD - 1:
+                    # Online Route calls share this event loop: let them in between.
+                    await asyncio.sleep(0)
             if entries and await self._store.feed(job_id, job.fed, entries) >= 0:
                 queued += len(entries)
         return queued

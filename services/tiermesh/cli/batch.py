@@ -60,7 +60,12 @@ def read_inputs(path: Path) -> Iterator[tuple[str | None, dict[str, Any] | None]
         for n, line in enumerate(f, 1):
             if not line.strip():
                 continue
-            doc = json.loads(line)
+            try:
+                doc = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise SystemExit(f"{path}:{n}: not JSON: {exc}") from None
+            if not isinstance(doc, dict):
+                raise SystemExit(f"{path}:{n}: a line needs 'text' or 'inputs'")
             if "text" in doc:
                 yield str(doc["text"]), None
             elif "inputs" in doc:
@@ -82,6 +87,23 @@ def _tensor(name: str, spec: dict[str, Any]) -> TensorData:
 
 _NP = {"FP32": np.float32, "FP64": np.float64, "INT64": np.int64, "INT32": np.int32,
        "FP16": np.float16, "INT8": np.int8, "UINT8": np.uint8, "BOOL": np.bool_}  # fmt: skip
+
+
+def check_inputs(path: Path) -> int:
+    """Read the whole file once before anything is sent: a bad line stops the submission
+    with its line number (raised inside the streaming call it would hang it). The count."""
+    if not path.is_file():
+        raise SystemExit(f"{path}: no such file")
+    n = 0
+    for n, (_, tensors) in enumerate(read_inputs(path), 1):
+        for name, spec in (tensors or {}).items():
+            try:
+                _tensor(name, spec)
+            except (KeyError, TypeError, ValueError) as exc:
+                raise SystemExit(f"{path}: input {n}: tensor {name!r}: {exc!r}") from None
+    if n == 0:
+        raise SystemExit(f"{path}: no inputs")
+    return n
 
 
 def _chunks(args: argparse.Namespace) -> Iterator[batch_pb2.SubmitChunk]:
@@ -147,6 +169,7 @@ def cmd_batch(args: argparse.Namespace) -> int:
     stub, meta = _stub(args)
     try:
         if args.action == "submit":
+            check_inputs(Path(args.input))
             before = _scrape(args.metrics_url)
             reply = stub.Submit(_chunks(args), metadata=meta)
             print(reply.job_id)
