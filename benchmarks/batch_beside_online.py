@@ -107,6 +107,9 @@ def main() -> None:
     )
     p.add_argument("--rounds", type=int, default=3, help="alone/beside pairs, order alternating")
     p.add_argument("--env", action="append", default=[], help="K=V for every mesh process")
+    p.add_argument(
+        "--batch-pool", action="store_true", help="tiermesh up --batch-pool (a niced batch worker)"
+    )
     args = p.parse_args()
     env = dict(kv.split("=", 1) for kv in args.env)
     rows: list[tuple[float, float, float]] = []
@@ -118,6 +121,7 @@ def main() -> None:
             metrics_port=0,
             http_port=-1,
             tiers=("center",),
+            batch_pool=args.batch_pool,
             extra_env={"TIERMESH_LOG_LEVEL": "warning", **env},
         )
         mesh = Mesh(opts)
@@ -150,7 +154,10 @@ def main() -> None:
     beside_m = statistics.median(b for _, b, _ in rows)
     ratio_m = statistics.median(b / a for a, b, _ in rows)
     rate_m = statistics.median(r for _, _, r in rows)
-    print(f"online load: {args.rate:.0f} req/s of echo, {args.seconds:.0f} s per phase, {env}")
+    pool = ", batch pool" if args.batch_pool else ""
+    print(
+        f"online load: {args.rate:.0f} req/s of echo, {args.seconds:.0f} s per phase, {env}{pool}"
+    )
     print(f"medians of {len(rows)} rounds (phases alternating alone/beside):")
     print(f"online p99 alone:              {alone_m:8.2f} ms")
     print(f"online p99 beside a batch job: {beside_m:8.2f} ms")

@@ -43,11 +43,11 @@ class UpProcess:
                 continue
             for name in ("gateway", "router", "worker", "postprocess"):
                 if f"tiermesh.{name}" in cmdline:
-                    if (
-                        name == "worker"
-                        and _environ(stat.parent).get("TIERMESH_WORKER_TIER") == "edge"
-                    ):
+                    environ = _environ(stat.parent) if name == "worker" else {}
+                    if environ.get("TIERMESH_WORKER_TIER") == "edge":
                         name = "worker-edge"
+                    elif environ.get("TIERMESH_WORKER_ONLINE") == "false":
+                        name = "worker-batch"
                     found[name] = int(stat.parent.name)
             if "redis-server" in cmdline:
                 found["redis"] = int(stat.parent.name)

@@ -8,6 +8,7 @@ import os
 import signal
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import grpc
 import numpy as np
@@ -97,3 +98,37 @@ def test_5000_texts_exactly_once_through_worker_and_redis_kills(
         inp.set_data_from_numpy(np.array([[texts[i].encode()]], dtype=object))
         online = client.infer("echo", [inp]).as_numpy("ECHO")
         assert online is not None and online.reshape(-1)[0].decode() == batch_answers[i]
+
+
+def _nice(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[16])
+
+
+def test_a_batch_pool_takes_the_job_at_the_lowest_cpu_priority(
+    new_up: Callable[..., UpProcess],
+) -> None:
+    """`tiermesh up --batch-pool`: one more center worker, niced to 19, reads the job's
+    background streams; the online worker reads none of them and only it is registered
+    for online admission."""
+    up = new_up(up_args=["--batch-pool"], span_files=False)
+    children = up.children()
+    assert _nice(children["worker-batch"]) == 19
+    assert _nice(children["worker"]) == 0
+    texts = [f"pooled document {i}" for i in range(300)]
+    with grpc.insecure_channel(up.url) as channel:
+        stub = batch_pb2_grpc.BatchJobsStub(channel)
+        job = stub.Submit(_chunks(texts), timeout=60)
+        _wait_done(stub, job.job_id, len(texts), 90)
+        results = list(stub.Results(batch_pb2.ResultsRequest(job_id=job.job_id), timeout=60))
+    assert [r.index for r in results] == list(range(len(texts)))
+    r = redis.Redis.from_url(up.redis_url())
+    unit = "echo@1.fp32"
+    background = keys.background_streams(unit, "center", 1)[0].name
+    readers = [c["name"] for c in r.xinfo_consumers(background, keys.GROUP)]
+    assert len(readers) == 1, readers  # the pool alone
+    assert r.zcard(keys.workers_key(unit, "center")) == 1  # only the online worker
+    client = grpcclient.InferenceServerClient(up.url)
+    inp = grpcclient.InferInput("TEXT", [1, 1], "BYTES")
+    inp.set_data_from_numpy(np.array([[b"online while pooled"]], dtype=object))
+    online = client.infer("echo", [inp]).as_numpy("ECHO")
+    assert online is not None and online.reshape(-1)[0] == b"online while pooled"

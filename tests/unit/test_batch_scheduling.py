@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import math
 
 import pytest
@@ -22,6 +23,8 @@ from tiermesh.batch.plan import (
     summary,
 )
 from tiermesh.core.keys import BACKGROUND_PRIORITY
+from tiermesh.core.settings import WorkerSettings
+from tiermesh.worker.__main__ import serve
 from tiermesh.worker.scheduler import Scheduler
 
 BG = BACKGROUND_PRIORITY
@@ -188,3 +191,9 @@ def test_online_p99_from_histogram_scrapes() -> None:
     assert delta == {0.01: 50.0, 0.1: 60.0, math.inf: 60.0}
     assert math.isclose(histogram_quantile(0.99, delta), 0.01 + 0.09 * (59.4 - 50) / 10)
     assert math.isnan(histogram_quantile(0.99, {}))
+
+
+async def test_a_batch_pool_worker_must_take_batch_jobs() -> None:
+    settings = WorkerSettings(worker_online=False, batch_jobs=False)
+    with pytest.raises(ValueError, match="batch pool worker"):
+        await serve(settings, asyncio.Event())

@@ -45,6 +45,7 @@ def cmd_up(args: argparse.Namespace) -> int:
             trace_ui=os.environ.get("TIERMESH_TRACE_UI", "") not in ("", "0", "false"),
             tiers=tuple(t.strip() for t in args.tiers.split(",") if t.strip()),
             edge_threads=args.edge_threads,
+            batch_pool=args.batch_pool,
             edge_link_ms=args.edge_link_ms,
             tls=_tls_files(args),
         )
@@ -211,6 +212,12 @@ def parser() -> argparse.ArgumentParser:
     up.add_argument("--tiers", default="center,edge", help="worker tiers to start")
     up.add_argument(
         "--edge-threads", type=int, default=1, help="onnxruntime threads of the edge worker"
+    )
+    up.add_argument(
+        "--batch-pool",
+        action="store_true",
+        help="one more center worker for batch jobs only, at the lowest CPU priority "
+        "(the online workers then take none): protects online latency on few cores",
     )
     up.add_argument(
         "--edge-link-ms",

@@ -142,6 +142,11 @@ class WorkerSettings(ServiceSettings):
     # take (each is followed by a pause in proportion), so that their CPU does not slow
     # online requests on the same cores; 1: no pacing. Without online traffic: full speed.
     batch_background_duty: float = Field(default=0.5, gt=0, le=1)
+    # false: a batch pool worker - it reads only batch-job (background) streams and never
+    # registers for online admission. With worker_nice > 0 the process lowers its CPU
+    # priority by that much at start (os.nice), so on shared cores online work goes first.
+    worker_online: bool = True
+    worker_nice: int = Field(default=0, ge=0, le=19)
 
     @property
     def model_names(self) -> list[str]:

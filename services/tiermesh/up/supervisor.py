@@ -56,6 +56,9 @@ class UpOptions:
     # Worker tiers to start; the edge worker gets fewer onnxruntime threads.
     tiers: tuple[str, ...] = ("center", "edge")
     edge_threads: int = 1
+    # A batch pool: one more worker on the center tier that takes only batch-job work, at
+    # the lowest CPU priority (nice 19); the online workers then take none.
+    batch_pool: bool = False
     # Added round trip (ms) on the edge worker's links to redis and postprocess; 0 = none.
     edge_link_ms: float = 0.0
     ready_timeout_s: float = 60.0
@@ -78,6 +81,9 @@ class Service:
 
 # Process name of each tier's worker.
 WORKERS = {"center": "worker", "edge": "worker-edge"}
+# The batch pool's worker (UpOptions.batch_pool).
+BATCH_WORKER = "worker-batch"
+BATCH_POOL_NICE = 19
 # Latency proxies between the edge worker and what it talks to in the center.
 EDGE_LINKS = ("edge-link-redis", "edge-link-postprocess")
 
@@ -176,7 +182,8 @@ class Mesh:
         if opts.trace_ui:
             self.trace_ui = start_trace_ui(opts.data_dir)
         ports = {
-            k: free_port() for k in ("router", "postprocess", "worker", "worker-edge", "delivery")
+            k: free_port()
+            for k in ("router", "postprocess", "worker", "worker-edge", BATCH_WORKER, "delivery")
         }
         if self.http_port == 0:
             self.http_port = free_port()
@@ -211,6 +218,7 @@ class Mesh:
                 for tier in ("center", "edge")
                 if tier in opts.tiers
             ),
+            *([(BATCH_WORKER, f"127.0.0.1:{ports[BATCH_WORKER]}")] if opts.batch_pool else []),
             # A TLS-only public port: its health is checked on the Delivery port (up/tls.py).
             (
                 "gateway",
@@ -226,6 +234,16 @@ class Mesh:
             edge_link = self._start_edge_links(env)
         for name, address in plan:
             child_env = {**env, "TIERMESH_METRICS_PORT": str(self.metrics_ports[name])}
+            if opts.batch_pool and name in WORKERS.values():
+                child_env["TIERMESH_BATCH_JOBS"] = "false"  # the batch pool takes that work
+            if name == BATCH_WORKER:
+                child_env.update(
+                    TIERMESH_WORKER_TIER="center",
+                    TIERMESH_WORKER_HEALTH_PORT=str(ports[name]),
+                    TIERMESH_WORKER_ONLINE="false",
+                    TIERMESH_BATCH_JOBS="true",
+                    TIERMESH_WORKER_NICE=str(BATCH_POOL_NICE),
+                )
             if name == WORKERS["edge"]:
                 # The edge tier: its own heartbeats and streams, deliberately less compute,
                 # and (with edge_link_ms) a slow link to the center.
@@ -235,7 +253,8 @@ class Mesh:
                     TIERMESH_INTRA_OP_THREADS=str(opts.edge_threads),
                     **edge_link,
                 )
-            module = "tiermesh.worker" if name in WORKERS.values() else f"tiermesh.{name}"
+            worker = name in WORKERS.values() or name == BATCH_WORKER
+            module = "tiermesh.worker" if worker else f"tiermesh.{name}"
             svc = self._spawn(name, python_module(module), child_env, address)
             self._wait_started(svc, tls.internal)
 
@@ -286,7 +305,7 @@ class Mesh:
     def stop(self) -> dict[str, int]:
         """Stop in drain order; returns each process's exit code."""
         codes: dict[str, int] = {}
-        order = ["gateway", "router", *WORKERS.values(), *EDGE_LINKS, "postprocess"]
+        order = ["gateway", "router", *WORKERS.values(), BATCH_WORKER, *EDGE_LINKS, "postprocess"]
         for name in order:
             for svc in self.services:
                 if svc.name == name:

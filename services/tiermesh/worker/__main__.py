@@ -47,6 +47,11 @@ async def serve(
     telemetry: Telemetry | None = None,
     ready: ReadyCallback | None = None,
 ) -> None:
+    if not settings.worker_online and not settings.batch_jobs:
+        raise ValueError(
+            "TIERMESH_WORKER_ONLINE=false makes a batch pool worker: it needs "
+            "TIERMESH_BATCH_JOBS=true, or it would read nothing"
+        )
     telemetry = telemetry or Telemetry("worker", settings.trace_dir)
     repo = ModelRepository(settings.model_repository)
     configs = repo.load()
@@ -107,6 +112,7 @@ async def serve(
         else None,
         background_share=settings.batch_background_share,
         background_duty=settings.batch_background_duty,
+        online=settings.worker_online,
     )
     server = make_server(telemetry)
     health = add_health(server)
@@ -167,6 +173,8 @@ async def serve(
 async def _main() -> None:
     settings = WorkerSettings()
     configure_logging("worker", settings.log_level, settings.log_format)
+    if settings.worker_nice:
+        os.nice(settings.worker_nice)  # a batch pool: online work on these cores goes first
     await serve(settings, stop_event_on_signals(), ready=settle_heap)
 
 

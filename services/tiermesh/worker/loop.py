@@ -78,7 +78,11 @@ class Worker:
         background: BackgroundResults | None = None,
         background_share: float = 0.0,
         background_duty: float = 1.0,
+        online: bool = True,
     ) -> None:
+        # False: a batch pool worker, reading only background streams and never registered
+        # for online admission (no heartbeat), so routers never count on it.
+        self._online = online
         # Batch-job work (background streams): read, computed in the gaps of online work
         # and written into its job; None: this worker takes none.
         self._background = background
@@ -135,6 +139,7 @@ class Worker:
         online = [
             k
             for unit in self.serving
+            if self._online
             for k in keys.stream_keys(
                 unit,
                 self.tier,
@@ -152,7 +157,7 @@ class Worker:
 
     async def run(self) -> None:
         await self._streams.ensure_groups(self._keys)
-        await self._streams.heartbeat(self.serving, self.tier, self._hb_ttl_ms)
+        await self._beat(self.serving)
         self.started.set()
         for unit in self.serving:
             self._unit_metric(unit, True)
@@ -578,10 +583,15 @@ class Worker:
         except (aioredis.RedisError, OSError):
             log.warning("could not deregister worker")
 
+    async def _beat(self, units: list[str]) -> None:
+        """Register `units` as served here for online admission (not from a batch pool)."""
+        if self._online:
+            await self._streams.heartbeat(units, self.tier, self._hb_ttl_ms)
+
     async def _heartbeat(self) -> None:
         while not self._leaving:
             try:
-                await self._streams.heartbeat(self.serving, self.tier, self._hb_ttl_ms)
+                await self._beat(self.serving)
             except (aioredis.RedisError, OSError) as exc:
                 log.warning("heartbeat failed", error=str(exc))
             await asyncio.sleep(self._hb_interval_s)
@@ -619,7 +629,7 @@ class Worker:
         if opened:
             # Groups first, then the heartbeat: from then on routers admit work for them.
             await self._streams.ensure_groups(k for k in self._keys if k.model in opened)
-            await self._streams.heartbeat(opened, self.tier, self._hb_ttl_ms)
+            await self._beat(opened)
             for unit in opened:
                 self._unit_metric(unit, True)
 
