@@ -216,8 +216,8 @@ def parser() -> argparse.ArgumentParser:
     up.add_argument(
         "--batch-pool",
         action="store_true",
-        help="one more center worker for batch jobs only, at the lowest CPU priority "
-        "(the online workers then take none): protects online latency on few cores",
+        help="one more center worker for batch jobs only, at nice 19 (the online workers "
+        "then take none): batch work on a pool of its own",
     )
     up.add_argument(
         "--edge-link-ms",

@@ -57,7 +57,8 @@ class UpOptions:
     tiers: tuple[str, ...] = ("center", "edge")
     edge_threads: int = 1
     # A batch pool: one more worker on the center tier that takes only batch-job work, at
-    # the lowest CPU priority (nice 19); the online workers then take none.
+    # the lowest CPU priority (nice 19); the online workers then take none. Unpaced: on one
+    # small machine it raises online latency (it drives the feeder and Redis at full rate).
     batch_pool: bool = False
     # Added round trip (ms) on the edge worker's links to redis and postprocess; 0 = none.
     edge_link_ms: float = 0.0
