@@ -18,13 +18,10 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-# Fixed so that the bytes, and so the sha256 recorded in provenance and configs, do not
-# depend on the installed onnx version. Opset 17 is the first with LayerNormalization.
-IR_VERSION = 8
-OPSET = 17
+from tiermesh.convert.onnx_graph import GraphBuilder
+
 PRODUCER = "tiermesh.convert.bert_graph"
 PRODUCER_VERSION = "1"
 
@@ -134,27 +131,18 @@ def _checked(weights: Mapping[str, np.ndarray], cfg: BertConfig) -> dict[str, np
     return out
 
 
-class _Graph:
-    """Collects nodes and initializers; names every node after its output."""
+class _Graph(GraphBuilder):
+    """The encoder's builder: torch-named weights, Linear layers."""
 
     def __init__(self, weights: dict[str, np.ndarray]) -> None:
+        super().__init__()
         self.weights = weights
-        self.nodes: list[onnx.NodeProto] = []
-        self.inits: list[TensorProto] = []
-
-    def const(self, name: str, value: np.ndarray) -> str:
-        self.inits.append(numpy_helper.from_array(value, name))
-        return name
 
     def weight(self, key: str, transpose: bool = False) -> str:
         # torch Linear stores [out, in]; MatMul wants [in, out] as a constant initializer
         # so that dynamic quantization recognises it as a weight.
         value = self.weights[key]
         return self.const(key, np.ascontiguousarray(value.T) if transpose else value)
-
-    def op(self, op_type: str, inputs: list[str], output: str, **attrs: Any) -> str:
-        self.nodes.append(helper.make_node(op_type, inputs, [output], name=output, **attrs))
-        return output
 
     def linear(self, x: str, key: str, out: str) -> str:
         y = self.op("MatMul", [x, self.weight(f"{key}.weight", transpose=True)], f"{out}/matmul")
@@ -254,8 +242,7 @@ def build_bert_onnx(weights: Mapping[str, np.ndarray], config: BertConfig) -> by
         x = _feed_forward(g, config, x, n, "last_hidden_state" if last else f"l{n}/out")
     if config.num_hidden_layers == 0:
         x = g.op("Identity", [x], "last_hidden_state")
-    graph = helper.make_graph(
-        g.nodes,
+    model = g.model(
         "bert_encoder",
         [
             helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["batch", "sequence"]),
@@ -268,14 +255,6 @@ def build_bert_onnx(weights: Mapping[str, np.ndarray], config: BertConfig) -> by
                 "last_hidden_state", TensorProto.FLOAT, ["batch", "sequence", config.hidden_size]
             )
         ],
-        initializer=g.inits,
+        (PRODUCER, PRODUCER_VERSION),
     )
-    model = helper.make_model(
-        graph,
-        opset_imports=[helper.make_opsetid("", OPSET)],
-        ir_version=IR_VERSION,
-        producer_name=PRODUCER,
-        producer_version=PRODUCER_VERSION,
-    )
-    onnx.checker.check_model(model)
     return bytes(model.SerializeToString())
