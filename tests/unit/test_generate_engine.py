@@ -13,6 +13,7 @@ from tests.unit.test_llama_convert import write_tiny_gguf
 from tiermesh.convert.llama import convert_gguf
 from tiermesh.convert.llama_check import greedy
 from tiermesh.generate.engine import Engine, Event
+from tiermesh.generate.inputs import Sampling
 from tiermesh.generate.scheduler import GenRequest, Limits, SeqState
 from tiermesh.worker.runner import session_options
 
@@ -188,3 +189,28 @@ def test_oversized_request_rejected(session: ort.InferenceSession) -> None:
     with pytest.raises(ValueError):
         engine.submit(GenRequest("dup", (1,), 1))
         engine.submit(GenRequest("dup", (1,), 1))
+
+
+def test_a_seeded_sampled_request_gives_the_same_tokens_batched_or_alone(
+    session: ort.InferenceSession,
+) -> None:
+    """Per-request sampling (generate/sampling.py): its own seeded stream, so batching it
+    with other requests changes nothing; another seed gives other tokens."""
+    # The tiny random model's logits are very peaked: a high temperature (beyond what
+    # parse_inputs lets a client ask) flattens them so that the seed matters.
+    warm = Sampling(temperature=100.0, top_p=0.95, seed=11)
+
+    def sampled(seed: int, with_others: bool) -> list[int]:
+        engine = Engine(session, stop_ids=(), limits=Limits(max_sequences=4, step_tokens=16))
+        s = Sampling(warm.temperature, warm.top_p, seed)
+        engine.submit(GenRequest("s", PROMPTS["p7"], max_new_tokens=20, sampling=s))
+        if with_others:
+            engine.submit(GenRequest("g", PROMPTS["p12"], max_new_tokens=20))
+            engine.submit(GenRequest("o", PROMPTS["p3"], max_new_tokens=20, sampling=warm))
+        tokens, _ = run_all(engine)
+        return tokens["s"]
+
+    alone = sampled(11, with_others=False)
+    assert sampled(11, with_others=True) == alone
+    assert sampled(12, with_others=False) != alone
+    assert len(set(alone)) > 1  # sampled, not the tiny model's repeated argmax

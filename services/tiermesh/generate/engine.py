@@ -27,18 +27,19 @@ from typing import Literal
 import numpy as np
 import onnxruntime as ort
 
+from tiermesh.generate.sampling import choose, generator
 from tiermesh.generate.scheduler import GenRequest, Limits, SeqState, leave_reason, plan_step
 
 EventKind = Literal["token", "done", "rejected"]
 
-# Chooses the next token from the logits [vocab] of a sequence's last fed position. The seam
-# for sampling (temperature, top_p, a per-request seed would come from the request); only
-# greedy exists for now.
+# Chooses the next token from the logits [vocab] of a sequence's last fed position. None
+# (the default): each request's own `sampling` (greedy, or top-p at a temperature with its
+# seed; generate/sampling.py).
 TokenChooser = Callable[[np.ndarray, SeqState], int]
 
 
 def greedy(logits: np.ndarray, seq: SeqState) -> int:
-    """Argmax: temperature 0."""
+    """Argmax: temperature 0, whatever the request asked."""
     return int(np.argmax(logits))
 
 
@@ -62,13 +63,15 @@ class Engine:
         stop_ids: Collection[int],
         limits: Limits,
         clock_ns: Callable[[], int] = time.time_ns,
-        choose: TokenChooser = greedy,
+        choose: TokenChooser | None = None,
     ) -> None:
         self._session = session
         self._stop_ids = frozenset(stop_ids)
         self._limits = limits
         self._clock_ns = clock_ns
-        self._choose = choose
+        self._choose = choose or self._sample
+        # request id -> its random stream (seeded by its sampling.seed) while it runs
+        self._rngs: dict[str, np.random.Generator] = {}
         self._past_names = [
             i.name for i in session.get_inputs() if i.name.startswith("past_key_values.")
         ]
@@ -103,10 +106,9 @@ class Engine:
             if req.request_id == request_id:
                 del self._waiting[i]
                 return True
-        for i, seq in enumerate(self._running):
+        for seq in self._running:
             if seq.request_id == request_id:
-                del self._running[i]
-                self._cache.pop(request_id, None)
+                self._release(request_id)
                 return True
         return False
 
@@ -172,6 +174,14 @@ class Engine:
     def _release(self, request_id: str) -> None:
         self._running = [s for s in self._running if s.request_id != request_id]
         self._cache.pop(request_id, None)
+        self._rngs.pop(request_id, None)
+
+    def _sample(self, logits: np.ndarray, seq: SeqState) -> int:
+        sampling = seq.request.sampling
+        rng = self._rngs.get(seq.request_id)
+        if rng is None:
+            rng = self._rngs[seq.request_id] = generator(sampling)
+        return choose(logits, sampling, rng)
 
     def _empty_cache(self) -> dict[str, np.ndarray]:
         return {n: np.zeros((h, 0, d), np.float32) for n, (h, d) in self._kv_dims.items()}

@@ -24,6 +24,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
+from tiermesh.generate.inputs import Sampling
+
+GREEDY = Sampling()  # what a request gets unless it asks otherwise
+
 LeaveReason = Literal["stop", "length", "deadline"]
 RejectReason = Literal["deadline", "too_large"]
 
@@ -40,6 +44,7 @@ class GenRequest:
     deadline_ns: int = 0
     arrived_ns: int = 0
     stop_ids: frozenset[int] = frozenset()
+    sampling: Sampling = GREEDY
 
     def __post_init__(self) -> None:
         if not self.prompt:
