@@ -20,6 +20,7 @@ from tritonclient.utils import InferenceServerException
 
 from tests.e2e.conftest import UpProcess, start_up
 from tests.e2e.test_requests_e2e import mlp_input, worker_paused
+from tests.polling import eventually
 from tiermesh.core.keys import StreamKey, compute_unit
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
@@ -38,15 +39,6 @@ def up(tmp_path_factory: pytest.TempPathFactory) -> Iterator[UpProcess]:
 
 def spans_where(up: UpProcess, **attrs: Any) -> list[dict[str, Any]]:
     return [s for s in up.spans() if all(s["attributes"].get(k) == v for k, v in attrs.items())]
-
-
-def eventually(check: Any, what: str, timeout_s: float = 20) -> Any:
-    """Poll `check` until it returns something truthy, bounded by `timeout_s`."""
-    deadline = time.monotonic() + timeout_s
-    while not (found := check()):
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
-    return found
 
 
 def request_id_of(up: UpProcess, client_request_id: str) -> str:

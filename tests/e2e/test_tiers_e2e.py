@@ -17,6 +17,7 @@ import pytest
 import tritonclient.grpc as grpcclient
 
 from tests.e2e.conftest import UpProcess, _environ
+from tests.polling import eventually
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 SHORT = "a short sentence"
@@ -39,14 +40,6 @@ def restart_worker(env: dict[str, str]) -> subprocess.Popen[bytes]:
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
-
-
-def eventually(check: Callable[[], Any], what: str, timeout_s: float = 30) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while not (found := check()):
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.1)
-    return found
 
 
 def test_tiers_by_cost_and_edge_failover(

@@ -11,7 +11,7 @@ import re
 import subprocess
 import time
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -28,6 +28,7 @@ from tritonclient.utils import InferenceServerException, np_to_triton_dtype
 
 from tests.conftest import copy_model
 from tests.e2e.conftest import UpProcess, start_up
+from tests.polling import eventually
 from tiermesh.core import keys
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
@@ -192,13 +193,6 @@ def test_grpc_model_control(mesh: UpProcess) -> None:
         client.load_model("nope")
 
 
-def _until(check: Callable[[], bool], what: str, timeout_s: float = 30) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not check():
-        assert time.monotonic() < deadline, f"timed out waiting until {what}"
-        time.sleep(0.05)
-
-
 def _loaded_gauge(metrics_url: str, model: str) -> float | None:
     """The worker's tiermesh_worker_model_loaded for (model, version 1, center)."""
     with urllib.request.urlopen(metrics_url, timeout=10) as resp:
@@ -223,9 +217,9 @@ def test_model_control_reaches_the_workers(mesh: UpProcess) -> None:
         with pytest.raises(InferenceServerException) as err:
             client.infer("simple", grpc_inputs(X0, X1))
         assert err.value.status() == "StatusCode.UNAVAILABLE"
-        _until(lambda: r.zcard(worker_set) == 0, "the worker left simple's worker set")
-        _until(lambda: _loaded_gauge(metrics, "simple") == 0.0, "the worker closed the session")
-        _until(
+        eventually(lambda: r.zcard(worker_set) == 0, "the worker left simple's worker set")
+        eventually(lambda: _loaded_gauge(metrics, "simple") == 0.0, "the worker closed the session")
+        eventually(
             lambda: (
                 '"model unloaded; session closed"' in mesh.log.read_text()
                 and '"unit": "simple@1.fp32"' in mesh.log.read_text()

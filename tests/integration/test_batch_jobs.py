@@ -7,8 +7,6 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
-import time
-from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import grpc
@@ -18,6 +16,7 @@ import redis.asyncio as aioredis
 import tritonclient.grpc.aio as aioclient
 
 from tests.integration.conftest import start_mesh
+from tests.polling import until
 from tiermesh.batch.feeder import Feeder
 from tiermesh.batch.plan import job_streams
 from tiermesh.batch.store import DEFAULT_RETENTION_S, BatchStore
@@ -28,13 +27,6 @@ from tiermesh.core.wire import tensor_from_proto
 from tiermesh.v1 import batch_pb2, batch_pb2_grpc
 
 pytestmark = pytest.mark.integration
-
-
-async def _until(check: Callable[[], Awaitable[bool]], timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not await check():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        await asyncio.sleep(0.02)
 
 
 async def _submit(stub: batch_pb2_grpc.BatchJobsStub, texts: list[str]) -> batch_pb2.BatchJob:
@@ -75,7 +67,7 @@ async def test_small_job_every_result_exactly_once(redis_url: str, model_repo: P
                 assert s.fed - s.done - s.errors <= 40
                 return bool(s.status == "done")
 
-            await _until(done, 60, "the job to finish")
+            await until(done, "the job to finish", 60)
             status = await stub.Status(batch_pb2.JobRef(job_id=job.job_id))
             assert (status.done, status.errors, status.fed) == (300, 0, 300)
             results = [r async for r in stub.Results(batch_pb2.ResultsRequest(job_id=job.job_id))]
@@ -113,7 +105,7 @@ async def test_cancel_frees_queues_within_a_batch(redis_url: str, model_repo: Pa
             async def started() -> bool:
                 return bool((await stub.Status(ref)).done > 0)
 
-            await _until(started, 30, "the first results")
+            await until(started, "the first results", 30)
             cancelled = await stub.Cancel(ref)
             assert cancelled.status == "cancelled"
             store = BatchStore(redis)
@@ -130,7 +122,7 @@ async def test_cancel_frees_queues_within_a_batch(redis_url: str, model_repo: Pa
                 pending = [await redis.xpending(s.name, keys.GROUP) for s in streams]
                 return all(p["pending"] == 0 for p in pending)
 
-            await _until(settled, 10, "the worker to drop what it had read")
+            await until(settled, "the worker to drop what it had read", 10)
             # What was read but not computed is skipped; nothing more is written or fed.
             assert await store.result_count(job.job_id) == written
             after = await store.get(job.job_id)

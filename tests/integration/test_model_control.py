@@ -6,9 +6,7 @@ what two gateways counted."""
 from __future__ import annotations
 
 import asyncio
-import time
 import urllib.request
-from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import numpy as np
@@ -19,6 +17,7 @@ from tritonclient.utils import InferenceServerException, np_to_triton_dtype
 
 from tests.conftest import copy_model, copy_repository
 from tests.integration.conftest import _start, start_mesh
+from tests.polling import until
 from tiermesh.core import keys
 from tiermesh.core.settings import GatewaySettings
 from tiermesh.gateway.__main__ import serve as serve_gateway
@@ -43,14 +42,6 @@ async def check_sums(client: aioclient.InferenceServerClient, model: str) -> Non
     result = await client.infer(model, inputs(X0, X1))
     np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), X0 + X1)
     np.testing.assert_array_equal(result.as_numpy("OUTPUT1"), X0 - X1)
-
-
-async def until(check: Callable[[], Awaitable[bool]], what: str, timeout_s: float = 20) -> None:
-    """Poll `check` until true; fail with `what` after the deadline."""
-    deadline = time.monotonic() + timeout_s
-    while not await check():
-        assert time.monotonic() < deadline, f"timed out waiting until {what}"
-        await asyncio.sleep(0.02)
 
 
 def fetch(url: str) -> str:
