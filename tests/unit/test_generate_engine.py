@@ -9,13 +9,10 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
-from tests.unit.test_llama_convert import write_tiny_gguf
-from tiermesh.convert.llama import convert_gguf
 from tiermesh.convert.llama_check import greedy
 from tiermesh.generate.engine import Engine, Event
 from tiermesh.generate.inputs import Sampling
 from tiermesh.generate.scheduler import GenRequest, Limits, SeqState
-from tiermesh.worker.runner import session_options
 
 PROMPTS = {
     "p3": (5, 17, 42),
@@ -33,12 +30,9 @@ class FakeClock:
         return self.now
 
 
-@pytest.fixture(scope="module")
-def session(tmp_path_factory: pytest.TempPathFactory) -> ort.InferenceSession:
-    d = tmp_path_factory.mktemp("tiny_decoder")
-    write_tiny_gguf(d / "tiny.gguf")
-    convert_gguf(d / "tiny.gguf", d / "tiny.onnx")
-    return ort.InferenceSession(str(d / "tiny.onnx"), session_options(1))
+@pytest.fixture
+def session(tiny_decoder: ort.InferenceSession) -> ort.InferenceSession:
+    return tiny_decoder
 
 
 def run_all(engine: Engine, max_steps: int = 500) -> tuple[dict[str, list[int]], list[Event]]:
