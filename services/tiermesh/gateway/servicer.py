@@ -294,10 +294,13 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
     async def _await_result(self, job: Job) -> JobResult:
         """Route the job and wait for its result until its deadline; exactly one answer."""
         future = self._pending.register(job.request_id)
-        routed = False
+        # From the moment the Route call is out the job may sit in a stream, even before the
+        # router's reply is back: a caller who leaves from then on is marked as gone.
+        queued = False
         recorder = self._up.recorder
         try:
             try:
+                queued = True
                 routed_to = await self._up.router.route(job, self._remaining_s(job))
             except MeshError as err:
                 if err.retry_after_ms is not None:  # no room or no time: shed this class
@@ -305,7 +308,6 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
                     key, now = _shed_key(job), self._clock_ns()
                     self._shedder.refused(key, err.retry_after_ms, now, late=late)
                 raise
-            routed = True
             self.accepted += 1
             if routed_to.shadow_request_id and recorder is not None:
                 recorder.mirrored(routed_to.shadow_request_id, job.model, job.deadline_ns)
@@ -326,7 +328,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
             return result.with_(timing=result.timing.with_(delivered_ns=self._clock_ns()))
         except asyncio.CancelledError:
             # wait_for cancels the future it waited on: a cancelled future has no answer.
-            if routed and (not future.done() or future.cancelled()):
+            if queued and (not future.done() or future.cancelled()):
                 # The caller gave up: tell the workers, so the request is not computed.
                 ms_left = int(self._remaining_s(job) * 1000)
                 await asyncio.shield(self._up.cancellations.mark(job.request_id, ms_left))
