@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import signal
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -18,6 +17,7 @@ import tritonclient.grpc as grpcclient
 
 from tests.e2e.conftest import UpProcess
 from tests.e2e.test_faults_e2e import FAST_RECOVERY, wait_replaced
+from tests.polling import eventually
 from tiermesh.core import keys
 from tiermesh.core.tensors import split_bytes
 from tiermesh.core.wire import tensor_from_proto
@@ -37,13 +37,13 @@ def _status(stub: batch_pb2_grpc.BatchJobsStub, job_id: str) -> batch_pb2.BatchJ
 
 
 def _wait_done(stub: batch_pb2_grpc.BatchJobsStub, job_id: str, at_least: int, t: float) -> int:
-    deadline = time.monotonic() + t
-    while True:
+    def reached() -> batch_pb2.BatchJob | None:
         s = _status(stub, job_id)
-        if s is not None and (s.done + s.errors >= at_least or s.status == "done"):
-            return int(s.done)
-        assert time.monotonic() < deadline, f"job stuck at {s}"
-        time.sleep(0.05)
+        return (
+            s if s is not None and (s.done + s.errors >= at_least or s.status == "done") else None
+        )
+
+    return int(eventually(reached, f"job {job_id} to reach {at_least} results", t).done)
 
 
 def _chunks(texts: list[str]) -> Iterator[batch_pb2.SubmitChunk]:

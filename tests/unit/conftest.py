@@ -5,7 +5,7 @@ from __future__ import annotations
 import onnxruntime as ort
 import pytest
 
-from tests.unit.test_llama_convert import write_tiny_gguf
+from tests.tiny_llama import write_tiny_gguf
 from tiermesh.convert.llama import convert_gguf
 from tiermesh.worker.runner import session_options
 

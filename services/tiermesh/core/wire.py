@@ -8,7 +8,7 @@ from __future__ import annotations
 from tiermesh.core.errors import code_from_int, code_to_int
 from tiermesh.core.jobs import Job, JobResult, Timing
 from tiermesh.core.tensors import TensorData
-from tiermesh.v1 import job_pb2, tensor_pb2
+from tiermesh.v1 import batch_pb2, job_pb2, tensor_pb2
 
 
 def tensor_to_proto(t: TensorData) -> tensor_pb2.Tensor:
@@ -89,6 +89,18 @@ def job_from_proto(msg: job_pb2.Job) -> Job:
 
 def encode_job(job: Job) -> bytes:
     return bytes(job_to_proto(job).SerializeToString())
+
+
+def encode_batch_result(index: int, result: JobResult) -> bytes:
+    """A batch job's stored result for input `index` (what the JobService streams back)."""
+    msg = batch_pb2.BatchResult(
+        index=index,
+        code=code_to_int(result.code),
+        message=result.message,
+        outputs=[tensor_to_proto(t) for t in result.outputs],
+    )
+    data: bytes = msg.SerializeToString()
+    return data
 
 
 def decode_job(data: bytes) -> Job:

@@ -12,7 +12,7 @@ import grpc
 from tiermesh.batch.plan import FINISHED, JobRecord, job_streams
 from tiermesh.batch.store import BatchStore
 from tiermesh.core.errors import MeshError, invalid, not_found, shown
-from tiermesh.core.grpc_errors import grpc_method
+from tiermesh.core.grpc_errors import fail_call, grpc_method
 from tiermesh.core.jobs import Job
 from tiermesh.core.repository import ModelConfig, ModelRepository
 from tiermesh.core.tensors import BYTES, TensorData
@@ -123,7 +123,7 @@ class BatchJobsServicer(batch_pb2_grpc.BatchJobsServicer):
         try:
             job = await self._own(context, request.job_id)
         except MeshError as err:
-            await context.abort(err.code, err.message)
+            fail_call(context, err.code, err.message)
             return
         end = job.total if not request.limit else min(job.total, request.start + request.limit)
         for start in range(request.start, end, RESULTS_PAGE):

@@ -12,12 +12,10 @@ import grpc
 
 from tiermesh.batch.plan import CANCELLED, INDEX_ANNOTATION, JOB_ANNOTATION
 from tiermesh.batch.store import BatchStore
-from tiermesh.core.errors import code_to_int
 from tiermesh.core.jobs import JobResult
 from tiermesh.core.model_config import ModelConfig
-from tiermesh.core.wire import tensor_to_proto
+from tiermesh.core.wire import encode_batch_result
 from tiermesh.postprocess.steps import Steps
-from tiermesh.v1 import batch_pb2
 from tiermesh.worker.batching import QueuedJob
 
 
@@ -28,18 +26,6 @@ def job_of(annotations: Mapping[str, str]) -> tuple[str, int] | None:
     if not job_id or not index.isdigit():
         return None
     return job_id, int(index)
-
-
-def result_payload(index: int, result: JobResult) -> bytes:
-    """The stored form of one result (what `tiermesh batch results` reads back)."""
-    msg = batch_pb2.BatchResult(
-        index=index,
-        code=code_to_int(result.code),
-        message=result.message,
-        outputs=[tensor_to_proto(t) for t in result.outputs],
-    )
-    data: bytes = msg.SerializeToString()
-    return data
 
 
 class BackgroundResults:
@@ -74,7 +60,7 @@ class BackgroundResults:
             if j is None:
                 continue
             r = self._steps.apply(r)
-            by_job[j[0]].append((j[1], result_payload(j[1], r), r.code == grpc.StatusCode.OK))
+            by_job[j[0]].append((j[1], encode_batch_result(j[1], r), r.code == grpc.StatusCode.OK))
         written = 0
         for job_id, items in by_job.items():
             written += max(await self._store.record(job_id, items), 0)

@@ -9,7 +9,7 @@ import dataclasses
 import math
 import time
 from collections import defaultdict
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 
 import grpc
 import redis.asyncio as aioredis
@@ -474,39 +474,42 @@ class Worker:
         When the hand-off keeps failing they stay pending for recovery. (With nothing to
         hand off - every request cascaded to another tier - it only acknowledges.)
         Batch-job results go into their job instead (worker/background.py)."""
-        if self._background is not None and is_background(key):
-            if not await self._write_background(key, done):
+        background = self._background
+        if background is not None and is_background(key):
+            # Written once all the same when computed again after Redis stayed away.
+            if not await self._retrying(
+                lambda: background.write(done),
+                (aioredis.RedisError, OSError),
+                "batch results not written",
+            ):
+                log.error("batch results gave up; entries stay pending", stream=key.name)
                 return
-            done = []
-        for attempt in range(HANDOFF_ATTEMPTS if done else 0):
-            try:
-                await self._handoff.process(done)
-                break
-            except grpc.aio.AioRpcError as exc:
-                log.warning("hand-off failed", attempt=attempt + 1, code=exc.code().name)
-                await asyncio.sleep(min(0.1 * 2**attempt, 1.0))
-        else:
-            if done:
-                log.error("hand-off gave up; entries stay pending", stream=key.name, n=len(batch))
-                return
+        elif done and not await self._retrying(
+            lambda: self._handoff.process(done), (grpc.aio.AioRpcError,), "hand-off failed"
+        ):
+            log.error("hand-off gave up; entries stay pending", stream=key.name, n=len(batch))
+            return
         rate = self._drain_rate(key, len(batch), max(self._clock_ns() - started, interval))
         try:
             await self._streams.done(key, [q.entry_id for q in batch], rate)
         except (aioredis.RedisError, OSError):
             log.error("ack failed; entries will be delivered again", stream=key.name)
 
-    async def _write_background(self, key: StreamKey, done: list[JobResult]) -> bool:
-        """Write batch-job results into their jobs, retrying; False when Redis stays away
-        (the entries then stay pending and are computed again: written once all the same)."""
-        assert self._background is not None
+    @staticmethod
+    async def _retrying(
+        call: Callable[[], Awaitable[object]],
+        errors: tuple[type[Exception], ...],
+        failed: str,
+    ) -> bool:
+        """`call` until it succeeds, HANDOFF_ATTEMPTS times at most with a doubling pause;
+        False when every attempt failed with one of `errors`."""
         for attempt in range(HANDOFF_ATTEMPTS):
             try:
-                await self._background.write(done)
+                await call()
                 return True
-            except (aioredis.RedisError, OSError) as exc:
-                log.warning("batch results not written", attempt=attempt + 1, error=str(exc))
+            except errors as exc:
+                log.warning(failed, attempt=attempt + 1, error=str(exc))
                 await asyncio.sleep(min(0.1 * 2**attempt, 1.0))
-        log.error("batch results gave up; entries stay pending", stream=key.name)
         return False
 
     def _drain_rate(self, key: StreamKey, entries: int, period_ns: int) -> float:
