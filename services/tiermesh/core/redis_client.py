@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import redis.asyncio as aioredis
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+from redis.exceptions import ConnectionError
 
 # Enough for a service's concurrent calls; beyond it callers wait for a free connection
 # (redis-py's default pool raises MaxConnectionsError at 100 instead, which surfaced as
@@ -14,6 +17,10 @@ POOL_WAIT_S = 5.0
 # poll_block_ms (well under SOCKET_TIMEOUT_S).
 CONNECT_TIMEOUT_S = 1.0
 SOCKET_TIMEOUT_S = 5.0
+# A pooled connection that Redis closed (it restarted) fails on its next command; it is
+# opened again and the command sent once more. Only for a closed connection: a timeout is
+# a hung Redis, where a retry would only double the wait.
+RECONNECT_RETRIES = 1
 
 
 def connect(url: str) -> aioredis.Redis:
@@ -24,5 +31,7 @@ def connect(url: str) -> aioredis.Redis:
         timeout=POOL_WAIT_S,
         socket_connect_timeout=CONNECT_TIMEOUT_S,
         socket_timeout=SOCKET_TIMEOUT_S,
+        retry=Retry(NoBackoff(), RECONNECT_RETRIES),
+        retry_on_error=[ConnectionError],
     )
     return aioredis.Redis.from_pool(pool)  # owns the pool: aclose() closes it
