@@ -18,6 +18,7 @@ from tritonclient.utils import InferenceServerException
 
 from tests.conftest import DRIFTING, FAILING, GOOD, copy_repository
 from tests.integration.conftest import InProcessMesh, start_mesh
+from tests.polling import until
 from tiermesh.core import keys
 from tiermesh.core.repository import ModelConfig, ModelRepository
 from tiermesh.rollout.commands import Rollouts
@@ -190,8 +191,12 @@ async def test_gateway_records_outcomes_per_version_and_drift_of_mirrored_reques
         await client.close()
     assert canary.cosine_mean is not None and canary.cosine_mean < 0.99
     assert canary.ok >= 3  # shadow answers count as the canary's
-    deadline = time.monotonic() + 10
-    while (await store.window(MODEL, FAILING, seconds)).errors < 1:
-        assert time.monotonic() < deadline, "the failing version's answer was not recorded"
+
+    async def failure_recorded() -> bool:
+        # The window as of now: the failing call may have landed in a later second.
+        now_seconds = window_seconds(time.time(), 60, state.started_ms)
+        return (await store.window(MODEL, FAILING, now_seconds)).errors >= 1
+
+    await until(failure_recorded, "the failing version's answer to be recorded", 10)
     stable = await store.window(MODEL, GOOD, window_seconds(time.time(), 60))
     assert stable.ok >= 3 and stable.errors == 0 and stable.p99_ms() is not None
