@@ -179,12 +179,23 @@ def cmd_models(args: argparse.Namespace) -> int:
 
 
 def _fetch(root: Path, args: argparse.Namespace) -> list[str]:
+    """Fetches the named models (all when none is named); returns the names fetched."""
+    from tiermesh.convert import smollm2
     from tiermesh.convert.fetch import default_cache_dir
     from tiermesh.convert.minilm import MODELS, fetch_minilm
 
+    known = [*MODELS, smollm2.NAME]
+    names = list(dict.fromkeys(args.names or known))
+    if unknown := [n for n in names if n not in known]:
+        raise ValueError(f"unknown model(s) {unknown}; known: {known}")
     cache = Path(args.cache_dir) if args.cache_dir else default_cache_dir()
-    folders = fetch_minilm(root, cache, progress=True, which=args.names or list(MODELS))
-    return list(folders)
+    made: list[str] = []
+    if minilm := [n for n in names if n in MODELS]:
+        made += fetch_minilm(root, cache, progress=True, which=minilm)
+    if smollm2.NAME in names:
+        smollm2.fetch_smollm2(root, cache, progress=True)
+        made.append(smollm2.NAME)
+    return made
 
 
 def parser() -> argparse.ArgumentParser:

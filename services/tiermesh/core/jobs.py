@@ -52,6 +52,21 @@ class Timing:
 
 
 @dataclass(frozen=True, slots=True)
+class Generation:
+    """What a request to a generative model asks for, as checked by the gateway
+    (tiermesh.generate.inputs). `seed` is always set: the caller's, or one drawn from the
+    request id, so a redelivered request samples the same tokens again. `stream`: the caller
+    reads pieces as they are produced (partial results), not only the whole answer."""
+
+    max_new_tokens: int
+    temperature: float = 0.0
+    top_p: float = 1.0
+    seed: int = 0
+    stop: tuple[str, ...] = ()
+    stream: bool = False
+
+
+@dataclass(frozen=True, slots=True)
 class Job:
     request_id: str
     model: str
@@ -69,6 +84,7 @@ class Job:
     timing: Timing = field(default_factory=Timing)
     trace_context: Mapping[str, str] = field(default_factory=dict)
     annotations: Mapping[str, str] = field(default_factory=dict)
+    generation: Generation | None = None
 
     @property
     def rows(self) -> int:
@@ -96,6 +112,10 @@ class JobResult:
     trace_context: Mapping[str, str] = field(default_factory=dict)
     annotations: Mapping[str, str] = field(default_factory=dict)
     aux: tuple[TensorData, ...] = ()
+    # A piece of a generative answer (outputs: the text since the previous piece, starting
+    # at character `text_offset` of the answer); the final result is not partial.
+    partial: bool = False
+    text_offset: int = 0
 
     @classmethod
     def for_job(cls, job: Job, **fields: object) -> JobResult:

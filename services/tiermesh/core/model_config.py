@@ -127,6 +127,28 @@ class CascadeSpec:
 
 
 @dataclass(frozen=True, slots=True)
+class GenerationSpec:
+    """A generative model (text in, text out, token by token): the router applies the chat
+    template and tokenizes; a worker runs it with continuous batching (tiermesh.generate).
+
+    `context_length` bounds prompt + max_new_tokens of one request; `max_new_tokens` is the
+    most a request may ask for. The engine bounds: `max_sequences` running at once,
+    `max_kv_tokens` reserved in the KV pool by all of them, `prefill_chunk` prompt tokens
+    per sequence and step, `step_tokens` tokens fed per step."""
+
+    tokenizer_file: str = "tokenizer.json"
+    # chat template, stop token ids (written by `tiermesh models fetch`)
+    chat_file: str = "chat.json"
+    context_length: int = 2048
+    max_new_tokens: int = 512
+    max_prompt_bytes: int = 16_384
+    max_sequences: int = 8
+    max_kv_tokens: int = 8192
+    prefill_chunk: int = 64
+    step_tokens: int = 256
+
+
+@dataclass(frozen=True, slots=True)
 class ModelConfig:
     name: str
     platform: str
@@ -173,6 +195,7 @@ class ModelConfig:
     # the latest); `canary:` says how a canary version is judged against it.
     stable_version: str = ""
     canary: CanarySpec = field(default_factory=CanarySpec)
+    generation: GenerationSpec | None = None
 
     @property
     def queue_model(self) -> str:
@@ -287,6 +310,7 @@ def parse_config(raw: Any, where: str) -> ModelConfig:
         scheduling = _optional(raw, "scheduling") or {}
         cache = _optional(raw, "response_cache") or {}
         cascade = _optional(raw, "cascade")
+        generation = _optional(raw, "generation")
         max_batch = int(raw.get("max_batch_size", 0))
         buckets = _buckets(
             raw.get("length_buckets") or [],
@@ -345,6 +369,7 @@ def parse_config(raw: Any, where: str) -> ModelConfig:
             )
             if cascade
             else None,
+            generation=_generation(generation) if generation is not None else None,
             stable_version=str(raw.get("stable_version", "") or ""),
             canary=parse_canary(_optional(raw, "canary")),
             tiers=tuple(
@@ -365,7 +390,62 @@ def parse_config(raw: Any, where: str) -> ModelConfig:
     return cfg
 
 
+def _generation(raw: dict[str, Any]) -> GenerationSpec:
+    known = set(GenerationSpec.__slots__)
+    names = {"tokenizer": "tokenizer_file", "chat": "chat_file"}
+    fields = {names.get(k, k): v for k, v in raw.items()}
+    if unknown := set(fields) - known:
+        raise RepositoryError(f"generation: unknown key(s) {sorted(unknown)}")
+    values: dict[str, Any] = {
+        k: str(v) if k.endswith("_file") else int(v) for k, v in fields.items()
+    }
+    return GenerationSpec(**values)
+
+
+def _check_generation(cfg: ModelConfig, where: str) -> None:
+    gen = cfg.generation
+    if gen is None:
+        return
+    numbers = {
+        "context_length": gen.context_length,
+        "max_new_tokens": gen.max_new_tokens,
+        "max_prompt_bytes": gen.max_prompt_bytes,
+        "max_sequences": gen.max_sequences,
+        "max_kv_tokens": gen.max_kv_tokens,
+        "prefill_chunk": gen.prefill_chunk,
+        "step_tokens": gen.step_tokens,
+    }
+    if bad := [k for k, v in numbers.items() if v < 1]:
+        raise RepositoryError(f"{where}: generation {', '.join(bad)} must be >= 1")
+    if gen.max_new_tokens >= gen.context_length:
+        raise RepositoryError(f"{where}: generation max_new_tokens must be < context_length")
+    # Any request the gateway accepts fits the pool alone, so none waits for ever.
+    if gen.max_kv_tokens < gen.context_length:
+        raise RepositoryError(f"{where}: generation max_kv_tokens must be >= context_length")
+    if gen.step_tokens < gen.max_sequences:
+        raise RepositoryError(f"{where}: generation step_tokens must be >= max_sequences")
+    if (
+        cfg.tiers
+        or cfg.length_buckets
+        or cfg.tokenize
+        or cfg.pool
+        or cfg.cascade
+        or cfg.response_cache.enabled
+    ):
+        raise RepositoryError(
+            f"{where}: a generative model has no tiers, length_buckets, tokenize, pool, "
+            "cascade or response_cache (it runs on center, one bucket)"
+        )
+    if [(t.name, t.datatype) for t in cfg.inputs] != [("text_input", "BYTES")] or [
+        (t.name, t.datatype) for t in cfg.outputs
+    ] != [("text_output", "BYTES")]:
+        raise RepositoryError(
+            f"{where}: a generative model takes text_input (BYTES) and gives text_output (BYTES)"
+        )
+
+
 def _check(cfg: ModelConfig, where: str) -> None:
+    _check_generation(cfg, where)
     if not NAME.match(cfg.name):
         raise RepositoryError(f"{where}: model name {cfg.name!r} must match {NAME.pattern}")
     if not cfg.versions:

@@ -27,16 +27,21 @@ def is_served(unloaded: Collection[str], model: str, version: str) -> bool:
 
 
 def worker_units(
-    configs: Mapping[str, ModelConfig], names: Iterable[str], unloaded: Collection[str]
+    configs: Mapping[str, ModelConfig],
+    names: Iterable[str],
+    unloaded: Collection[str],
+    generative: bool = False,
 ) -> dict[str, ModelConfig]:
     """The compute units a worker should have sessions for: every (version, variant) of the
     models it serves (`names`; empty: every model of the repository that is not a
-    companion), less what is unloaded. Names the repository does not hold are skipped."""
+    companion), less what is unloaded. Names the repository does not hold are skipped.
+    Batched models only, or (`generative`) generative models only: each kind has its own
+    loop (worker/loop.py, worker/generation.py)."""
     wanted = list(names) or sorted(n for n, c in configs.items() if not c.companion_of)
     out = {}
     for name in wanted:
         cfg = configs.get(name)
-        if cfg is None or cfg.companion_of:
+        if cfg is None or cfg.companion_of or (cfg.generation is not None) != generative:
             continue
         for ver in cfg.versions:
             if not is_served(unloaded, cfg.name, ver.version):

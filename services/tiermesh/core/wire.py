@@ -6,7 +6,7 @@ Only servicers, gRPC clients and stream codecs call these; domain code never see
 from __future__ import annotations
 
 from tiermesh.core.errors import code_from_int, code_to_int
-from tiermesh.core.jobs import Job, JobResult, Timing
+from tiermesh.core.jobs import Generation, Job, JobResult, Timing
 from tiermesh.core.tensors import TensorData
 from tiermesh.v1 import batch_pb2, job_pb2, tensor_pb2
 
@@ -63,6 +63,29 @@ def job_to_proto(job: Job) -> job_pb2.Job:
         timing=timing_to_proto(job.timing),
         trace_context=dict(job.trace_context),
         annotations=dict(job.annotations),
+        generation=generation_to_proto(job.generation) if job.generation else None,
+    )
+
+
+def generation_to_proto(g: Generation) -> job_pb2.Generation:
+    return job_pb2.Generation(
+        max_new_tokens=g.max_new_tokens,
+        temperature=g.temperature,
+        top_p=g.top_p,
+        seed=g.seed,
+        stop=g.stop,
+        stream=g.stream,
+    )
+
+
+def generation_from_proto(msg: job_pb2.Generation) -> Generation:
+    return Generation(
+        max_new_tokens=msg.max_new_tokens,
+        temperature=msg.temperature,
+        top_p=msg.top_p,
+        seed=msg.seed,
+        stop=tuple(msg.stop),
+        stream=msg.stream,
     )
 
 
@@ -84,6 +107,7 @@ def job_from_proto(msg: job_pb2.Job) -> Job:
         timing=timing_from_proto(msg.timing),
         trace_context=dict(msg.trace_context),
         annotations=dict(msg.annotations),
+        generation=generation_from_proto(msg.generation) if msg.HasField("generation") else None,
     )
 
 
@@ -129,6 +153,8 @@ def result_to_proto(r: JobResult) -> job_pb2.Result:
         aux=[tensor_to_proto(t) for t in r.aux],
         variant=r.variant,
         worker=r.worker,
+        partial=r.partial,
+        text_offset=r.text_offset,
     )
 
 
@@ -152,4 +178,6 @@ def result_from_proto(msg: job_pb2.Result) -> JobResult:
         aux=tuple(tensor_from_proto(t) for t in msg.aux),
         variant=msg.variant,
         worker=msg.worker,
+        partial=msg.partial,
+        text_offset=msg.text_offset,
     )

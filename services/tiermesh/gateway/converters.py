@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 from tritonclient.grpc import model_config_pb2, service_pb2
 
@@ -9,6 +11,7 @@ from tiermesh.core.errors import invalid, shown
 from tiermesh.core.jobs import JobResult
 from tiermesh.core.repository import ModelConfig, TensorSpec
 from tiermesh.core.tensors import BYTES, TensorData, join_bytes
+from tiermesh.gateway.generation import PARAMETERS as GENERATION_PARAMETERS
 from tiermesh.gateway.requests import InferRequest
 
 # InferTensorContents field and numpy dtype for each datatype a client may send typed.
@@ -50,6 +53,22 @@ def _param_str(params: object, key: str) -> str:
     if p.WhichOneof("parameter_choice") != "string_param":
         raise invalid(f"parameter '{key}' must be a string")
     return str(p.string_param)
+
+
+def _param_values(params: object, keys: tuple[str, ...]) -> dict[str, object]:
+    """The named request parameters as Python values, for checks that know their types."""
+    out: dict[str, object] = {}
+    for key in keys:
+        if key in params:  # type: ignore[operator]
+            p = params[key]  # type: ignore[index]
+            which = p.WhichOneof("parameter_choice")
+            out[key] = getattr(p, which) if which else None
+    if isinstance(stop := out.get("stop"), str) and stop.startswith("["):
+        try:  # a list of stop strings travels as one JSON string parameter
+            out["stop"] = json.loads(stop)
+        except ValueError:
+            raise invalid("parameter 'stop': a JSON list of strings expected") from None
+    return out
 
 
 def _typed_contents(t: service_pb2.ModelInferRequest.InferInputTensor) -> bytes:
@@ -102,6 +121,7 @@ def infer_request(msg: service_pb2.ModelInferRequest) -> InferRequest:
         timeout_us=_param_int(msg.parameters, "timeout"),
         variant=_param_str(msg.parameters, "variant"),
         sticky_key=_param_str(msg.parameters, "sticky_key"),
+        parameters=_param_values(msg.parameters, GENERATION_PARAMETERS),
     )
 
 
@@ -128,6 +148,21 @@ def infer_response(
     return resp
 
 
+# Triton's response parameter that marks the last response of a request on a stream.
+FINAL_RESPONSE = "triton_final_response"
+
+
+def piece_response(result: JobResult, piece: TensorData) -> service_pb2.ModelInferResponse:
+    """A streamed piece of a generative answer: its text and nothing more, not final."""
+    resp = service_pb2.ModelInferResponse(
+        model_name=result.model, model_version=result.version, id=result.client_request_id
+    )
+    resp.outputs.add(name=piece.name, datatype=piece.datatype, shape=piece.shape)
+    resp.raw_output_contents.append(piece.raw)
+    resp.parameters[FINAL_RESPONSE].bool_param = False
+    return resp
+
+
 def response_facts(
     result: JobResult, responded_ns: int, cache_hit: bool = False
 ) -> dict[str, float | int | str | bool]:
@@ -147,12 +182,25 @@ def response_facts(
     for key in ("tokens", "padded_tokens"):
         if key in result.annotations:
             facts[key] = int(result.annotations[key])
+    for key, kind in GENERATION_FACTS.items():
+        if key in result.annotations:
+            facts[key] = kind(result.annotations[key])
     if "truncated" in result.annotations:
         facts["truncated"] = result.annotations["truncated"] == "true"
     if result.annotations.get("cascaded") == "true":
         facts["cascaded"] = True
         facts["edge_confidence"] = float(result.annotations.get("edge_confidence", "nan"))
     return facts
+
+
+# What a generative answer tells its caller (worker annotations -> response parameters).
+GENERATION_FACTS: dict[str, type[int] | type[float] | type[str]] = {
+    "prompt_tokens": int,
+    "generated_tokens": int,
+    "ttft_ms": float,
+    "tpot_ms": float,
+    "finish_reason": str,
+}
 
 
 def _shape(cfg: ModelConfig, spec: TensorSpec) -> list[int]:
@@ -188,6 +236,8 @@ def model_config(cfg: ModelConfig) -> service_pb2.ModelConfigResponse:
         config.input.add(name=spec.name, data_type=_config_type(spec.datatype), dims=spec.dims)
     for spec in cfg.outputs:
         config.output.add(name=spec.name, data_type=_config_type(spec.datatype), dims=spec.dims)
+    # Triton's flag for a model that answers a request with several responses (a stream).
+    config.model_transaction_policy.decoupled = cfg.generation is not None
     config.dynamic_batching.max_queue_delay_microseconds = int(cfg.max_batch_wait_ms * 1000)
     config.dynamic_batching.priority_levels = cfg.priority_levels
     config.dynamic_batching.default_priority_level = cfg.default_priority

@@ -19,6 +19,7 @@ from tiermesh.core.errors import invalid, shown, unavailable
 from tiermesh.core.grpc_errors import grpc_method
 from tiermesh.core.repository import ModelConfig
 from tiermesh.gateway.control import ModelControl, check_allowed, version_parameter
+from tiermesh.gateway.pending import PartialCallback
 from tiermesh.gateway.requests import InferRequest, find_model
 from tiermesh.gateway.servicer import Answer, Caller, InferenceServicer, caller_of
 from tiermesh.gateway.statistics import model_stats_doc
@@ -59,7 +60,11 @@ class TritonServicer(InferenceServicer):
     # -- transport-neutral ------------------------------------------------------------
 
     async def infer(
-        self, model_name: str, parse: Callable[[], InferRequest], caller: Caller
+        self,
+        model_name: str,
+        parse: Callable[[], InferRequest],
+        caller: Caller,
+        on_partial: PartialCallback | None = None,
     ) -> Answer:
         """InferenceServicer.infer, refusing models unloaded through model control."""
         cfg = self._repo.get(model_name)
@@ -74,7 +79,7 @@ class TritonServicer(InferenceServicer):
                 self.control.check_served(cfg, req.version)
             return req
 
-        return await super().infer(model_name, served, caller)
+        return await super().infer(model_name, served, caller, on_partial)
 
     def _visible(self, metadata: Metadata) -> list[ModelConfig]:
         """The models the caller may use (all of them when the port is unauthenticated)."""

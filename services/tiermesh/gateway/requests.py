@@ -6,7 +6,8 @@ problem; `effective_deadline_ns` and `priority_level` turn request parameters in
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 
 from tiermesh.core.errors import invalid, not_found, shown, shown_shape
 from tiermesh.core.repository import ModelConfig, ModelRepository
@@ -28,6 +29,9 @@ class InferRequest:
     # The `sticky_key` request parameter: requests with one key see one version of a model
     # during a canary rollout ("" = the tenant's, else the request id's).
     sticky_key: str = ""
+    # Generation parameters (max_new_tokens, temperature, ...) as the caller sent them
+    # (int, float, str or bool); only a generative model reads them.
+    parameters: Mapping[str, object] = field(default_factory=dict)
 
 
 def find_model(repo: ModelRepository, name: str, version: str) -> ModelConfig:

@@ -28,8 +28,9 @@ from tiermesh.core.wire import result_from_proto
 from tiermesh.gateway import converters
 from tiermesh.gateway.cache import cache_digest
 from tiermesh.gateway.capture import Capture, Observed
+from tiermesh.gateway.generation import generation_of
 from tiermesh.gateway.metrics import GatewayMetrics
-from tiermesh.gateway.pending import PendingRequests
+from tiermesh.gateway.pending import PartialCallback, PendingRequests
 from tiermesh.gateway.requests import (
     InferRequest,
     effective_deadline_ns,
@@ -127,19 +128,29 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
         )
         return converters.infer_response(answer.result, answer.responded_ns, answer.cache_hit)
 
+    def is_generative(self, model_name: str) -> bool:
+        cfg = self._repo.get(model_name)
+        return cfg is not None and cfg.generation is not None
+
     async def infer(
-        self, model_name: str, parse: Callable[[], InferRequest], caller: Caller
+        self,
+        model_name: str,
+        parse: Callable[[], InferRequest],
+        caller: Caller,
+        on_partial: PartialCallback | None = None,
     ) -> Answer:
         """The inference path of every transport (gRPC ModelInfer and ModelStreamInfer, the
         REST door): `parse` turns the transport's message into the domain request, after
         the caller's credentials were checked. Counts every answer by model and status code
         around `_infer`, and leaves its audit entry (when the port is authenticated).
-        Raises MeshError for every refusal."""
+        `on_partial` (a streaming caller) gets the pieces of a generative model's answer as
+        they come, before the final answer is returned. Raises MeshError for every
+        refusal."""
         call = _Call(request_id=uuid.uuid4().hex, received_ns=self._clock_ns(), model=model_name)
         model = model_name if self._repo.get(model_name) else "unknown"
         code = grpc.StatusCode.OK
         try:
-            answer = await self._infer(parse, caller, call)
+            answer = await self._infer(parse, caller, call, on_partial)
             call.result, call.cache_hit = answer.result, answer.cache_hit
             return answer
         except MeshError as err:
@@ -172,7 +183,11 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
                 self.capture.observe(call.observed(code.name, ended_ns))
 
     async def _infer(
-        self, parse: Callable[[], InferRequest], caller: Caller, call: _Call
+        self,
+        parse: Callable[[], InferRequest],
+        caller: Caller,
+        call: _Call,
+        on_partial: PartialCallback | None,
     ) -> Answer:
         received_ns = call.received_ns
         if self.draining:
@@ -190,6 +205,13 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
         cfg = find_model(self._repo, req.model, req.version)
         call.version = req.version
         validate(cfg, req)
+        generation = None
+        if cfg.generation is not None:
+            stream = on_partial is not None
+            params = dict(req.parameters)
+            generation = generation_of(cfg.generation, req.inputs, params, call.request_id, stream)
+        else:
+            on_partial = None
         job = Job(
             request_id=call.request_id,
             client_request_id=req.client_request_id,
@@ -212,6 +234,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
             timing=Timing(received_ns=received_ns),
             trace_context=inject_current(),
             annotations={STICKY_KEY: req.sticky_key} if req.sticky_key else {},
+            generation=generation,
         )
         call.variant = job.variant
         call.job = job
@@ -222,9 +245,15 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
         if tenant is not None:
             span.set_attribute("tiermesh.tenant", tenant.name)
         async with self._gate.hold(tenant, job.request_id, job.deadline_ns):
-            return await self._answer(cfg, job, call)
+            return await self._answer(cfg, job, call, on_partial)
 
-    async def _answer(self, cfg: model_config.ModelConfig, job: Job, call: _Call) -> Answer:
+    async def _answer(
+        self,
+        cfg: model_config.ModelConfig,
+        job: Job,
+        call: _Call,
+        on_partial: PartialCallback | None = None,
+    ) -> Answer:
         """From the response cache, or routed and awaited; the call counts against its
         tenant's limits meanwhile."""
         digest = self._cache_digest(cfg, job)
@@ -248,7 +277,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
                 "retry later",
                 shed_ms,
             )
-        result = await self._await_result(job)
+        result = await self._await_result(job, on_partial)
         call.variant = result.variant or call.variant
         call.result = result
         if result.code != grpc.StatusCode.OK:
@@ -291,9 +320,10 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
             cfg.name, job.version, job.variant, tenant, job.inputs, job.requested_outputs
         )
 
-    async def _await_result(self, job: Job) -> JobResult:
-        """Route the job and wait for its result until its deadline; exactly one answer."""
-        future = self._pending.register(job.request_id)
+    async def _await_result(self, job: Job, on_partial: PartialCallback | None) -> JobResult:
+        """Route the job and wait for its result until its deadline; exactly one answer
+        (and, for `on_partial`, the pieces before it)."""
+        future = self._pending.register(job.request_id, on_partial)
         # From the moment the Route call is out the job may sit in a stream, even before the
         # router's reply is back: a caller who leaves from then on is marked as gone.
         queued = False
@@ -415,6 +445,12 @@ class DeliveryServicer(delivery_pb2_grpc.DeliveryServicer):
         resolved = late = 0
         for msg in request.results:
             result = result_from_proto(msg)
+            if result.partial:  # a piece of a streamed answer: no span per token
+                if self._pending.resolve(result):
+                    resolved += 1
+                else:
+                    late += 1
+                continue
             if is_shadow(result):  # a canary's answer to a mirrored copy: nobody waits
                 if self._recorder is not None:
                     self._recorder.shadow(result)

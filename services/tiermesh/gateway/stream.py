@@ -1,8 +1,13 @@
-"""ModelStreamInfer for non-generative models: each request on the bidirectional stream is
-one ModelInfer through the same inference path, answered with one response carrying the
-request's id, as soon as it is ready (so not necessarily in the order sent: a client matches
-answers by id, as with Triton). A request that fails gets its error in `error_message` and
-does not end the stream.
+"""ModelStreamInfer: each request on the bidirectional stream is one ModelInfer through the
+same inference path, answered with one response carrying the request's id, as soon as it is
+ready (so not necessarily in the order sent: a client matches answers by id, as with
+Triton). A request that fails gets its error in `error_message` and does not end the stream.
+
+A request to a generative model is answered with several responses (a decoupled model, in
+Triton's words): one per piece of text as the worker produces it, then a last one with the
+rest of the text and the answer's facts, marked `triton_final_response` (the pieces are
+marked false). A client that leaves the stream cancels its requests: the workers stop
+generating them.
 
 Requests are taken off the stream while fewer than MAX_IN_FLIGHT of its requests are
 unanswered; beyond that the stream's flow control holds the client back.
@@ -19,7 +24,10 @@ from tritonclient.grpc import service_pb2
 
 from tiermesh.core.errors import INTERNAL_MESSAGE, MeshError
 from tiermesh.core.grpc_errors import REDIS_OUTAGE, REDIS_OUTAGE_MESSAGE
+from tiermesh.core.jobs import JobResult
 from tiermesh.gateway import converters
+from tiermesh.gateway.generation import TextCursor, result_text
+from tiermesh.generate.tensors import text_tensor
 
 if TYPE_CHECKING:
     from tiermesh.gateway.servicer import Caller, InferenceServicer
@@ -39,11 +47,22 @@ def _error(request: Any, message: str) -> service_pb2.ModelStreamInferResponse:
     )
 
 
-async def _answer(servicer: InferenceServicer, request: Any, caller: Caller) -> Any:
-    """The stream response for one request; never raises but for cancellation."""
+async def _answer(
+    servicer: InferenceServicer, request: Any, caller: Caller, out: asyncio.Queue[Any]
+) -> Any:
+    """The (last) stream response for one request; pieces of a generative answer go to
+    `out` before it. Never raises but for cancellation."""
+    cursor = TextCursor()
+
+    def piece(result: JobResult) -> None:
+        text = cursor.piece(result.text_offset, result_text(result))
+        if text:
+            response = converters.piece_response(result, text_tensor(text))
+            out.put_nowait(service_pb2.ModelStreamInferResponse(infer_response=response))
+
     try:
         answer = await servicer.infer(
-            request.model_name, lambda: converters.infer_request(request), caller
+            request.model_name, lambda: converters.infer_request(request), caller, piece
         )
     except MeshError as err:
         return _error(request, err.message)
@@ -54,7 +73,13 @@ async def _answer(servicer: InferenceServicer, request: Any, caller: Caller) -> 
     except Exception:
         log.exception("unexpected error on a stream request")
         return _error(request, INTERNAL_MESSAGE)
-    response = converters.infer_response(answer.result, answer.responded_ns, answer.cache_hit)
+    result = answer.result
+    generative = servicer.is_generative(result.model)
+    if generative:
+        result = result.with_(outputs=(text_tensor(cursor.rest(result_text(result))),))
+    response = converters.infer_response(result, answer.responded_ns, answer.cache_hit)
+    if generative:
+        response.parameters[converters.FINAL_RESPONSE].bool_param = True
     return service_pb2.ModelStreamInferResponse(infer_response=response)
 
 
@@ -71,7 +96,7 @@ async def stream_infer(
 
     async def one(request: Any) -> None:
         try:
-            await out.put(await _answer(servicer, request, caller()))
+            await out.put(await _answer(servicer, request, caller(), out))
         finally:
             slots.release()
 

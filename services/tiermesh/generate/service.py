@@ -61,6 +61,8 @@ class Stream:
     async def __aiter__(self) -> AsyncIterator[int]:
         while self.timings is None:
             event, at_ns = await self._events.get()
+            if self.timings is not None:
+                break  # cancelled meanwhile (cancel wakes a reader waiting here)
             if event.kind == "token":
                 assert isinstance(event.value, int)
                 self._token_ns.append(at_ns)
@@ -78,6 +80,7 @@ class Stream:
         self._service._cancel(self.request_id)
         if self.timings is None:
             self._finish("cancelled")
+            self._events.put_nowait((Event(self.request_id, "done", "cancelled"), 0))
 
 
 class GenerationService:
@@ -91,6 +94,9 @@ class GenerationService:
         self._cancelled: list[str] = []
         self._wake = asyncio.Event()
         self._stopping = False
+        # The engine's load as of its last step (read on the loop, between steps).
+        self.running = 0
+        self.reserved_tokens = 0
 
     def submit(self, request: GenRequest) -> Stream:
         """Queue a request (ValueError for an id in use); read its tokens from the stream."""
@@ -107,6 +113,10 @@ class GenerationService:
             self._cancelled.append(request_id)
             self._wake.set()
 
+    def _measure(self) -> None:
+        self.running = len(self._engine.running)
+        self.reserved_tokens = self._engine.reserved_tokens
+
     def stop(self) -> None:
         self._stopping = True
         self._wake.set()
@@ -120,6 +130,7 @@ class GenerationService:
             for request_id in self._cancelled:
                 self._engine.cancel(request_id)
             self._cancelled.clear()
+            self._measure()
             if self._engine.idle():
                 self._wake.clear()
                 if not self._incoming and not self._cancelled:
@@ -127,6 +138,7 @@ class GenerationService:
                 continue
             events = await asyncio.to_thread(self._engine.step)
             at_ns = self._clock_ns()
+            self._measure()
             for event in events:
                 stream = self._streams.get(event.request_id)
                 if stream is None:

@@ -36,6 +36,7 @@ from tiermesh.rollout.store import RolloutStore
 from tiermesh.router.admission import Admitter
 from tiermesh.router.health_metrics import HealthCollector
 from tiermesh.router.metrics import QueueCollector, RouterMetrics
+from tiermesh.router.prompt import PromptEncoder
 from tiermesh.router.servicer import RouterServicer
 from tiermesh.router.text import TextEncoder
 from tiermesh.v1 import router_pb2_grpc
@@ -55,7 +56,8 @@ async def serve(
     redis = connect(settings.redis_url)
     server = make_server(telemetry)
     encoders: dict[str, TextEncoder] = {}
-    add_encoders(repo, encoders, strict=True)
+    prompts: dict[str, PromptEncoder] = {}
+    add_encoders(repo, encoders, prompts, strict=True)
     control = ControlWatch(redis, repo)
     registry = new_registry()
     metrics = RouterMetrics(registry)
@@ -86,6 +88,7 @@ async def serve(
             metrics,
             rollouts=rollouts,
             control=control,
+            prompts=prompts,
         ),
         server,
     )
@@ -104,7 +107,7 @@ async def serve(
 
     async def on_control_change(_: ControlState) -> None:
         # The repository was re-read: a model added to the folder may need its tokenizer.
-        await asyncio.to_thread(add_encoders, repo, encoders)
+        await asyncio.to_thread(add_encoders, repo, encoders, prompts)
 
     # Owned here, cancelled on stop.
     loops = [
@@ -155,13 +158,18 @@ async def serve(
 
 
 def add_encoders(
-    repo: ModelRepository, encoders: dict[str, TextEncoder], strict: bool = False
+    repo: ModelRepository,
+    encoders: dict[str, TextEncoder],
+    prompts: dict[str, PromptEncoder],
+    strict: bool = False,
 ) -> None:
-    """A text encoder for every tokenized model of the repository that has none yet. A
-    tokenizer whose files do not check stops the start (`strict`); later (a model added to
-    the folder) it is left out and logged."""
+    """A text encoder for every tokenized model of the repository that has none yet, and a
+    prompt encoder for every generative one. A tokenizer whose files do not check stops the
+    start (`strict`); later (a model added to the folder) it is left out and logged."""
     for name, cfg in repo.configs.items():
-        if cfg.tokenize is None or name in encoders:
+        if cfg.tokenize is None and cfg.generation is None:
+            continue
+        if name in encoders or name in prompts:
             continue
         try:
             folder = repo.checked_folder(name)
@@ -170,7 +178,12 @@ def add_encoders(
                 raise
             log.error("tokenizer not loaded: files do not check", model=name, problem=str(exc))
             continue
-        encoders[name] = TextEncoder(folder / cfg.tokenize.tokenizer_file, cfg.tokenize.max_length)
+        if cfg.generation is not None:
+            prompts[name] = PromptEncoder(folder, cfg.generation)
+        elif cfg.tokenize is not None:
+            encoders[name] = TextEncoder(
+                folder / cfg.tokenize.tokenizer_file, cfg.tokenize.max_length
+            )
 
 
 async def _main() -> None:

@@ -17,6 +17,7 @@ from tiermesh.core.errors import (
     MeshError,
     deadline_exceeded,
     exhausted,
+    invalid,
     not_found,
     unavailable,
 )
@@ -28,11 +29,14 @@ from tiermesh.core.repository import ModelRepository
 from tiermesh.core.settings import RouterSettings
 from tiermesh.core.telemetry import Telemetry, inject_current
 from tiermesh.core.wire import encode_job, job_from_proto
+from tiermesh.generate.inputs import GenerationInputError
+from tiermesh.generate.tensors import prompt_of
 from tiermesh.rollout.cache import RolloutStates
 from tiermesh.rollout.split import ROLLOUT_ARM, SHADOW_OF, Placement, place
 from tiermesh.router.admission import Admission, Admitter
 from tiermesh.router.metrics import RouterMetrics
 from tiermesh.router.policy import DEFAULT_TIER, choose_stream, job_length
+from tiermesh.router.prompt import PromptEncoder
 from tiermesh.router.text import TextEncoder
 from tiermesh.router.tiers import choose_tier
 from tiermesh.v1 import router_pb2, router_pb2_grpc
@@ -52,7 +56,10 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
         clock_ns: Callable[[], int] = time.time_ns,
         rollouts: RolloutStates | None = None,
         control: ControlWatch | None = None,
+        prompts: Mapping[str, PromptEncoder] | None = None,
     ) -> None:
+        # Generative models' chat template and tokenizer, by model name.
+        self._prompts = prompts if prompts is not None else {}
         self._rollouts = rollouts
         self._control = control
         self._settings = settings
@@ -78,6 +85,8 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
             raise deadline_exceeded("deadline passed before the request was queued")
         if cfg.tokenize is not None:
             job = self._tokenize(cfg.name, job)
+        if cfg.generation is not None:
+            job = self._prompt(cfg.name, job)
         job, placement = self._version(cfg, job)
         await self._check_loaded(cfg, job.version)
         job, tier = await self._place(cfg, job, now)
@@ -197,6 +206,21 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
         variant = job.variant or tier.variant or cfg.default_variant
         trace.get_current_span().set_attribute("tiermesh.tier", tier.name)
         return dataclasses.replace(job, variant=variant), tier.name
+
+    def _prompt(self, model: str, job: Job) -> Job:
+        """A generative request's prompt, templated and tokenized; INVALID_ARGUMENT when it
+        does not fit the context."""
+        encoder = self._prompts.get(model)
+        if encoder is None or job.generation is None:
+            raise unavailable(f"model '{model}': its tokenizer is not loaded on this router")
+        with self._tracer.start_as_current_span("tokenize") as span:
+            try:
+                ids = encoder.encode(prompt_of(job.inputs), job.generation.max_new_tokens)
+            except GenerationInputError as exc:
+                raise invalid(str(exc)) from None
+            span.set_attribute("tiermesh.tokens", ids.shape[1])
+        annotations = {**job.annotations, "prompt_tokens": str(ids.shape[1])}
+        return dataclasses.replace(job, inputs=(ids,), annotations=annotations)
 
     def _tokenize(self, model: str, job: Job) -> Job:
         """Text in, token ids and attention mask out; `truncated` goes back to the caller."""

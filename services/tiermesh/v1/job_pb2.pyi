@@ -27,8 +27,24 @@ class Timing(_message.Message):
     enqueued_ns: int
     def __init__(self, received_ns: _Optional[int] = ..., routed_ns: _Optional[int] = ..., dequeued_ns: _Optional[int] = ..., batch_start_ns: _Optional[int] = ..., batch_end_ns: _Optional[int] = ..., postprocessed_ns: _Optional[int] = ..., delivered_ns: _Optional[int] = ..., enqueued_ns: _Optional[int] = ...) -> None: ...
 
+class Generation(_message.Message):
+    __slots__ = ("max_new_tokens", "temperature", "top_p", "seed", "stop", "stream")
+    MAX_NEW_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    TEMPERATURE_FIELD_NUMBER: _ClassVar[int]
+    TOP_P_FIELD_NUMBER: _ClassVar[int]
+    SEED_FIELD_NUMBER: _ClassVar[int]
+    STOP_FIELD_NUMBER: _ClassVar[int]
+    STREAM_FIELD_NUMBER: _ClassVar[int]
+    max_new_tokens: int
+    temperature: float
+    top_p: float
+    seed: int
+    stop: _containers.RepeatedScalarFieldContainer[str]
+    stream: bool
+    def __init__(self, max_new_tokens: _Optional[int] = ..., temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., seed: _Optional[int] = ..., stop: _Optional[_Iterable[str]] = ..., stream: _Optional[bool] = ...) -> None: ...
+
 class Job(_message.Message):
-    __slots__ = ("request_id", "client_request_id", "tenant", "model", "version", "variant", "priority", "bucket", "tier", "deadline_ns", "gateway", "inputs", "requested_outputs", "timing", "trace_context", "annotations")
+    __slots__ = ("request_id", "client_request_id", "tenant", "model", "version", "variant", "priority", "bucket", "tier", "deadline_ns", "gateway", "inputs", "requested_outputs", "timing", "trace_context", "annotations", "generation")
     class TraceContextEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -59,6 +75,7 @@ class Job(_message.Message):
     TIMING_FIELD_NUMBER: _ClassVar[int]
     TRACE_CONTEXT_FIELD_NUMBER: _ClassVar[int]
     ANNOTATIONS_FIELD_NUMBER: _ClassVar[int]
+    GENERATION_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     client_request_id: str
     tenant: str
@@ -75,10 +92,11 @@ class Job(_message.Message):
     timing: Timing
     trace_context: _containers.ScalarMap[str, str]
     annotations: _containers.ScalarMap[str, str]
-    def __init__(self, request_id: _Optional[str] = ..., client_request_id: _Optional[str] = ..., tenant: _Optional[str] = ..., model: _Optional[str] = ..., version: _Optional[str] = ..., variant: _Optional[str] = ..., priority: _Optional[int] = ..., bucket: _Optional[int] = ..., tier: _Optional[str] = ..., deadline_ns: _Optional[int] = ..., gateway: _Optional[str] = ..., inputs: _Optional[_Iterable[_Union[_tensor_pb2.Tensor, _Mapping]]] = ..., requested_outputs: _Optional[_Iterable[str]] = ..., timing: _Optional[_Union[Timing, _Mapping]] = ..., trace_context: _Optional[_Mapping[str, str]] = ..., annotations: _Optional[_Mapping[str, str]] = ...) -> None: ...
+    generation: Generation
+    def __init__(self, request_id: _Optional[str] = ..., client_request_id: _Optional[str] = ..., tenant: _Optional[str] = ..., model: _Optional[str] = ..., version: _Optional[str] = ..., variant: _Optional[str] = ..., priority: _Optional[int] = ..., bucket: _Optional[int] = ..., tier: _Optional[str] = ..., deadline_ns: _Optional[int] = ..., gateway: _Optional[str] = ..., inputs: _Optional[_Iterable[_Union[_tensor_pb2.Tensor, _Mapping]]] = ..., requested_outputs: _Optional[_Iterable[str]] = ..., timing: _Optional[_Union[Timing, _Mapping]] = ..., trace_context: _Optional[_Mapping[str, str]] = ..., annotations: _Optional[_Mapping[str, str]] = ..., generation: _Optional[_Union[Generation, _Mapping]] = ...) -> None: ...
 
 class Result(_message.Message):
-    __slots__ = ("request_id", "client_request_id", "model", "version", "gateway", "code", "message", "outputs", "timing", "trace_context", "tier", "priority", "bucket", "batch_size", "annotations", "aux", "variant", "worker")
+    __slots__ = ("request_id", "client_request_id", "model", "version", "gateway", "code", "message", "outputs", "timing", "trace_context", "tier", "priority", "bucket", "batch_size", "annotations", "aux", "variant", "worker", "partial", "text_offset")
     class TraceContextEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -111,6 +129,8 @@ class Result(_message.Message):
     AUX_FIELD_NUMBER: _ClassVar[int]
     VARIANT_FIELD_NUMBER: _ClassVar[int]
     WORKER_FIELD_NUMBER: _ClassVar[int]
+    PARTIAL_FIELD_NUMBER: _ClassVar[int]
+    TEXT_OFFSET_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     client_request_id: str
     model: str
@@ -129,4 +149,6 @@ class Result(_message.Message):
     aux: _containers.RepeatedCompositeFieldContainer[_tensor_pb2.Tensor]
     variant: str
     worker: str
-    def __init__(self, request_id: _Optional[str] = ..., client_request_id: _Optional[str] = ..., model: _Optional[str] = ..., version: _Optional[str] = ..., gateway: _Optional[str] = ..., code: _Optional[int] = ..., message: _Optional[str] = ..., outputs: _Optional[_Iterable[_Union[_tensor_pb2.Tensor, _Mapping]]] = ..., timing: _Optional[_Union[Timing, _Mapping]] = ..., trace_context: _Optional[_Mapping[str, str]] = ..., tier: _Optional[str] = ..., priority: _Optional[int] = ..., bucket: _Optional[int] = ..., batch_size: _Optional[int] = ..., annotations: _Optional[_Mapping[str, str]] = ..., aux: _Optional[_Iterable[_Union[_tensor_pb2.Tensor, _Mapping]]] = ..., variant: _Optional[str] = ..., worker: _Optional[str] = ...) -> None: ...
+    partial: bool
+    text_offset: int
+    def __init__(self, request_id: _Optional[str] = ..., client_request_id: _Optional[str] = ..., model: _Optional[str] = ..., version: _Optional[str] = ..., gateway: _Optional[str] = ..., code: _Optional[int] = ..., message: _Optional[str] = ..., outputs: _Optional[_Iterable[_Union[_tensor_pb2.Tensor, _Mapping]]] = ..., timing: _Optional[_Union[Timing, _Mapping]] = ..., trace_context: _Optional[_Mapping[str, str]] = ..., tier: _Optional[str] = ..., priority: _Optional[int] = ..., bucket: _Optional[int] = ..., batch_size: _Optional[int] = ..., annotations: _Optional[_Mapping[str, str]] = ..., aux: _Optional[_Iterable[_Union[_tensor_pb2.Tensor, _Mapping]]] = ..., variant: _Optional[str] = ..., worker: _Optional[str] = ..., partial: _Optional[bool] = ..., text_offset: _Optional[int] = ...) -> None: ...

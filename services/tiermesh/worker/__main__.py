@@ -31,14 +31,17 @@ from tiermesh.core.settings import WorkerSettings
 from tiermesh.core.telemetry import Telemetry
 from tiermesh.core.tls import internal_channel_credentials, internal_server_credentials
 from tiermesh.worker.background import BackgroundResults
+from tiermesh.worker.generation import GenerationTimers, GenerationWorker
 from tiermesh.worker.handoff import PostprocessClient
 from tiermesh.worker.loop import Worker
-from tiermesh.worker.metrics import WorkerMetrics
+from tiermesh.worker.metrics import GenerationMetrics, WorkerMetrics
 from tiermesh.worker.runner import ComputeTime, ModelRunner
 from tiermesh.worker.streams import StreamClient
-from tiermesh.worker.units import UnitControl, open_runner
+from tiermesh.worker.units import UnitControl, open_generative, open_runner
 
 log = structlog.get_logger("tiermesh.worker")
+# Generative models are served on this tier only (they have no tiers of their own).
+GENERATION_TIER = "center"
 
 
 async def serve(
@@ -78,6 +81,18 @@ async def serve(
     runners = {unit: opener(unit, cfg) for unit, cfg in served.items()}
     for unit, runner in runners.items():
         log.info("model loaded", unit=unit, load_s=round(runner.load_s, 3))
+    # Generative models run on the center tier, in a loop of their own per unit.
+    generative = {
+        unit: cfg
+        for unit, cfg in worker_units(configs, names, watch.state.unloaded, True).items()
+        if settings.worker_tier == GENERATION_TIER and settings.worker_online
+    }
+    opened = {
+        unit: open_generative(repo, unit, cfg, settings.intra_op_threads)
+        for unit, cfg in generative.items()
+    }
+    for unit, gen in opened.items():
+        log.info("generative model loaded", unit=unit, load_s=round(gen.load_s, 3))
     channel = make_channel(
         settings.postprocess_address,
         telemetry,
@@ -85,12 +100,14 @@ async def serve(
     )
     consumer = settings.worker_id or f"{socket.gethostname()}-{settings.worker_tier}-{os.getpid()}"
     metrics_server = MetricsServer(registry, settings.metrics_host, settings.metrics_port)
+    stream_client = StreamClient(redis, consumer)
+    postprocess = PostprocessClient(channel)
     worker = Worker(
         tier=settings.worker_tier,
         configs=served,
         runners=runners,
-        streams=StreamClient(redis, consumer),
-        handoff=PostprocessClient(channel),
+        streams=stream_client,
+        handoff=postprocess,
         telemetry=telemetry,
         poll_block_ms=settings.poll_block_ms,
         heartbeat_interval_ms=settings.heartbeat_interval_ms,
@@ -114,6 +131,28 @@ async def serve(
         background_duty=settings.batch_background_duty,
         online=settings.worker_online,
     )
+    gen_metrics = GenerationMetrics(registry) if generative else None
+    generators = [
+        GenerationWorker(
+            unit=unit,
+            cfg=generative[unit],
+            tier=settings.worker_tier,
+            service=gen.service,
+            text=gen.text,
+            streams=stream_client,
+            handoff=postprocess,
+            timers=GenerationTimers(
+                poll_block_ms=settings.poll_block_ms,
+                heartbeat_interval_ms=settings.heartbeat_interval_ms,
+                heartbeat_ttl_ms=settings.heartbeat_ttl_ms,
+                reclaim_interval_ms=settings.reclaim_interval_ms,
+                reclaim_min_idle_ms=settings.reclaim_min_idle_ms,
+                max_deliveries=settings.max_deliveries,
+            ),
+            metrics=gen_metrics,
+        )
+        for unit, gen in opened.items()
+    ]
     server = make_server(telemetry)
     health = add_health(server)
     port = bind(
@@ -123,8 +162,10 @@ async def serve(
         internal_server_credentials(settings),
     )
     await server.start()
-    loop_task = asyncio.create_task(worker.run(), name="worker-loop")
-    started = asyncio.create_task(worker.started.wait(), name="worker-started")
+    loop_task = asyncio.create_task(_run_all(worker, generators), name="worker-loop")
+    started = asyncio.create_task(
+        _all_started([worker.started, *(g.started for g in generators)]), name="worker-started"
+    )
     await asyncio.wait({loop_task, started}, return_when=asyncio.FIRST_COMPLETED)
     if loop_task.done():
         started.cancel()
@@ -146,9 +187,13 @@ async def serve(
         await set_serving(health, False)
         # Deregister, keep reading what routers sent until now for a moment, then stop intake.
         await worker.leave()
+        for gen_worker in generators:
+            await gen_worker.leave()
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(asyncio.shield(loop_task), settings.leave_window_ms / 1000)
         worker.stop()
+        for gen_worker in generators:
+            gen_worker.stop()
         stopper.cancel()
         try:
             await asyncio.wait_for(loop_task, settings.shutdown_grace_s)
@@ -168,6 +213,25 @@ async def serve(
             reclaimed=worker.reclaimed,
             dead_lettered=worker.dead_lettered,
         )
+
+
+async def _run_all(worker: Worker, generators: list[GenerationWorker]) -> None:
+    """The batched loop and each generative unit's loop; the first to fail stops them all."""
+    tasks = [
+        asyncio.create_task(worker.run(), name="batched-loop"),
+        *(asyncio.create_task(g.run(), name=f"generation-{g.unit}") for g in generators),
+    ]
+    try:
+        await asyncio.gather(*tasks)
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def _all_started(events: list[asyncio.Event]) -> None:
+    for event in events:
+        await event.wait()
 
 
 async def _main() -> None:

@@ -90,3 +90,70 @@ class WorkerMetrics:
 
     def skip(self, key: StreamKey, reason: str, n: int) -> None:
         self.skipped.labels(**stream_labels(key), reason=reason).inc(n)
+
+
+# Seconds between a generative request's tokens: tens of ms on a CPU, seconds when slow.
+TOKEN_BUCKETS = (0.005, 0.01, 0.02, 0.035, 0.05, 0.075, 0.1, 0.15, 0.25, 0.5, 1.0, 2.5, 5.0)
+
+
+class GenerationMetrics:
+    """A generative unit's: time to first token and per output token, tokens by kind, and
+    the engine's load (sequences running, KV-pool tokens reserved)."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        labels = ("model", "version", "variant")
+        self.ttft = Histogram(
+            "tiermesh_generation_ttft_seconds",
+            "Time to first token, from the worker taking the request",
+            labels,
+            buckets=LATENCY_BUCKETS,
+            registry=registry,
+        )
+        self.tpot = Histogram(
+            "tiermesh_generation_tpot_seconds",
+            "Mean time per output token after the first, per request",
+            labels,
+            buckets=TOKEN_BUCKETS,
+            registry=registry,
+        )
+        self.tokens = Counter(
+            "tiermesh_generation_tokens",
+            "Prompt and generated tokens of finished requests",
+            [*labels, "kind"],
+            registry=registry,
+        )
+        self.ended = Counter(
+            "tiermesh_generation_requests",
+            "Generation requests ended, by how (stop, length, stop_string, cancelled, ...)",
+            [*labels, "reason"],
+            registry=registry,
+        )
+        self.sequences = Gauge(
+            "tiermesh_generation_sequences",
+            "Sequences running in the engine",
+            labels,
+            registry=registry,
+        )
+        self.kv_tokens = Gauge(
+            "tiermesh_generation_kv_reserved_tokens",
+            "KV-pool tokens reserved by running sequences",
+            labels,
+            registry=registry,
+        )
+
+    def finished(
+        self, unit: str, reason: str, prompt: int, generated: int, ttft_s: float, tpot_s: float
+    ) -> None:
+        labels = split_unit(unit)
+        self.ended.labels(*labels, reason).inc()
+        self.tokens.labels(*labels, "prompt").inc(prompt)
+        self.tokens.labels(*labels, "generated").inc(generated)
+        if generated:
+            self.ttft.labels(*labels).observe(ttft_s)
+        if generated > 1:
+            self.tpot.labels(*labels).observe(tpot_s)
+
+    def load(self, unit: str, sequences: int, kv_tokens: int) -> None:
+        labels = split_unit(unit)
+        self.sequences.labels(*labels).set(sequences)
+        self.kv_tokens.labels(*labels).set(kv_tokens)

@@ -102,6 +102,15 @@ class StreamClient:
         claimed = cast(list[tuple[bytes, dict[bytes, bytes] | None]], reply[1] if reply else [])
         return [Entry(stream, eid.decode(), fields) for eid, fields in claimed if fields]
 
+    async def touch(self, stream: StreamKey, entry_ids: Sequence[str]) -> None:
+        """Reset the idle time of entries this consumer is still working on (a long
+        generation), so no other worker's reclaim takes them over. JUSTID: not counted as
+        a delivery."""
+        if entry_ids:
+            await self._redis.xclaim(
+                stream.name, keys.GROUP, self.consumer, 0, list(entry_ids), justid=True
+            )
+
     async def deliveries(self, stream: StreamKey, entry_ids: Sequence[str]) -> dict[str, int]:
         """How many times each pending entry has been delivered."""
         if not entry_ids:

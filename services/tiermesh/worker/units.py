@@ -6,13 +6,23 @@ them is worker/loop.py's `Worker.apply`.
 
 from __future__ import annotations
 
+import json
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
+
+import onnxruntime as ort
+from tokenizers import Tokenizer
 
 from tiermesh.core.control_watch import ControlWatch
 from tiermesh.core.keys import split_unit
 from tiermesh.core.repository import ModelConfig, ModelRepository
-from tiermesh.worker.runner import ComputeTime, ModelRunner
+from tiermesh.generate.detok import TextStream, for_tokenizer
+from tiermesh.generate.engine import Engine
+from tiermesh.generate.scheduler import Limits
+from tiermesh.generate.service import GenerationService
+from tiermesh.worker.runner import ComputeTime, ModelRunner, session_options
 
 
 def open_runner(
@@ -46,3 +56,42 @@ class UnitControl:
     names: Sequence[str]
     open: Callable[[str, ModelConfig], ModelRunner]
     interval_s: float = 0.5
+
+
+@dataclass(frozen=True)
+class GenerativeUnit:
+    """A generative unit's engine (behind its service) and how its tokens become text."""
+
+    service: GenerationService
+    text: Callable[[Sequence[str]], TextStream]
+    load_s: float
+
+
+def open_generative(
+    repo: ModelRepository, unit: str, cfg: ModelConfig, threads: int
+) -> GenerativeUnit:
+    """The decoder session, tokenizer and stop tokens of a generative unit, from files that
+    matched their sha256. Blocking (reads, hashes, builds); raises RepositoryError."""
+    assert cfg.generation is not None
+    spec = cfg.generation
+    _, version, variant = split_unit(unit)
+    started = time.perf_counter()
+    model = repo.verified_model(cfg.name, version, variant)
+    session = ort.InferenceSession(
+        model.data, session_options(threads), providers=["CPUExecutionProvider"]
+    )
+    folder = model.path.parent
+    chat = json.loads((folder / spec.chat_file).read_text(encoding="utf-8"))
+    tokenizer = Tokenizer.from_file(str(folder / spec.tokenizer_file))
+    limits = Limits(
+        max_sequences=spec.max_sequences,
+        max_kv_tokens=spec.max_kv_tokens,
+        prefill_chunk=spec.prefill_chunk,
+        step_tokens=spec.step_tokens,
+    )
+    engine = Engine(session, [int(i) for i in chat["stop_token_ids"]], limits)
+    return GenerativeUnit(
+        GenerationService(engine),
+        partial(for_tokenizer, tokenizer),
+        time.perf_counter() - started,
+    )

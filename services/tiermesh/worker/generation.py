@@ -1,0 +1,412 @@
+"""A worker's loop for one generative compute unit: read requests from its streams into the
+continuous-batching engine (tiermesh.generate), turn each request's tokens into text (stop
+strings included) and send them to postprocess: pieces as they come when the caller streams,
+then the whole answer. Only moves data; the decisions are the engine's scheduler's.
+
+Entries are acknowledged once the final answer was handed off (publish, then ack), or once
+nobody waits for it (the caller left, the deadline passed). While a request runs its entry
+is touched now and then, so no worker's reclaim takes over a long generation; a dead
+worker's entries are reclaimed and generated again from the start (the gateway skips the
+pieces it has sent: the seed makes the tokens the same).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import time
+from collections import defaultdict
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+
+import grpc
+import redis.asyncio as aioredis
+import structlog
+
+from tiermesh.core import keys
+from tiermesh.core.jobs import Job, JobResult
+from tiermesh.core.keys import StreamKey
+from tiermesh.core.model_config import ModelConfig
+from tiermesh.core.tensors import to_numpy
+from tiermesh.core.wire import decode_job
+from tiermesh.generate.detok import TextStream
+from tiermesh.generate.inputs import Sampling
+from tiermesh.generate.scheduler import GenRequest
+from tiermesh.generate.service import GenerationService, Stream
+from tiermesh.generate.tensors import text_tensor
+from tiermesh.worker.handoff import PostprocessClient
+from tiermesh.worker.metrics import GenerationMetrics
+from tiermesh.worker.streams import Entry, StreamClient
+
+log = structlog.get_logger("tiermesh.worker.generation")
+
+HANDOFF_ATTEMPTS = 5
+# Requests read beyond the engine's running bound, so a slot never waits for a Redis read.
+READ_AHEAD = 2
+# Ends after which nobody waits for an answer: the caller left, or was told DEADLINE_EXCEEDED.
+UNANSWERED = ("cancelled", "deadline", "rejected:deadline")
+# How an engine end is reported to the caller (finish_reason).
+FINISH = {"stop": "stop", "length": "length"}
+
+
+@dataclass(frozen=True)
+class GenerationTimers:
+    """How often the loops of a generative unit run (milliseconds)."""
+
+    poll_block_ms: int = 200
+    heartbeat_interval_ms: int = 1000
+    heartbeat_ttl_ms: int = 10_000
+    reclaim_interval_ms: int = 1000
+    reclaim_min_idle_ms: int = 5000
+    cancel_poll_ms: int = 100
+    max_deliveries: int = 3
+
+
+@dataclass
+class _Running:
+    entry: Entry
+    job: Job
+    stream: Stream
+    task: asyncio.Task[None] | None = None
+
+
+class GenerationWorker:
+    """Serves the streams of one generative unit on one tier. `run` returns after `stop()`
+    once every request it took has ended and been handed off (or left for recovery)."""
+
+    def __init__(
+        self,
+        *,
+        unit: str,
+        cfg: ModelConfig,
+        tier: str,
+        service: GenerationService,
+        text: Callable[[Sequence[str]], TextStream],
+        streams: StreamClient,
+        handoff: PostprocessClient,
+        timers: GenerationTimers = GenerationTimers(),
+        metrics: GenerationMetrics | None = None,
+        clock_ns: Callable[[], int] = time.time_ns,
+    ) -> None:
+        assert cfg.generation is not None
+        self.unit = unit
+        self.tier = tier
+        self._cfg = cfg
+        self._limit = cfg.generation.max_sequences + READ_AHEAD
+        self._service = service
+        self._text = text
+        self._streams = streams
+        self._handoff = handoff
+        self._timers = timers
+        self._metrics = metrics
+        self._clock_ns = clock_ns
+        self._keys = keys.stream_keys(unit, tier, cfg.priority_levels, 1)
+        self._running: dict[str, _Running] = {}
+        self._room = asyncio.Event()
+        self._outbox: list[tuple[JobResult, Entry | None]] = []
+        self._mail = asyncio.Event()
+        self._stopping = asyncio.Event()
+        self._leaving = False
+        self.started = asyncio.Event()
+        self.generated = 0
+        self.cancelled = 0
+
+    def stop(self) -> None:
+        """Stop intake; the requests taken run to their end."""
+        self._stopping.set()
+        self._room.set()
+
+    async def leave(self) -> None:
+        """Stop heartbeating and deregister: routers send nothing more here."""
+        self._leaving = True
+        with contextlib.suppress(aioredis.RedisError, OSError):
+            await self._streams.leave([self.unit], self.tier)
+
+    async def run(self) -> None:
+        await self._streams.ensure_groups(self._keys)
+        await self._streams.heartbeat([self.unit], self.tier, self._timers.heartbeat_ttl_ms)
+        self.started.set()
+        owned = [
+            asyncio.create_task(self._service.run(), name=f"engine-{self.unit}"),
+            asyncio.create_task(self._heartbeat(), name=f"heartbeat-{self.unit}"),
+            asyncio.create_task(self._watch(), name=f"cancel-watch-{self.unit}"),
+            asyncio.create_task(self._reclaim(), name=f"reclaim-{self.unit}"),
+        ]
+        sender = asyncio.create_task(self._send(), name=f"handoff-{self.unit}")
+        try:
+            # What this consumer read before a restart and never acknowledged comes first.
+            self._take(await self._streams.read(self._keys, self._limit, None, pending=True))
+            while not self._stopping.is_set():
+                room = self._limit - len(self._running)
+                if room <= 0:
+                    self._room.clear()
+                    await self._room.wait()
+                    continue
+                self._take(await self._read(room))
+        finally:
+            running = [r.task for r in self._running.values() if r.task is not None]
+            await asyncio.gather(*running, return_exceptions=True)
+            self._mail.set()
+            self._service.stop()
+            await self._drain_outbox(sender)
+            for task in owned:
+                task.cancel()
+            await asyncio.gather(*owned, return_exceptions=True)
+            with contextlib.suppress(aioredis.RedisError, OSError):
+                await self._streams.leave([self.unit], self.tier)
+
+    async def _read(self, room: int) -> list[Entry]:
+        try:
+            return await self._streams.read(self._keys, room, self._timers.poll_block_ms)
+        except (aioredis.RedisError, OSError) as exc:
+            log.warning("redis read failed; retrying", error=str(exc))
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stopping.wait(), 1.0)
+            return []
+
+    # -- intake -------------------------------------------------------------------------
+
+    def _take(self, entries: Iterable[Entry]) -> None:
+        now = self._clock_ns()
+        for entry in entries:
+            try:
+                job = decode_job(entry.fields[keys.JOB_FIELD.encode()])
+            except Exception:
+                log.error("undecodable stream entry dropped", stream=entry.stream.name)
+                self._ack_later(entry)
+                continue
+            if job.request_id in self._running:
+                continue  # read again (reclaimed while it runs here): it is running
+            gen = job.generation
+            if gen is None or (job.deadline_ns and job.deadline_ns <= now):
+                self._ack_later(entry)  # expired: the gateway answered it already
+                continue
+            job = dataclasses.replace(job, timing=job.timing.with_(dequeued_ns=now))
+            ids = to_numpy(job.inputs[0]).reshape(-1)
+            request = GenRequest(
+                request_id=job.request_id,
+                prompt=tuple(int(i) for i in ids),
+                max_new_tokens=gen.max_new_tokens,
+                priority=job.priority or 1,
+                deadline_ns=job.deadline_ns,
+                arrived_ns=job.timing.enqueued_ns or now,
+                sampling=Sampling(gen.temperature, gen.top_p, gen.seed),
+            )
+            running = _Running(entry, job, self._service.submit(request))
+            self._running[job.request_id] = running
+            running.task = asyncio.create_task(
+                self._generate(running), name=f"generate-{job.request_id}"
+            )
+
+    async def _generate(self, run: _Running) -> None:
+        """Follow one request to its end; the entry is acknowledged after its answer."""
+        job, stream = run.job, run.stream
+        gen = job.generation
+        assert gen is not None
+        text = self._text(gen.stop)
+        started = self._clock_ns()
+        try:
+            async for token in stream:
+                piece = text.push(token)
+                if text.stopped:
+                    stream.cancel()
+                    break
+                if piece and gen.stream:
+                    self._post(_piece(job, piece, len(text.text) - len(piece)), None)
+            rest = text.finish()
+            if rest and gen.stream:
+                self._post(_piece(job, rest, len(text.text) - len(rest)), None)
+        finally:
+            timings = stream.timings
+            end = "stop_string" if text.stopped else (timings.end if timings else "cancelled")
+            if self._running.pop(job.request_id, None) is not None:
+                self._room.set()
+        self.generated += timings.generated_tokens if timings else 0
+        if self._metrics is not None and timings is not None:
+            self._metrics.finished(
+                self.unit,
+                end,
+                timings.prompt_tokens,
+                timings.generated_tokens,
+                timings.ttft_ms / 1000,
+                timings.tpot_ms / 1000,
+            )
+        if end in UNANSWERED or timings is None:
+            self.cancelled += end == "cancelled"
+            self._ack_later(run.entry)
+            return
+        if end.startswith("rejected:"):
+            result = JobResult.for_job(
+                job,
+                code=grpc.StatusCode.RESOURCE_EXHAUSTED,
+                message=f"the model's KV pool cannot hold this request ({end})",
+            )
+        else:
+            result = JobResult.for_job(
+                job,
+                worker=self._streams.consumer,
+                outputs=(text_tensor(text.text),),
+                timing=job.timing.with_(batch_start_ns=started, batch_end_ns=self._clock_ns()),
+                batch_size=max(1, self._service.running),
+                annotations={
+                    **job.annotations,
+                    "prompt_tokens": str(timings.prompt_tokens),
+                    "generated_tokens": str(timings.generated_tokens),
+                    "ttft_ms": f"{timings.ttft_ms:.3f}",
+                    "tpot_ms": f"{timings.tpot_ms:.3f}",
+                    "finish_reason": FINISH.get(end, end),
+                },
+            )
+        self._post(result, run.entry)
+
+    # -- hand-off -----------------------------------------------------------------------
+
+    def _post(self, result: JobResult, entry: Entry | None) -> None:
+        """Queue a result for postprocess; `entry` (a final answer's) is acknowledged once
+        the result was handed off. Pieces and answers go in the order they were posted."""
+        self._outbox.append((result, entry))
+        self._mail.set()
+
+    def _ack_later(self, entry: Entry) -> None:
+        self._outbox.append((_NOTHING, entry))
+        self._mail.set()
+
+    async def _send(self) -> None:
+        """One hand-off at a time, each taking everything posted meanwhile (the pieces of a
+        whole engine step travel as one batch)."""
+        while True:
+            await self._mail.wait()
+            self._mail.clear()
+            await asyncio.sleep(0)  # every request of the step posts its piece first
+            batch, self._outbox = self._outbox, []
+            if batch:
+                await self._hand_off(batch)
+
+    async def _drain_outbox(self, sender: asyncio.Task[None]) -> None:
+        while self._outbox:
+            await asyncio.sleep(0)
+            if sender.done():
+                break
+        sender.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await sender
+        if self._outbox:  # the sender died: hand off what is left here
+            batch, self._outbox = self._outbox, []
+            await self._hand_off(batch)
+
+    async def _hand_off(self, batch: list[tuple[JobResult, Entry | None]]) -> None:
+        results = [r for r, _ in batch if r is not _NOTHING]
+        finals = [e for r, e in batch if e is not None]
+        if results:
+            for attempt in range(HANDOFF_ATTEMPTS):
+                try:
+                    await self._handoff.process(results)
+                    break
+                except grpc.aio.AioRpcError as exc:
+                    log.warning("hand-off failed", attempt=attempt + 1, error=str(exc))
+                    await asyncio.sleep(min(0.1 * 2**attempt, 1.0))
+            else:
+                log.error("hand-off gave up; entries stay pending", n=len(finals))
+                return
+        by_stream: dict[StreamKey, list[str]] = defaultdict(list)
+        for entry in finals:
+            by_stream[entry.stream].append(entry.entry_id)
+        for stream, ids in by_stream.items():
+            try:
+                await self._streams.done(stream, ids)
+            except (aioredis.RedisError, OSError):
+                log.error("ack failed; entries will be delivered again", stream=stream.name)
+
+    # -- background loops ----------------------------------------------------------------
+
+    async def _heartbeat(self) -> None:
+        interval = self._timers.heartbeat_interval_ms / 1000
+        while not self._leaving:
+            try:
+                await self._streams.heartbeat([self.unit], self.tier, self._timers.heartbeat_ttl_ms)
+            except (aioredis.RedisError, OSError) as exc:
+                log.warning("heartbeat failed", error=str(exc))
+            await asyncio.sleep(interval)
+
+    async def _watch(self) -> None:
+        """Cancel the requests whose callers left (the gateway's cancel flags), and report
+        the engine's load."""
+        while True:
+            await asyncio.sleep(self._timers.cancel_poll_ms / 1000)
+            if self._metrics is not None:
+                self._metrics.load(self.unit, self._service.running, self._service.reserved_tokens)
+            if not self._running:
+                continue
+            try:
+                gone = await self._streams.cancelled(list(self._running))
+            except (aioredis.RedisError, OSError):
+                continue
+            for request_id in gone:
+                running = self._running.get(request_id)
+                if running is not None:
+                    running.stream.cancel()
+
+    async def _reclaim(self) -> None:
+        """Keep this worker's running entries from looking abandoned, and take over what
+        dead workers read and never acknowledged (poison entries are dead-lettered)."""
+        while True:
+            await asyncio.sleep(self._timers.reclaim_interval_ms / 1000)
+            try:
+                await self._touch()
+                room = self._limit - len(self._running)
+                for key in self._keys:
+                    if room <= 0 or self._stopping.is_set():
+                        break
+                    entries = await self._streams.reclaim(
+                        key, self._timers.reclaim_min_idle_ms, room
+                    )
+                    entries = [e for e in entries if not self._is_running(e)]
+                    counts = await self._streams.deliveries(key, [e.entry_id for e in entries])
+                    limit = self._timers.max_deliveries
+                    poison = [e for e in entries if counts.get(e.entry_id, 1) > limit]
+                    for e in poison:
+                        await self._give_up(e, counts[e.entry_id])
+                    fresh = [e for e in entries if e not in poison]
+                    if fresh:
+                        log.warning("reclaimed entries of a dead worker", n=len(fresh))
+                    self._take(fresh)
+                    room -= len(fresh)
+            except (aioredis.RedisError, OSError) as exc:
+                log.warning("reclaim failed", error=str(exc))
+
+    async def _give_up(self, entry: Entry, deliveries: int) -> None:
+        """A request that ended its workers' lives too often: dead-lettered, caller told."""
+        await self._streams.dead_letter(entry, f"delivered {deliveries} times")
+        with contextlib.suppress(Exception):
+            job = decode_job(entry.fields[keys.JOB_FIELD.encode()])
+            message = f"given up after {deliveries} failed deliveries"
+            self._post(JobResult.for_job(job, code=grpc.StatusCode.ABORTED, message=message), None)
+        log.error("dead-lettered a generation request", stream=entry.stream.name)
+
+    def _is_running(self, entry: Entry) -> bool:
+        return any(r.entry.entry_id == entry.entry_id for r in self._running.values())
+
+    async def _touch(self) -> None:
+        by_stream: dict[StreamKey, list[str]] = defaultdict(list)
+        for run in self._running.values():
+            by_stream[run.entry.stream].append(run.entry.entry_id)
+        for stream, ids in by_stream.items():
+            await self._streams.touch(stream, ids)
+
+
+_NOTHING = JobResult(request_id="", model="", gateway="")
+
+
+def _piece(job: Job, text: str, offset: int) -> JobResult:
+    return JobResult(
+        request_id=job.request_id,
+        model=job.model,
+        gateway=job.gateway,
+        client_request_id=job.client_request_id,
+        version=job.version,
+        variant=job.variant,
+        outputs=(text_tensor(text),),
+        partial=True,
+        text_offset=offset,
+    )

