@@ -7,11 +7,13 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import queue
+import signal
 import threading
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -105,11 +107,11 @@ class StreamClient:
                 self.order.append(rid)
                 self.done.put(rid)
 
-    def send(self, rid: str, prompt: str, **parameters: Any) -> None:
+    def send(self, rid: str, prompt: str, timeout_us: int | None = None, **parameters: Any) -> None:
         with self._lock:
             self.got.setdefault(rid, Streamed()).sent = time.monotonic()
         self.client.async_stream_infer(
-            MODEL, prompt_input(prompt), request_id=rid, parameters=parameters
+            MODEL, prompt_input(prompt), request_id=rid, parameters=parameters, timeout=timeout_us
         )
 
     def wait(self, n: int, timeout_s: float = 120) -> None:
@@ -234,6 +236,30 @@ def test_seeded_sampling_is_reproducible(mesh: UpProcess) -> None:
     stop = first.split()[2]
     cut = text_of(infer(mesh, LONG_PROMPT, **asked, stop=json.dumps([stop])))
     assert cut == first[: first.index(stop)]
+
+
+def test_kill_9_the_worker_mid_answer_loses_nothing(new_up: Callable[..., UpProcess]) -> None:
+    """The worker dies while it streams an answer; `tiermesh up` restarts it, the new worker
+    reclaims the entry and generates the answer again; the caller gets every piece once."""
+    up = new_up(
+        fetched=[MODEL],
+        span_files=False,
+        extra_env={"TIERMESH_RECLAIM_MIN_IDLE_MS": "1000", "TIERMESH_RECLAIM_INTERVAL_MS": "200"},
+    )
+    whole = text_of(infer(up, LONG_PROMPT, max_new_tokens=60))
+    stream = StreamClient(up.url)
+    try:
+        stream.send("story", LONG_PROMPT, timeout_us=90_000_000, max_new_tokens=60)
+        eventually(lambda: len(stream.got["story"].pieces) >= 5, "five pieces")
+        os.kill(up.children()["worker"], signal.SIGKILL)
+        stream.wait(1, timeout_s=90)
+    finally:
+        stream.close()
+    rec = stream.got["story"]
+    assert not rec.error and rec.final is not None, rec.error
+    assert rec.final["generated_tokens"] == 60
+    assert rec.text == whole  # nothing lost, nothing twice
+    assert "reclaimed entries of a dead worker" in up.log.read_text()
 
 
 BAD = [

@@ -13,20 +13,13 @@ from tritonclient.utils import InferenceServerException
 from tiermesh.bench.calls import error_of, read_reply
 from tiermesh.bench.metrics import QueueDepthSampler, parse_gauge
 from tiermesh.bench.records import CLIENT_ERROR
+from tiermesh.gateway.converters import set_parameter
 
 
 def params(**values: object) -> dict[str, service_pb2.InferParameter]:
     resp = service_pb2.ModelInferResponse()
     for key, value in values.items():
-        p = resp.parameters[key.replace("__", ".")]
-        if isinstance(value, bool):
-            p.bool_param = value
-        elif isinstance(value, int):
-            p.int64_param = value
-        elif isinstance(value, float):
-            p.double_param = value
-        else:
-            p.string_param = str(value)
+        set_parameter(resp.parameters[key.replace("__", ".")], value)
     return dict(resp.parameters)
 
 

@@ -8,10 +8,11 @@ from pathlib import Path
 from typing import Any
 
 from tiermesh.bench.arrivals import BurstPlan
+from tiermesh.bench.genwork import GenerationPlan
 from tiermesh.bench.ladder import LadderPlan
 from tiermesh.bench.workload import DEFAULT_LENGTHS, DEFAULT_MIX, DEFAULT_PRIORITIES
 
-SCENARIOS = ("single", "steady", "ladder", "burst", "soak")
+SCENARIOS = ("single", "steady", "ladder", "burst", "soak", "generate")
 # (requests, duration_s) when the command line gives none: whichever comes first ends
 # the run. A soak is meant to end on time; its count is only a safety bound.
 SCENARIO_BOUNDS: dict[str, tuple[int, float]] = {
@@ -20,7 +21,12 @@ SCENARIO_BOUNDS: dict[str, tuple[int, float]] = {
     "ladder": (20000, 300.0),
     "burst": (10000, 30.0),
     "soak": (1_000_000, 300.0),
+    "generate": (200, 120.0),
 }
+# Per request, when the command line gives none: an answer of a few hundred tokens takes
+# seconds where a classification takes milliseconds.
+DEFAULT_TIMEOUT_S = 10.0
+SCENARIO_TIMEOUT_S = {"generate": 120.0}
 REPORTS_DIR = Path("bench-reports")
 
 
@@ -50,6 +56,7 @@ class BenchConfig:
     # The mesh's Prometheus endpoints by tier, for the run's cost (bench/cost.py).
     mesh_metrics: dict[str, tuple[str, ...]] = field(default_factory=dict)
     prices_file: Path | None = None
+    generation: GenerationPlan = field(default_factory=GenerationPlan)
 
     def __post_init__(self) -> None:
         if self.scenario not in SCENARIOS:
@@ -63,8 +70,16 @@ class BenchConfig:
 
     @property
     def callers(self) -> int:
-        """Closed-loop callers of the single, steady and soak scenarios."""
+        """Closed-loop callers of the single, steady, soak and (closed-loop) generate
+        scenarios."""
         return 1 if self.scenario == "single" else self.concurrency
+
+    @property
+    def closed_loop(self) -> bool:
+        """Callers at a fixed concurrency for the whole run (not a ladder, no arrivals)."""
+        if self.scenario == "generate":
+            return not self.generation.open_loop
+        return self.scenario in ("single", "steady", "soak")
 
     def as_dict(self) -> dict[str, Any]:
         out = asdict(self)
@@ -75,7 +90,15 @@ class BenchConfig:
         out["priorities"] = {str(k): v for k, v in self.priorities}
         out["lengths"] = {k: list(v) for k, v in self.lengths.items()}
         out["ladder"]["concurrencies"] = list(self.ladder.concurrencies)
+        gen = out["generation"]
+        # The prompts themselves stay out of the report: their source and count say enough.
+        gen["prompts"] = len(self.generation.prompts)
+        gen["max_new_tokens"] = dict(self.generation.max_new_tokens)
         return out
+
+
+def timeout_for(scenario: str, timeout_s: float | None) -> float:
+    return SCENARIO_TIMEOUT_S.get(scenario, DEFAULT_TIMEOUT_S) if timeout_s is None else timeout_s
 
 
 def bounds_for(scenario: str, requests: int | None, duration_s: float | None) -> tuple[int, float]:

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from tiermesh.bench import genstats
 from tiermesh.bench.metrics import fetch, parse_gauge
 from tiermesh.bench.records import Record
 from tiermesh.core.prices import CORE_HOUR, Prices, load_prices
@@ -128,8 +129,11 @@ def not_measured(prices: Prices, why: str) -> dict[str, Any]:
 
 
 def tokens_of(records: Sequence[Record]) -> int:
-    """Tokens of the answered requests, as their replies count them (text models)."""
-    return sum(r.outcome.reply.tokens or 0 for r in records if r.ok and r.outcome.reply is not None)
+    """Tokens of the answered requests, as their replies count them (text models); a
+    generation request's prompt and generated tokens."""
+    return sum(
+        r.outcome.reply.tokens or 0 for r in records if r.ok and r.outcome.reply is not None
+    ) + genstats.tokens_of(records)
 
 
 def run_cost(

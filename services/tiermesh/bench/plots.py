@@ -20,6 +20,8 @@ THROUGHPUT = "throughput_vs_concurrency.png"
 TIMELINE = "throughput_over_time.png"
 BREAKDOWN = "time_breakdown.png"
 QUEUE_DEPTH = "queue_depth.png"
+TTFT = "ttft_distribution.png"
+TPOT = "tpot_distribution.png"
 DPI = 110
 
 
@@ -159,6 +161,44 @@ def queue_depth(doc: dict[str, Any], ax: Axes) -> None:
     ax.grid(alpha=0.3)
 
 
+def _distribution(doc: dict[str, Any], ax: Axes, what: str, key: str) -> None:
+    """The cumulative distribution of a generation figure, client (solid) and server
+    (dashed), from the report's quantiles; the client's p50 / p90 / p99 marked."""
+    g = doc.get("generation") or {}
+    quantiles = g.get("quantiles") or {}
+    drawn = False
+    for source, style, label in ((key, "-", "client"), (f"server_{key}", "--", "server")):
+        points = quantiles.get(source) or []
+        if points:
+            qs, values = _num([p[0] for p in points]), _num([p[1] for p in points])
+            ax.plot(values, [q / 100 for q in qs], style, label=label)
+            drawn = True
+    if not drawn:
+        _note(ax, f"no {what} values (no answered requests with them)")
+    else:
+        figures = g.get(key) or {}
+        for q, color in (("p50", "tab:green"), ("p90", "tab:orange"), ("p99", "tab:red")):
+            if figures.get(q) is not None:
+                x = float(figures[q])
+                ax.axvline(
+                    x, color=color, linestyle=":", linewidth=1, label=f"client {q} {x:,.1f} ms"
+                )
+        ax.legend(fontsize="small", loc="lower right")
+        ax.set_ylim(0, 1.02)
+    ax.set_xlabel(f"{what} (ms)")
+    ax.set_ylabel("share of answered requests")
+    ax.set_title(_title(doc, f"{what} distribution"))
+    ax.grid(alpha=0.3)
+
+
+def ttft_distribution(doc: dict[str, Any], ax: Axes) -> None:
+    _distribution(doc, ax, "time to first token", "ttft_ms")
+
+
+def tpot_distribution(doc: dict[str, Any], ax: Axes) -> None:
+    _distribution(doc, ax, "time per output token", "tpot_ms")
+
+
 PLOTS: dict[str, Callable[[dict[str, Any], Axes], None]] = {
     LATENCY: latency_vs_concurrency,
     THROUGHPUT: throughput_vs_concurrency,
@@ -166,13 +206,19 @@ PLOTS: dict[str, Callable[[dict[str, Any], Axes], None]] = {
     BREAKDOWN: time_breakdown,
     QUEUE_DEPTH: queue_depth,
 }
+# Drawn for reports with a generation section only.
+GENERATION_PLOTS: dict[str, Callable[[dict[str, Any], Axes], None]] = {
+    TTFT: ttft_distribution,
+    TPOT: tpot_distribution,
+}
 
 
 def render_all(doc: dict[str, Any], out_dir: Path) -> list[str]:
     """Writes every plot of a (JSON-clean) report into `out_dir`; their file names."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    for name, draw in PLOTS.items():
+    chosen = PLOTS | (GENERATION_PLOTS if doc.get("generation") else {})
+    for name, draw in chosen.items():
         fig, ax = _figure()
         draw(doc, ax)
         fig.savefig(out_dir / name, dpi=DPI)
-    return list(PLOTS)
+    return list(chosen)

@@ -11,6 +11,11 @@ OK = "OK"
 NOT_SENT = "NOT_SENT"
 # The client failed before any status came back (bad input on our side, closed channel).
 CLIENT_ERROR = "CLIENT_ERROR"
+# A generation stream carried an error message in place of a response (ModelStreamInfer's
+# in-band errors have no status code).
+STREAM_ERROR = "STREAM_ERROR"
+# A generation stream ended before the request's final response.
+INCOMPLETE = "INCOMPLETE"
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,13 +34,34 @@ class Reply:
 
 
 @dataclass(frozen=True, slots=True)
+class Generation:
+    """What one generation request showed: the client's own timings of its pieces and what
+    the final response said. Client times are None where they cannot be known (no piece
+    with text; TPOT with fewer than two tokens or no stream)."""
+
+    max_new_tokens: int
+    ttft_ms: float | None = None  # send -> first piece with text
+    tpot_ms: float | None = None  # (last text piece - first) / (generated_tokens - 1)
+    pieces: int = 0  # responses received, the final one included
+    text_chars: int = 0
+    generated_tokens: int | None = None
+    prompt_tokens: int | None = None
+    server_ttft_ms: float | None = None
+    server_tpot_ms: float | None = None
+    finish_reason: str = ""
+    error: str = ""  # the message of a failed request
+
+
+@dataclass(frozen=True, slots=True)
 class Outcome:
-    """One call as the client saw it: status code name, latency and, when OK, the reply."""
+    """One call as the client saw it: status code name, latency and, when OK, the reply;
+    `generation` for requests of the generate scenario (failed ones too)."""
 
     code: str
     latency_ms: float
     reply: Reply | None = None
     retry_after_ms: float | None = None
+    generation: Generation | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tiermesh.bench import stats
+from tiermesh.bench import genstats, stats
 from tiermesh.bench.ladder import LadderPlan, Step, knee
 from tiermesh.bench.records import Record
 from tiermesh.bench.workload import DEFAULT_LENGTHS, NUMERIC
@@ -81,6 +81,13 @@ def queue_depth(run: RunResult) -> dict[str, Any]:
     }
 
 
+def closed_loop(config: dict[str, Any]) -> bool:
+    """The run's callers kept a fixed concurrency (steady, soak; generate without a rate)."""
+    if config["scenario"] == "generate":
+        return not config["generation"]["rate_rps"]
+    return config["scenario"] in ("steady", "soak")
+
+
 def build(run: RunResult) -> dict[str, Any]:
     """The report document of one run (plots are added by whoever renders them)."""
     records = run.records
@@ -104,7 +111,7 @@ def build(run: RunResult) -> dict[str, Any]:
         "interrupted": run.interrupted,
         "config": run.config,
         "workload": {"text_model": run.text_model, "inputs": run.inputs},
-        "concurrency": run.config["concurrency"] if scenario in ("steady", "soak") else None,
+        "concurrency": run.config["concurrency"] if closed_loop(run.config) else None,
         # Little's law over the run: the mean number of requests outstanding.
         "mean_in_flight": sent_latency / run.wall_s if run.wall_s > 0 else math.nan,
         "overall": overall.as_dict(),
@@ -132,6 +139,12 @@ def build(run: RunResult) -> dict[str, Any]:
         },
         "open_loop": {"send_lag": stats.lag_figures(records)}
         if scenario in ("burst", "replay")
+        or (scenario == "generate" and not closed_loop(run.config))
+        else None,
+        "generation": genstats.section(
+            records, run.wall_s, bool(run.config["generation"]["stream"])
+        )
+        if scenario == "generate"
         else None,
         "ladder": None,
         "queue_depth": queue_depth(run),

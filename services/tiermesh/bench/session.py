@@ -3,6 +3,8 @@
 Connects, reads the model's inputs, warms up (not recorded), runs the scenario with a
 progress bar, then writes report.json, summary.md and the plots. Ctrl-C once stops new
 requests and still writes the report of what was measured; twice abandons the run.
+The generate scenario sends generation requests (`GenWorkload`, `GenSender`) to a
+generative model, closed loop at `--concurrency` or open loop at `--rate`.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ import contextlib
 import signal
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -22,11 +24,12 @@ import tritonclient.grpc.aio as grpcaio
 from tqdm import tqdm
 
 from tiermesh.bench import arrivals, cost, cpu, markdown, plots, report, runner
-from tiermesh.bench.calls import BenchError, Sender, model_inputs
+from tiermesh.bench.calls import BenchError, GenSender, Sender, generative_model, model_inputs
 from tiermesh.bench.config import BenchConfig
+from tiermesh.bench.genwork import WARMUP_MAX_NEW_TOKENS, GenWorkload
 from tiermesh.bench.metrics import QueueDepthSampler
 from tiermesh.bench.records import Record
-from tiermesh.bench.workload import Workload
+from tiermesh.bench.workload import InputSpec, RequestSpec, Workload
 
 # The warm-up's requests come from their own stream, so the measured sequence is the same
 # whatever the warm-up count.
@@ -72,7 +75,15 @@ def _progress_total(cfg: BenchConfig) -> int | None:
         return None  # ends on time; a count bar would sit near empty
     if cfg.scenario == "burst":
         return min(cfg.requests, round(arrivals.expected_count(cfg.burst, cfg.duration_s)))
+    if cfg.scenario == "generate" and cfg.generation.open_loop:
+        expected = arrivals.expected_count(generation_arrivals(cfg), cfg.duration_s)
+        return min(cfg.requests, round(expected))
     return cfg.requests
+
+
+def generation_arrivals(cfg: BenchConfig) -> arrivals.BurstPlan:
+    """The generate scenario's open-loop arrivals: its rate, no spikes."""
+    return arrivals.BurstPlan(cfg.generation.rate_rps, poisson=cfg.generation.poisson)
 
 
 @contextlib.contextmanager
@@ -99,16 +110,21 @@ def _interrupts(recorder: runner.Recorder) -> Iterator[None]:
 
 
 async def _scenario(
-    cfg: BenchConfig, send: Sender, workload: Workload, recorder: runner.Recorder, bar: Progress
+    cfg: BenchConfig,
+    send: runner.Send,
+    workload: Iterator[RequestSpec],
+    recorder: runner.Recorder,
+    bar: Progress,
 ) -> runner.LadderResult | None:
     until = recorder.clock() + cfg.duration_s
     if cfg.scenario == "ladder":
         return await runner.ladder(
             send, workload, recorder, cfg.ladder, limit=cfg.requests, until=until, on_step=bar.step
         )
-    if cfg.scenario == "burst":
+    if cfg.scenario == "burst" or (cfg.scenario == "generate" and cfg.generation.open_loop):
+        plan = cfg.burst if cfg.scenario == "burst" else generation_arrivals(cfg)
         rng = np.random.default_rng(cfg.seed + ARRIVALS_SEED_OFFSET)
-        times = arrivals.arrival_times(cfg.burst, cfg.duration_s, cfg.requests, rng)
+        times = arrivals.arrival_times(plan, cfg.duration_s, cfg.requests, rng)
         await runner.open_loop(send, workload, recorder, times, max_in_flight=cfg.max_in_flight)
         return None
     await runner.closed_loop(
@@ -117,7 +133,7 @@ async def _scenario(
     return None
 
 
-async def _warm_up(cfg: BenchConfig, send: Sender, workload: Workload) -> None:
+async def _warm_up(cfg: BenchConfig, send: runner.Send, workload: Iterator[RequestSpec]) -> None:
     if cfg.warmup == 0:
         return
     scratch = runner.Recorder()
@@ -131,19 +147,47 @@ async def _warm_up(cfg: BenchConfig, send: Sender, workload: Workload) -> None:
     )
 
 
+async def _prepare(
+    client: grpcaio.InferenceServerClient, cfg: BenchConfig
+) -> tuple[Sequence[InputSpec], Workload | GenWorkload, Workload | GenWorkload, runner.Send]:
+    """The model's inputs, the measured and the warm-up workloads, and the sender;
+    BenchError when the model cannot take the scenario's requests."""
+    if cfg.scenario == "generate":
+        target = await generative_model(client, cfg.model)
+        if cfg.generation.stream and target.decoupled is False:
+            raise BenchError(
+                f"model {cfg.model!r} is not decoupled (its ModelConfig says so): it cannot "
+                "stream; use --no-stream"
+            )
+        gen = cfg.generation
+        return (
+            [target.prompt],
+            GenWorkload(target.prompt, gen, cfg.seed, cfg.priorities),
+            GenWorkload(
+                target.prompt,
+                gen,
+                cfg.seed + WARMUP_SEED_OFFSET,
+                cfg.priorities,
+                cap=WARMUP_MAX_NEW_TOKENS,
+            ),
+            GenSender(
+                client, cfg.model, target, cfg.timeout_s, stream=gen.stream, variant=cfg.variant
+            ),
+        )
+    inputs = await model_inputs(client, cfg.model)
+    try:
+        workload = Workload(inputs, cfg.seed, cfg.mix, cfg.priorities, cfg.lengths)
+        warm = Workload(inputs, cfg.seed + WARMUP_SEED_OFFSET, cfg.mix, cfg.priorities, cfg.lengths)
+    except ValueError as exc:
+        raise BenchError(f"model {cfg.model!r}: {exc}") from None
+    return inputs, workload, warm, Sender(client, cfg.model, cfg.timeout_s, cfg.variant)
+
+
 async def measure(cfg: BenchConfig) -> report.RunResult:
     """Runs the scenario against the mesh; raises calls.BenchError when it cannot start."""
     client = grpcaio.InferenceServerClient(cfg.url)
     try:
-        inputs = await model_inputs(client, cfg.model)
-        try:
-            workload = Workload(inputs, cfg.seed, cfg.mix, cfg.priorities, cfg.lengths)
-            warm = Workload(
-                inputs, cfg.seed + WARMUP_SEED_OFFSET, cfg.mix, cfg.priorities, cfg.lengths
-            )
-        except ValueError as exc:
-            raise BenchError(f"model {cfg.model!r}: {exc}") from None
-        send = Sender(client, cfg.model, cfg.timeout_s, cfg.variant)
+        inputs, workload, warm, send = await _prepare(client, cfg)
         await _warm_up(cfg, send, warm)
 
         bar = Progress(_progress_total(cfg), cfg.progress)

@@ -7,8 +7,8 @@ remainder), shuffled within the block, so even a short run holds the mix it aske
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
@@ -95,12 +95,14 @@ class Tensor:
 
 @dataclass(frozen=True)
 class RequestSpec:
-    """One request to send: its place in the sequence, its labels and its inputs."""
+    """One request to send: its place in the sequence, its labels and its inputs;
+    `parameters` are request parameters beside them (generation: max_new_tokens ...)."""
 
     index: int
     length: str
     priority: int
     inputs: tuple[Tensor, ...]
+    parameters: Mapping[str, str | int | float | bool] = field(default_factory=dict)
 
 
 def parse_shares(text: str) -> tuple[tuple[str, float], ...]:

@@ -136,16 +136,20 @@ def infer_response(
         resp.outputs.add(name=t.name, datatype=t.datatype, shape=t.shape)
         resp.raw_output_contents.append(t.raw)
     for key, value in response_facts(result, responded_ns, cache_hit).items():
-        param = resp.parameters[key]
-        if isinstance(value, bool):
-            param.bool_param = value
-        elif isinstance(value, int):
-            param.int64_param = value
-        elif isinstance(value, float):
-            param.double_param = value
-        else:
-            param.string_param = value
+        set_parameter(resp.parameters[key], value)
     return resp
+
+
+def set_parameter(param: service_pb2.InferParameter, value: object) -> None:
+    """An InferParameter from a Python value, as tritonclient's own request parameters."""
+    if isinstance(value, bool):
+        param.bool_param = value
+    elif isinstance(value, int):
+        param.int64_param = value
+    elif isinstance(value, float):
+        param.double_param = value
+    else:
+        param.string_param = str(value)
 
 
 # Triton's response parameter that marks the last response of a request on a stream.
