@@ -15,14 +15,13 @@ and generated tokens/s of both phases and their ratio (median over `--rounds`). 
 generate the same tokens (greedy), and the counts are checked equal. Asserts nothing else.
 
     .venv/bin/python benchmarks/generate_mesh.py [--rounds 3] [--copies 1]
-        [--lengths 8,96,16,64,32,128,12,48]
+        [--lengths 8,96,16,64,32,128,12,48] [--set step_tokens=128 ...]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import shutil
 import statistics
 import sys
 import tempfile
@@ -34,6 +33,7 @@ from typing import Any
 
 import numpy as np
 import tritonclient.grpc.aio as grpcaio
+import yaml
 from tritonclient.grpc import InferInput
 
 from tiermesh.core.model_files import mirror_files
@@ -133,7 +133,9 @@ async def bench(args: argparse.Namespace) -> None:
     with tempfile.TemporaryDirectory(prefix="tiermesh-gen-") as tmp:
         repo = Path(tmp) / "models"
         (repo / MODEL).mkdir(parents=True)
-        shutil.copy(ROOT / "models" / MODEL / "config.yaml", repo / MODEL / "config.yaml")
+        raw = yaml.safe_load((ROOT / "models" / MODEL / "config.yaml").read_text())
+        raw["generation"].update(args.set)
+        (repo / MODEL / "config.yaml").write_text(yaml.safe_dump(raw))
         mirror_files(ROOT / "models" / MODEL / "1", repo / MODEL / "1")
         port = free_port()
         mesh = Mesh(
@@ -163,14 +165,19 @@ async def bench(args: argparse.Namespace) -> None:
         finally:
             await client.close()
             mesh.stop()
-    report(rounds, lengths, args.copies)
+    report(rounds, lengths, args.copies, args.set)
 
 
-def report(rounds: list[tuple[Phase, Phase]], lengths: list[int], copies: int) -> None:
+def report(
+    rounds: list[tuple[Phase, Phase]], lengths: list[int], copies: int, settings: dict[str, int]
+) -> None:
     def med(values: list[float]) -> float:
         return statistics.median(values)
 
-    print(f"generate_mesh {time.strftime('%Y-%m-%d %H:%M')}, {len(rounds)} rounds, copies {copies}")
+    print(
+        f"generate_mesh {time.strftime('%Y-%m-%d %H:%M')}, {len(rounds)} rounds, "
+        f"copies {copies}, settings {settings or 'as configured'}"
+    )
     print(
         "| request | max_new_tokens | tokens | solo e2e s | together e2e s | solo TTFT ms |"
         " together TTFT ms |"
@@ -199,12 +206,25 @@ def report(rounds: list[tuple[Phase, Phase]], lengths: list[int], copies: int) -
     )
 
 
+def _setting(text: str) -> tuple[str, int]:
+    key, _, value = text.partition("=")
+    return key, int(value)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--copies", type=int, default=1)
     parser.add_argument("--lengths", default=DEFAULT_LENGTHS)
+    parser.add_argument(
+        "--set",
+        type=_setting,
+        action="append",
+        default=[],
+        help="KEY=INT: override a generation setting of the config (e.g. step_tokens=128)",
+    )
     args = parser.parse_args()
+    args.set = dict(args.set)
     if not (ROOT / "models" / MODEL / "1" / "model.onnx").is_file():
         sys.exit("models/smollm2 is not fetched: run `tiermesh models fetch smollm2` first")
     asyncio.run(bench(args))

@@ -113,6 +113,26 @@ def test_batched_logits_equal_one_uncached_run(session: ort.InferenceSession) ->
         np.testing.assert_allclose(np.stack(chooser.logits[rid]), expected, atol=1e-4)
 
 
+@pytest.mark.parametrize("chunk", [2, 3, 4])
+def test_sequences_leaving_and_joining_keep_every_cache_exact(
+    session: ort.InferenceSession, chunk: int
+) -> None:
+    """Two slots, six requests of different lengths: sequences leave while others finish
+    their prefill and join, so the decode batch changes members between runs (while it
+    does not, its cache arrays are reused as they are); every step's logits still equal an
+    uncached run of the whole text."""
+    limits = Limits(max_sequences=2, max_kv_tokens=1000, prefill_chunk=chunk, step_tokens=2 + chunk)
+    chooser = NoRepeat()
+    engine = Engine(session, stop_ids=(), limits=limits, clock_ns=FakeClock(), choose=chooser)
+    prompts = {f"{rid}.{k}": p for k in range(2) for rid, p in PROMPTS.items() if len(p) < 15}
+    for i, (rid, prompt) in enumerate(prompts.items()):
+        engine.submit(GenRequest(rid, prompt, 2 + (5 * i) % 7, arrived_ns=i))
+    tokens, _ = run_all(engine)
+    for rid, prompt in prompts.items():
+        expected = full_logits(session, [*prompt, *tokens[rid][:-1]])[len(prompt) - 1 :]
+        np.testing.assert_allclose(np.stack(chooser.logits[rid]), expected, atol=1e-4)
+
+
 def test_stop_token_ends_a_sequence(session: ort.InferenceSession) -> None:
     alone, _ = greedy(session, np.array([PROMPTS["p7"]], np.int64), 10, stop=())
     stop = alone[3]

@@ -86,6 +86,9 @@ class Engine:
         self._running: list[SeqState] = []
         # request id -> cache name -> [n_kv_heads, kv_len, head_dim]
         self._cache: dict[str, dict[str, np.ndarray]] = {}
+        # The last decode run's sequences and its present arrays: while the same sequences
+        # decode again, those arrays are the next past as they are (no re-stacking).
+        self._decoded: tuple[tuple[str, ...], list[np.ndarray]] | None = None
 
     # -- intake ---------------------------------------------------------------------------
 
@@ -172,6 +175,7 @@ class Engine:
         return events
 
     def _release(self, request_id: str) -> None:
+        self._decoded = None  # its cache lives in those arrays too
         self._running = [s for s in self._running if s.request_id != request_id]
         self._cache.pop(request_id, None)
         self._rngs.pop(request_id, None)
@@ -195,20 +199,33 @@ class Engine:
         ids = np.zeros((rows, longest_new), np.int64)
         positions = np.zeros((rows, longest_new), np.int64)
         mask = np.zeros((rows, longest_past + longest_new), np.int64)
-        past = {
-            n: np.zeros((rows, h, longest_past, d), np.float32)
-            for n, (h, d) in self._kv_dims.items()
-        }
+        members = tuple(s.request_id for s, _ in batch)
+        decoding = not any(s.prefilling for s, _ in batch)
+        # Each row's cache is right-aligned at longest_past, so after a decode run of the
+        # same rows the presents are laid out as this run's past already.
+        reused = self._decoded[1] if self._decoded and self._decoded[0] == members else None
+        past = (
+            dict(zip(self._past_names, reused, strict=True))
+            if decoding and reused is not None
+            else {
+                n: np.zeros((rows, h, longest_past, d), np.float32)
+                for n, (h, d) in self._kv_dims.items()
+            }
+        )
         for b, (seq, n) in enumerate(batch):
             ids[b, :n] = _tokens_to_feed(seq, n)
             positions[b] = seq.kv_len + np.arange(longest_new)
             mask[b, longest_past - seq.kv_len : longest_past + n] = 1
+            if decoding and reused is not None:
+                continue
             cache = self._cache[seq.request_id]
             for name, array in past.items():
                 array[b, :, longest_past - seq.kv_len :] = cache[name]
         feeds = {"input_ids": ids, "attention_mask": mask, "position_ids": positions, **past}
         values = self._session.run(self._outputs, feeds)
         logits, presents = values[0], values[1:]
+        if decoding:
+            self._decoded = (members, presents)
 
         produced: list[tuple[SeqState, int]] = []
         for b, (seq, n) in enumerate(batch):
