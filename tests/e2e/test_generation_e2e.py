@@ -10,6 +10,8 @@ import math
 import os
 import queue
 import signal
+import subprocess
+import sys
 import threading
 import time
 import urllib.request
@@ -236,6 +238,24 @@ def test_seeded_sampling_is_reproducible(mesh: UpProcess) -> None:
     stop = first.split()[2]
     cut = text_of(infer(mesh, LONG_PROMPT, **asked, stop=json.dumps([stop])))
     assert cut == first[: first.index(stop)]
+
+
+def test_the_generate_command_prints_the_answer_as_it_comes(mesh: UpProcess) -> None:
+    def command(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "tiermesh.cli.main", "generate", "--url", mesh.url, *args],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+
+    done = command("What is the capital of France?")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "The capital of France is Paris.\n"
+    assert "8 tokens" in done.stderr and "finish stop" in done.stderr
+    refused = command("hi", "--temperature", "nan")
+    assert refused.returncode == 1
+    assert "temperature: nan is not a finite number" in refused.stderr
 
 
 def test_kill_9_the_worker_mid_answer_loses_nothing(new_up: Callable[..., UpProcess]) -> None:

@@ -139,6 +139,15 @@ def cmd_infer(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_generate(args: argparse.Namespace) -> int:
+    from tiermesh.cli.generate import Ask, run
+
+    ask = Ask(
+        args.prompt, args.max_new_tokens, args.temperature, args.top_p, args.seed, tuple(args.stop)
+    )
+    return run(endpoint_of(args), args.model, ask, stream=not args.no_stream)
+
+
 def cmd_similarity(args: argparse.Namespace) -> int:
     from tiermesh.cli.infer import similarity
 
@@ -269,6 +278,20 @@ def parser() -> argparse.ArgumentParser:
     inf.add_argument("--priority", type=int, default=0)
     inf.add_argument("--variant", default="", help="fp32, int8, ... (default: the model's)")
     inf.set_defaults(func=cmd_infer)
+
+    gen = sub.add_parser(
+        "generate", help="one prompt to a generative model; the answer printed as it comes"
+    )
+    gen.add_argument("prompt")
+    add_endpoint_args(gen)
+    gen.add_argument("--model", default="smollm2")
+    gen.add_argument("--max-new-tokens", type=int, default=None)
+    gen.add_argument("--temperature", type=float, default=None, help="0 (default): greedy")
+    gen.add_argument("--top-p", type=float, default=None)
+    gen.add_argument("--seed", type=int, default=None)
+    gen.add_argument("--stop", action="append", default=[], help="a stop string (repeatable)")
+    gen.add_argument("--no-stream", action="store_true", help="ModelInfer: the whole answer")
+    gen.set_defaults(func=cmd_generate)
 
     sim = sub.add_parser("similarity", help="cosine similarity of two texts' embeddings")
     sim.add_argument("a")
