@@ -10,17 +10,21 @@ from collections.abc import AsyncIterator, Iterator, Sequence
 from pathlib import Path
 
 import numpy as np
+import onnxruntime as ort
 import pytest
 import redis
 import redis.asyncio as aioredis
 from onnx import TensorProto, helper, numpy_helper
 
+from tests.tiny_llama import write_tiny_gguf
 from tiermesh.convert.fetch import default_cache_dir
+from tiermesh.convert.llama import convert_gguf
 from tiermesh.convert.minilm import fetch_minilm
 from tiermesh.core.builtin_models import BUILDERS, IR_VERSION, OPSET, build_into, build_mlp
 from tiermesh.core.model_files import mirror_files
 from tiermesh.up.certs import DevCerts, write_dev_certs
 from tiermesh.up.processes import free_port
+from tiermesh.worker.runner import session_options
 
 ROOT = Path(__file__).resolve().parent.parent
 MODELS = ROOT / "models"
@@ -211,3 +215,12 @@ def copy_model(repo: Path, source: str, name: str, tamper: bool = False) -> None
     if tamper:
         with (repo / name / "1" / "model.onnx").open("ab") as f:
             f.write(b"\0")
+
+
+@pytest.fixture(scope="session")
+def tiny_decoder(tmp_path_factory: pytest.TempPathFactory) -> ort.InferenceSession:
+    """An onnxruntime session of the decoder converted from a tiny random llama GGUF."""
+    d = tmp_path_factory.mktemp("tiny_decoder")
+    write_tiny_gguf(d / "tiny.gguf")
+    convert_gguf(d / "tiny.gguf", d / "tiny.onnx")
+    return ort.InferenceSession(str(d / "tiny.onnx"), session_options(1))

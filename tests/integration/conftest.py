@@ -13,6 +13,7 @@ import pytest
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
+from tiermesh.core.server import make_server
 from tiermesh.core.settings import (
     GatewaySettings,
     PostprocessSettings,
@@ -21,8 +22,14 @@ from tiermesh.core.settings import (
 )
 from tiermesh.core.telemetry import Telemetry
 from tiermesh.gateway.__main__ import serve as serve_gateway
+from tiermesh.gateway.pending import PendingRequests
+from tiermesh.gateway.servicer import DeliveryServicer
 from tiermesh.postprocess.__main__ import serve as serve_postprocess
+from tiermesh.postprocess.gateways import GatewayClients
+from tiermesh.postprocess.servicer import PostprocessServicer
+from tiermesh.postprocess.steps import Steps
 from tiermesh.router.__main__ import serve as serve_router
+from tiermesh.v1 import delivery_pb2_grpc, postprocess_pb2_grpc
 from tiermesh.worker.__main__ import serve as serve_worker
 
 
@@ -135,3 +142,34 @@ async def mesh(redis_url: str, model_repo: Path) -> AsyncIterator[InProcessMesh]
         yield m
     finally:
         await m.close()
+
+
+@dataclass
+class Downstream:
+    pending: PendingRequests
+    delivery_address: str
+    postprocess_address: str
+
+
+@pytest.fixture
+async def downstream() -> AsyncIterator[Downstream]:
+    """A real postprocess server delivering to a real Delivery server, both on port 0."""
+    telemetry = Telemetry("test")
+    pending = PendingRequests()
+    delivery = make_server(telemetry)
+    delivery_pb2_grpc.add_DeliveryServicer_to_server(DeliveryServicer(pending, telemetry), delivery)
+    dport = delivery.add_insecure_port("127.0.0.1:0")
+    gateways = GatewayClients(telemetry, 5)
+    post = make_server(telemetry)
+    postprocess_pb2_grpc.add_PostprocessServicer_to_server(
+        PostprocessServicer(Steps(), gateways, telemetry), post
+    )
+    pport = post.add_insecure_port("127.0.0.1:0")
+    await delivery.start()
+    await post.start()
+    try:
+        yield Downstream(pending, f"127.0.0.1:{dport}", f"127.0.0.1:{pport}")
+    finally:
+        await post.stop(None)
+        await delivery.stop(None)
+        await gateways.close()

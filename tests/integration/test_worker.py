@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -15,21 +14,16 @@ import pytest
 import redis.asyncio as aioredis
 
 from tests.conftest import copy_repository
+from tests.integration.conftest import Downstream
 from tiermesh.core import keys
 from tiermesh.core.jobs import Job
 from tiermesh.core.keys import StreamKey
 from tiermesh.core.repository import ModelRepository
-from tiermesh.core.server import make_channel, make_server
+from tiermesh.core.server import make_channel
 from tiermesh.core.telemetry import Telemetry
 from tiermesh.core.tensors import from_numpy
 from tiermesh.core.wire import encode_job
-from tiermesh.gateway.pending import PendingRequests
-from tiermesh.gateway.servicer import DeliveryServicer
-from tiermesh.postprocess.gateways import GatewayClients
-from tiermesh.postprocess.servicer import PostprocessServicer
-from tiermesh.postprocess.steps import Steps
 from tiermesh.up.processes import free_port
-from tiermesh.v1 import delivery_pb2_grpc, postprocess_pb2_grpc
 from tiermesh.worker.handoff import PostprocessClient
 from tiermesh.worker.loop import Worker
 from tiermesh.worker.runner import ModelRunner
@@ -38,37 +32,6 @@ from tiermesh.worker.streams import Entry, StreamClient
 pytestmark = pytest.mark.integration
 UNIT = keys.compute_unit("mlp", "fp32", "1")
 STREAM = StreamKey(UNIT, "center", 2, 0)
-
-
-@dataclass
-class Downstream:
-    pending: PendingRequests
-    delivery_address: str
-    postprocess_address: str
-
-
-@pytest.fixture
-async def downstream() -> AsyncIterator[Downstream]:
-    """A real postprocess server delivering to a real Delivery server, both on port 0."""
-    telemetry = Telemetry("test")
-    pending = PendingRequests()
-    delivery = make_server(telemetry)
-    delivery_pb2_grpc.add_DeliveryServicer_to_server(DeliveryServicer(pending, telemetry), delivery)
-    dport = delivery.add_insecure_port("127.0.0.1:0")
-    gateways = GatewayClients(telemetry, 5)
-    post = make_server(telemetry)
-    postprocess_pb2_grpc.add_PostprocessServicer_to_server(
-        PostprocessServicer(Steps(), gateways, telemetry), post
-    )
-    pport = post.add_insecure_port("127.0.0.1:0")
-    await delivery.start()
-    await post.start()
-    try:
-        yield Downstream(pending, f"127.0.0.1:{dport}", f"127.0.0.1:{pport}")
-    finally:
-        await post.stop(None)
-        await delivery.stop(None)
-        await gateways.close()
 
 
 class RecordingStreams(StreamClient):

@@ -165,3 +165,12 @@ def test_model_control_needs_the_mode_and_an_admin_tenant() -> None:
         with pytest.raises(MeshError) as err:
             check_allowed(enabled, auth_on, tenant)
         assert err.value.code == grpc.StatusCode.PERMISSION_DENIED
+
+
+def test_generation_parameters_come_through_the_rest_door() -> None:
+    doc = {
+        "inputs": [{"name": "text_input", "datatype": "BYTES", "shape": [1], "data": ["hi"]}],
+        "parameters": {"max_new_tokens": 5, "temperature": 0.5, "stop": ["a", "b"], "x": 1},
+    }
+    req, _ = parse_infer(json.dumps(doc).encode(), None, "smollm2", "")
+    assert req.parameters == {"max_new_tokens": 5, "temperature": 0.5, "stop": ["a", "b"]}

@@ -142,6 +142,8 @@ class GenerationSpec:
     context_length: int = 2048
     max_new_tokens: int = 512
     max_prompt_bytes: int = 16_384
+    # A request without a deadline of its own gets this one (answers take seconds, not ms).
+    default_timeout_ms: int = 120_000
     max_sequences: int = 8
     max_kv_tokens: int = 8192
     prefill_chunk: int = 64
@@ -410,6 +412,7 @@ def _check_generation(cfg: ModelConfig, where: str) -> None:
         "context_length": gen.context_length,
         "max_new_tokens": gen.max_new_tokens,
         "max_prompt_bytes": gen.max_prompt_bytes,
+        "default_timeout_ms": gen.default_timeout_ms,
         "max_sequences": gen.max_sequences,
         "max_kv_tokens": gen.max_kv_tokens,
         "prefill_chunk": gen.prefill_chunk,

@@ -23,6 +23,7 @@ from tiermesh.core.errors import MeshError, invalid, shown
 from tiermesh.core.jobs import JobResult
 from tiermesh.core.tensors import BYTES, DATATYPES, TensorData, join_bytes, split_bytes
 from tiermesh.gateway.converters import MAX_INPUTS, MAX_RANK, response_facts
+from tiermesh.gateway.generation import PARAMETERS as GENERATION_PARAMETERS
 from tiermesh.gateway.requests import InferRequest
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
@@ -246,6 +247,7 @@ def parse_infer(
         timeout_us=_int_param(params, "timeout"),
         variant=_str_param(params, "variant"),
         sticky_key=_str_param(params, "sticky_key"),
+        parameters={k: params[k] for k in GENERATION_PARAMETERS if k in params},
     )
     return req, OutputChoice(params.get("binary_data_output") is True, binary_out)
 

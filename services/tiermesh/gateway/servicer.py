@@ -228,7 +228,9 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
                 received_ns,
                 caller.time_remaining_s,
                 req.timeout_us,
-                self._settings.default_timeout_ms,
+                cfg.generation.default_timeout_ms
+                if cfg.generation
+                else self._settings.default_timeout_ms,
             ),
             requested_outputs=req.requested_outputs,
             timing=Timing(received_ns=received_ns),

@@ -106,6 +106,7 @@ class GenerationWorker:
         self._room = asyncio.Event()
         self._outbox: list[tuple[JobResult, Entry | None]] = []
         self._mail = asyncio.Event()
+        self._closed = False
         self._stopping = asyncio.Event()
         self._leaving = False
         self.started = asyncio.Event()
@@ -147,9 +148,11 @@ class GenerationWorker:
         finally:
             running = [r.task for r in self._running.values() if r.task is not None]
             await asyncio.gather(*running, return_exceptions=True)
-            self._mail.set()
             self._service.stop()
-            await self._drain_outbox(sender)
+            # The last answers are handed off and acknowledged, never cut short.
+            self._closed = True
+            self._mail.set()
+            await asyncio.shield(sender)
             for task in owned:
                 task.cancel()
             await asyncio.gather(*owned, return_exceptions=True)
@@ -274,26 +277,17 @@ class GenerationWorker:
 
     async def _send(self) -> None:
         """One hand-off at a time, each taking everything posted meanwhile (the pieces of a
-        whole engine step travel as one batch)."""
+        whole engine step travel as one batch); returns once closed and all is sent."""
         while True:
-            await self._mail.wait()
+            if not self._closed:
+                await self._mail.wait()
             self._mail.clear()
             await asyncio.sleep(0)  # every request of the step posts its piece first
             batch, self._outbox = self._outbox, []
             if batch:
                 await self._hand_off(batch)
-
-    async def _drain_outbox(self, sender: asyncio.Task[None]) -> None:
-        while self._outbox:
-            await asyncio.sleep(0)
-            if sender.done():
-                break
-        sender.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await sender
-        if self._outbox:  # the sender died: hand off what is left here
-            batch, self._outbox = self._outbox, []
-            await self._hand_off(batch)
+            elif self._closed:
+                return
 
     async def _hand_off(self, batch: list[tuple[JobResult, Entry | None]]) -> None:
         results = [r for r, _ in batch if r is not _NOTHING]

@@ -1,0 +1,215 @@
+"""A worker's generative loop (worker/generation.py) on a tiny converted decoder, against real
+Redis, a real postprocess and a real Delivery server: pieces then the answer, acknowledgement
+after the hand-off, callers that leave, expired requests, a graceful stop, and a running
+entry that no other worker's reclaim takes over."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+import redis.asyncio as aioredis
+
+from tests.integration.conftest import Downstream
+from tests.polling import until
+from tiermesh.convert.llama_check import greedy
+from tiermesh.core import keys
+from tiermesh.core.jobs import Generation, Job, JobResult, Timing
+from tiermesh.core.keys import StreamKey
+from tiermesh.core.repository import ModelConfig, parse_config
+from tiermesh.core.server import make_channel
+from tiermesh.core.telemetry import Telemetry
+from tiermesh.core.tensors import from_numpy
+from tiermesh.core.wire import encode_job
+from tiermesh.generate.detok import TextStream
+from tiermesh.generate.engine import Engine
+from tiermesh.generate.scheduler import Limits
+from tiermesh.generate.service import GenerationService
+from tiermesh.generate.tensors import output_text
+from tiermesh.worker.generation import GenerationTimers, GenerationWorker
+from tiermesh.worker.handoff import PostprocessClient
+from tiermesh.worker.streams import StreamClient
+
+pytestmark = pytest.mark.integration
+UNIT = keys.compute_unit("tiny", "fp32", "1")
+STREAM = StreamKey(UNIT, "center", 1, 0)
+PROMPT = (5, 17, 42, 9)
+CONFIG = {
+    "name": "tiny",
+    "max_batch_size": 0,
+    "inputs": [{"name": "text_input", "datatype": "BYTES", "dims": [1]}],
+    "outputs": [{"name": "text_output", "datatype": "BYTES", "dims": [1]}],
+    "generation": {"context_length": 256, "max_new_tokens": 200, "max_kv_tokens": 1024},
+    "versions": {"1": {"model.onnx": "0" * 64}},
+}
+
+
+def decode(ids: Sequence[int]) -> str:
+    return "".join(f"<{i}>" for i in ids)
+
+
+def text(stop: Sequence[str]) -> TextStream:
+    return TextStream(decode, stop)
+
+
+@dataclass
+class Rig:
+    worker: GenerationWorker
+    service: GenerationService
+    task: asyncio.Task[None]
+    redis: aioredis.Redis
+    down: Downstream
+
+    async def send(self, rid: str, new: int, stream: bool = True, deadline_ns: int = 0) -> None:
+        ids = from_numpy("input_ids", np.asarray([PROMPT], np.int64), "INT64")
+        job = Job(
+            rid,
+            "tiny",
+            (ids,),
+            self.down.delivery_address,
+            deadline_ns=deadline_ns,
+            version="1",
+            variant="fp32",
+            priority=1,
+            tier="center",
+            timing=Timing(enqueued_ns=1),
+            generation=Generation(new, stream=stream),
+        )
+        await self.redis.xadd(STREAM.name, {keys.JOB_FIELD: encode_job(job)})
+
+    async def backlog(self) -> int:
+        """Entries in the stream (delivered or not): 0 once everything is acknowledged."""
+        return int(await self.redis.xlen(STREAM.name))
+
+
+@pytest.fixture
+async def rig(
+    redis_url: str,
+    tiny_decoder: ort.InferenceSession,
+    downstream: Downstream,
+) -> AsyncIterator[Rig]:
+    redis = aioredis.Redis.from_url(redis_url)
+    channel = make_channel(downstream.postprocess_address, Telemetry("test"))
+    worker, service = make_worker(redis, tiny_decoder, channel, "w1")
+    task = asyncio.create_task(worker.run())
+    await worker.started.wait()
+    try:
+        yield Rig(worker, service, task, redis, downstream)
+    finally:
+        worker.stop()
+        await asyncio.wait_for(task, 10)
+        await channel.close()
+        await redis.aclose()
+
+
+def make_worker(
+    redis: aioredis.Redis, session: ort.InferenceSession, channel: Any, consumer: str, **timers: int
+) -> tuple[GenerationWorker, GenerationService]:
+    cfg: ModelConfig = parse_config(CONFIG, "tiny")
+    service = GenerationService(Engine(session, (), Limits(max_sequences=2, max_kv_tokens=1024)))
+    worker = GenerationWorker(
+        unit=UNIT,
+        cfg=cfg,
+        tier="center",
+        service=service,
+        text=text,
+        streams=StreamClient(redis, consumer),
+        handoff=PostprocessClient(channel),
+        timers=GenerationTimers(poll_block_ms=20, cancel_poll_ms=20, **timers),
+    )
+    return worker, service
+
+
+async def test_pieces_then_the_answer_then_the_ack(rig: Rig, tiny_decoder: Any) -> None:
+    pieces: list[JobResult] = []
+    answer = rig.down.pending.register("a", pieces.append)
+    await rig.send("a", 6)
+    result = await asyncio.wait_for(answer, 10)
+    expected, _ = greedy(tiny_decoder, np.array([PROMPT], np.int64), 6, stop=())
+    assert output_text(result.outputs) == decode(expected)
+    assert "".join(output_text(p.outputs) for p in pieces) == decode(expected)
+    offsets = [p.text_offset for p in pieces]
+    assert offsets == sorted(offsets) and offsets[0] == 0
+    assert result.annotations["generated_tokens"] == "6"
+    assert result.annotations["finish_reason"] == "length"
+    await until(lambda: _zero(rig.backlog()), "the entry to be acknowledged")
+
+
+async def test_a_whole_answer_has_no_pieces(rig: Rig) -> None:
+    pieces: list[JobResult] = []
+    answer = rig.down.pending.register("b", pieces.append)
+    await rig.send("b", 4, stream=False)
+    assert len(output_text((await asyncio.wait_for(answer, 10)).outputs)) > 0
+    assert pieces == []
+
+
+async def test_a_caller_who_left_frees_the_slot(rig: Rig) -> None:
+    started = asyncio.Event()
+    answer = rig.down.pending.register("c", lambda _: started.set())
+    await rig.send("c", 200)
+    await asyncio.wait_for(started.wait(), 10)
+    await rig.redis.set(keys.cancel_key("c"), 1)
+    await until(lambda: _true(rig.service.running == 0), "the sequence to stop")
+    await until(lambda: _zero(rig.backlog()), "the entry to be acknowledged")
+    assert rig.worker.cancelled == 1 and not answer.done()
+
+
+async def test_an_expired_request_is_acknowledged_unrun(rig: Rig) -> None:
+    await rig.send("d", 5, deadline_ns=1)
+    await until(lambda: _zero(rig.backlog()), "the entry to be acknowledged")
+    assert rig.worker.generated == 0
+
+
+async def test_stop_finishes_what_runs_and_hands_it_off(rig: Rig) -> None:
+    started = asyncio.Event()
+    answer = rig.down.pending.register("e", lambda _: started.set())
+    await rig.send("e", 40)
+    await asyncio.wait_for(started.wait(), 10)
+    rig.worker.stop()
+    await asyncio.wait_for(rig.task, 10)
+    assert (await answer).annotations["generated_tokens"] == "40"
+    assert await rig.backlog() == 0
+
+
+async def test_a_running_entry_is_not_taken_over(
+    redis_url: str,
+    tiny_decoder: ort.InferenceSession,
+    downstream: Downstream,
+) -> None:
+    """Worker 2 reclaims entries idle for 150 ms; worker 1's answer runs far longer, touching
+    its entry meanwhile, so worker 2 never takes it."""
+    redis = aioredis.Redis.from_url(redis_url)
+    channel = make_channel(downstream.postprocess_address, Telemetry("test"))
+    timers = {"reclaim_min_idle_ms": 150, "reclaim_interval_ms": 30}
+    one, one_service = make_worker(redis, tiny_decoder, channel, "w1", **timers)
+    two, _ = make_worker(redis, tiny_decoder, channel, "w2", **timers)
+    first = asyncio.create_task(one.run())
+    await one.started.wait()
+    rig = Rig(one, one_service, first, redis, downstream)
+    answer = downstream.pending.register("f", lambda _: None)
+    await rig.send("f", 200)
+    await until(lambda: _true(bool(one._running)), "worker 1 to take the request")
+    second = asyncio.create_task(two.run())
+    try:
+        result = await asyncio.wait_for(answer, 30)
+        assert result.worker == "w1" and result.annotations["generated_tokens"] == "200"
+        assert two.generated == 0 and not two._running
+    finally:
+        one.stop()
+        two.stop()
+        await asyncio.wait_for(asyncio.gather(first, second), 10)
+        await channel.close()
+        await redis.aclose()
+
+
+async def _zero(value: Any) -> bool:
+    return await value == 0
+
+
+async def _true(value: bool) -> bool:
+    return value
