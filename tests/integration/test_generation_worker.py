@@ -14,6 +14,10 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 import redis.asyncio as aioredis
+from opentelemetry import trace
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import SpanKind
 
 from tests.integration.conftest import Downstream
 from tests.polling import until
@@ -39,6 +43,7 @@ pytestmark = pytest.mark.integration
 UNIT = keys.compute_unit("tiny", "fp32", "1")
 STREAM = StreamKey(UNIT, "center", 1, 0)
 PROMPT = (5, 17, 42, 9)
+TRACE_ID, PARENT_ID = "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"
 CONFIG = {
     "name": "tiny",
     "max_batch_size": 0,
@@ -64,6 +69,7 @@ class Rig:
     task: asyncio.Task[None]
     redis: aioredis.Redis
     down: Downstream
+    spans: InMemorySpanExporter | None = None
 
     async def send(self, rid: str, new: int, stream: bool = True, deadline_ns: int = 0) -> None:
         ids = from_numpy("input_ids", np.asarray([PROMPT], np.int64), "INT64")
@@ -78,6 +84,7 @@ class Rig:
             priority=1,
             tier="center",
             timing=Timing(enqueued_ns=1),
+            trace_context={"traceparent": f"00-{TRACE_ID}-{PARENT_ID}-01"},
             generation=Generation(new, stream=stream),
         )
         await self.redis.xadd(STREAM.name, {keys.JOB_FIELD: encode_job(job)})
@@ -94,12 +101,15 @@ async def rig(
     downstream: Downstream,
 ) -> AsyncIterator[Rig]:
     redis = aioredis.Redis.from_url(redis_url)
-    channel = make_channel(downstream.postprocess_address, Telemetry("test"))
-    worker, service = make_worker(redis, tiny_decoder, channel, "w1")
+    telemetry = Telemetry("test")
+    spans = InMemorySpanExporter()
+    telemetry.provider.add_span_processor(SimpleSpanProcessor(spans))
+    channel = make_channel(downstream.postprocess_address, telemetry)
+    worker, service = make_worker(redis, tiny_decoder, channel, "w1", tracer=telemetry.tracer)
     task = asyncio.create_task(worker.run())
     await worker.started.wait()
     try:
-        yield Rig(worker, service, task, redis, downstream)
+        yield Rig(worker, service, task, redis, downstream, spans)
     finally:
         worker.stop()
         await asyncio.wait_for(task, 10)
@@ -108,7 +118,12 @@ async def rig(
 
 
 def make_worker(
-    redis: aioredis.Redis, session: ort.InferenceSession, channel: Any, consumer: str, **timers: int
+    redis: aioredis.Redis,
+    session: ort.InferenceSession,
+    channel: Any,
+    consumer: str,
+    tracer: trace.Tracer | None = None,
+    **timers: int,
 ) -> tuple[GenerationWorker, GenerationService]:
     cfg: ModelConfig = parse_config(CONFIG, "tiny")
     service = GenerationService(Engine(session, (), Limits(max_sequences=2, max_kv_tokens=1024)))
@@ -121,6 +136,7 @@ def make_worker(
         streams=StreamClient(redis, consumer),
         handoff=PostprocessClient(channel),
         timers=GenerationTimers(poll_block_ms=20, cancel_poll_ms=20, **timers),
+        tracer=tracer,
     )
     return worker, service
 
@@ -138,6 +154,13 @@ async def test_pieces_then_the_answer_then_the_ack(rig: Rig, tiny_decoder: Any) 
     assert result.annotations["generated_tokens"] == "6"
     assert result.annotations["finish_reason"] == "length"
     await until(lambda: _zero(rig.backlog()), "the entry to be acknowledged")
+    assert rig.spans is not None
+    (span,) = [s for s in rig.spans.get_finished_spans() if s.name.endswith(" generate")]
+    assert span.kind == SpanKind.CONSUMER and span.parent is not None
+    assert f"{span.context.trace_id:032x}" == TRACE_ID
+    assert f"{span.parent.span_id:016x}" == PARENT_ID
+    assert span.attributes is not None
+    assert span.attributes["tiermesh.generated_tokens"] == "6"
 
 
 async def test_a_whole_answer_has_no_pieces(rig: Rig) -> None:

@@ -150,6 +150,7 @@ async def serve(
                 max_deliveries=settings.max_deliveries,
             ),
             metrics=gen_metrics,
+            tracer=telemetry.tracer,
         )
         for unit, gen in opened.items()
     ]

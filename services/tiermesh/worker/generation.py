@@ -23,11 +23,14 @@ from dataclasses import dataclass
 import grpc
 import redis.asyncio as aioredis
 import structlog
+from opentelemetry import trace
+from opentelemetry.trace import SpanKind
 
 from tiermesh.core import keys
 from tiermesh.core.jobs import Job, JobResult
 from tiermesh.core.keys import StreamKey
 from tiermesh.core.model_config import ModelConfig
+from tiermesh.core.telemetry import extract
 from tiermesh.core.tensors import to_numpy
 from tiermesh.core.wire import decode_job
 from tiermesh.generate.detok import TextStream
@@ -87,8 +90,10 @@ class GenerationWorker:
         handoff: PostprocessClient,
         timers: GenerationTimers = GenerationTimers(),
         metrics: GenerationMetrics | None = None,
+        tracer: trace.Tracer | None = None,
         clock_ns: Callable[[], int] = time.time_ns,
     ) -> None:
+        self._tracer = tracer or trace.get_tracer("tiermesh.worker.generation")
         assert cfg.generation is not None
         self.unit = unit
         self.tier = tier
@@ -203,7 +208,26 @@ class GenerationWorker:
             )
 
     async def _generate(self, run: _Running) -> None:
-        """Follow one request to its end; the entry is acknowledged after its answer."""
+        """Follow one request to its end (in a CONSUMER span of its own trace, through the
+        queue); the entry is acknowledged after its answer."""
+        with self._tracer.start_as_current_span(
+            f"{run.entry.stream.name} generate",
+            context=extract(run.job.trace_context),
+            kind=SpanKind.CONSUMER,
+        ) as span:
+            span.set_attribute("messaging.system", "redis")
+            span.set_attribute("messaging.operation.type", "process")
+            span.set_attribute("messaging.destination.name", run.entry.stream.name)
+            span.set_attribute("tiermesh.request_id", run.job.request_id)
+            result = await self._follow(run)
+            if result is not None:
+                for key in ("prompt_tokens", "generated_tokens", "finish_reason"):
+                    if key in result.annotations:
+                        span.set_attribute(f"tiermesh.{key}", result.annotations[key])
+
+    async def _follow(self, run: _Running) -> JobResult | None:
+        """The request's tokens as text, to its end; its final result (None when nobody
+        waits for one), posted for hand-off."""
         job, stream = run.job, run.stream
         gen = job.generation
         assert gen is not None
@@ -238,7 +262,7 @@ class GenerationWorker:
         if end in UNANSWERED or timings is None:
             self.cancelled += end == "cancelled"
             self._ack_later(run.entry)
-            return
+            return None
         if end.startswith("rejected:"):
             result = JobResult.for_job(
                 job,
@@ -262,6 +286,7 @@ class GenerationWorker:
                 },
             )
         self._post(result, run.entry)
+        return result
 
     # -- hand-off -----------------------------------------------------------------------
 
