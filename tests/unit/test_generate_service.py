@@ -83,3 +83,52 @@ async def test_cancel_ends_the_stream_and_frees_the_engine(
     finally:
         service.stop()
         await asyncio.wait_for(runner, 10)
+
+
+async def test_a_cancel_from_elsewhere_wakes_a_waiting_reader(
+    tiny_decoder: ort.InferenceSession,
+) -> None:
+    """The caller leaves while its reader waits for the next token (a worker's cancel watch
+    runs in another task): the reader's loop ends instead of waiting for ever."""
+    engine = Engine(tiny_decoder, stop_ids=(), limits=Limits(max_sequences=1, step_tokens=8))
+    service = GenerationService(engine)
+    runner = asyncio.create_task(service.run())
+    try:
+        stream = service.submit(GenRequest("a", PROMPTS["p7"], max_new_tokens=200))
+        first = asyncio.Event()
+
+        async def read() -> int:
+            n = 0
+            async for _ in stream:
+                n += 1
+                first.set()
+            return n
+
+        reader = asyncio.create_task(read())
+        await first.wait()
+        stream.cancel()
+        assert await asyncio.wait_for(reader, 10) >= 1
+        assert stream.timings is not None and stream.timings.end == "cancelled"
+    finally:
+        service.stop()
+        await asyncio.wait_for(runner, 10)
+
+
+async def test_a_failing_step_ends_its_requests_with_an_error(
+    tiny_decoder: ort.InferenceSession,
+) -> None:
+    """onnxruntime refuses a token id outside the vocabulary (only a client bypassing the
+    router could send one): the requests of that step end with "error", the next ones run."""
+    engine = Engine(tiny_decoder, stop_ids=(), limits=Limits(max_sequences=4, step_tokens=16))
+    service = GenerationService(engine)
+    runner = asyncio.create_task(service.run())
+    try:
+        bad = service.submit(GenRequest("bad", (5, 10**6), max_new_tokens=3))
+        assert [t async for t in bad] == []
+        assert bad.timings is not None and bad.timings.end == "error"
+        good = service.submit(GenRequest("good", PROMPTS["p3"], max_new_tokens=3))
+        assert len([t async for t in good]) == 3
+        assert engine.idle() and engine.reserved_tokens == 0
+    finally:
+        service.stop()
+        await asyncio.wait_for(runner, 10)

@@ -16,10 +16,13 @@ import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
+import structlog
+
 from tiermesh.generate.engine import Engine, Event
 from tiermesh.generate.scheduler import GenRequest
 
 NS_PER_MS = 1_000_000
+log = structlog.get_logger("tiermesh.generate")
 
 
 @dataclass(frozen=True)
@@ -31,7 +34,7 @@ class GenTimings:
     generated_tokens: int
     ttft_ms: float
     tpot_ms: float
-    end: str  # stop, length, deadline, cancelled; or rejected:<reason>
+    end: str  # stop, length, deadline, cancelled, error; or rejected:<reason>
 
 
 def timings(prompt_tokens: int, submitted_ns: int, token_ns: list[int], end: str) -> GenTimings:
@@ -117,6 +120,16 @@ class GenerationService:
         self.running = len(self._engine.running)
         self.reserved_tokens = self._engine.reserved_tokens
 
+    def _fail_all(self) -> list[Event]:
+        """A step raised (onnxruntime refused a run): which request caused it is unknown, so
+        every request in the engine ends with "error" (no retry could help them all) and
+        the engine starts clean for the ones that come next."""
+        log.exception("generation step failed; its requests end with an error")
+        failed = [*self._engine.running, *self._engine.waiting]
+        for request_id in failed:
+            self._engine.cancel(request_id)
+        return [Event(request_id, "done", "error") for request_id in failed]
+
     def stop(self) -> None:
         self._stopping = True
         self._wake.set()
@@ -136,7 +149,10 @@ class GenerationService:
                 if not self._incoming and not self._cancelled:
                     await self._wake.wait()
                 continue
-            events = await asyncio.to_thread(self._engine.step)
+            try:
+                events = await asyncio.to_thread(self._engine.step)
+            except Exception:
+                events = self._fail_all()
             at_ns = self._clock_ns()
             self._measure()
             for event in events:

@@ -27,6 +27,7 @@ from opentelemetry import trace
 from opentelemetry.trace import SpanKind
 
 from tiermesh.core import keys
+from tiermesh.core.errors import INTERNAL_MESSAGE
 from tiermesh.core.jobs import Job, JobResult
 from tiermesh.core.keys import StreamKey
 from tiermesh.core.model_config import ModelConfig
@@ -139,6 +140,8 @@ class GenerationWorker:
             asyncio.create_task(self._watch(), name=f"cancel-watch-{self.unit}"),
             asyncio.create_task(self._reclaim(), name=f"reclaim-{self.unit}"),
         ]
+        for task in owned:
+            task.add_done_callback(_log_failure)
         sender = asyncio.create_task(self._send(), name=f"handoff-{self.unit}")
         try:
             # What this consumer read before a restart and never acknowledged comes first.
@@ -263,7 +266,9 @@ class GenerationWorker:
             self.cancelled += end == "cancelled"
             self._ack_later(run.entry)
             return None
-        if end.startswith("rejected:"):
+        if end == "error":
+            result = JobResult.for_job(job, code=grpc.StatusCode.INTERNAL, message=INTERNAL_MESSAGE)
+        elif end.startswith("rejected:"):
             result = JobResult.for_job(
                 job,
                 code=grpc.StatusCode.RESOURCE_EXHAUSTED,
@@ -415,6 +420,11 @@ class GenerationWorker:
 
 
 _NOTHING = JobResult(request_id="", model="", gateway="")
+
+
+def _log_failure(task: asyncio.Task[None]) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        log.error("generation task failed", task=task.get_name(), error=repr(task.exception()))
 
 
 def _piece(job: Job, text: str, offset: int) -> JobResult:
