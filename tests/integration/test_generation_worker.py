@@ -42,6 +42,7 @@ from tiermesh.worker.streams import StreamClient
 pytestmark = pytest.mark.integration
 UNIT = keys.compute_unit("tiny", "fp32", "1")
 STREAM = StreamKey(UNIT, "center", 1, 0)
+LOW = StreamKey(UNIT, "center", 2, 0)
 PROMPT = (5, 17, 42, 9)
 TRACE_ID, PARENT_ID = "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"
 CONFIG = {
@@ -71,7 +72,9 @@ class Rig:
     down: Downstream
     spans: InMemorySpanExporter | None = None
 
-    async def send(self, rid: str, new: int, stream: bool = True, deadline_ns: int = 0) -> None:
+    async def send(
+        self, rid: str, new: int, stream: bool = True, deadline_ns: int = 0, priority: int = 1
+    ) -> None:
         ids = from_numpy("input_ids", np.asarray([PROMPT], np.int64), "INT64")
         job = Job(
             rid,
@@ -81,17 +84,18 @@ class Rig:
             deadline_ns=deadline_ns,
             version="1",
             variant="fp32",
-            priority=1,
+            priority=priority,
             tier="center",
             timing=Timing(enqueued_ns=1),
             trace_context={"traceparent": f"00-{TRACE_ID}-{PARENT_ID}-01"},
             generation=Generation(new, stream=stream),
         )
-        await self.redis.xadd(STREAM.name, {keys.JOB_FIELD: encode_job(job)})
+        stream_key = StreamKey(UNIT, "center", priority, 0)
+        await self.redis.xadd(stream_key.name, {keys.JOB_FIELD: encode_job(job)})
 
     async def backlog(self) -> int:
-        """Entries in the stream (delivered or not): 0 once everything is acknowledged."""
-        return int(await self.redis.xlen(STREAM.name))
+        """Entries in the streams (delivered or not): 0 once everything is acknowledged."""
+        return sum([int(await self.redis.xlen(k.name)) for k in (STREAM, LOW)])
 
 
 @pytest.fixture
@@ -126,7 +130,8 @@ def make_worker(
     **timers: int,
 ) -> tuple[GenerationWorker, GenerationService]:
     cfg: ModelConfig = parse_config(CONFIG, "tiny")
-    service = GenerationService(Engine(session, (), Limits(max_sequences=2, max_kv_tokens=1024)))
+    limits = Limits(max_sequences=2, max_kv_tokens=1024, step_tokens=8)
+    service = GenerationService(Engine(session, (), limits))
     worker = GenerationWorker(
         unit=UNIT,
         cfg=cfg,
@@ -186,6 +191,29 @@ async def test_an_expired_request_is_acknowledged_unrun(rig: Rig) -> None:
     await rig.send("d", 5, deadline_ns=1)
     await until(lambda: _zero(rig.backlog()), "the entry to be acknowledged")
     assert rig.worker.generated == 0
+
+
+async def test_a_high_priority_request_takes_the_next_slot(rig: Rig) -> None:
+    """Both slots run long answers; a low-priority request comes, then a high-priority one.
+    They wait (nothing running is preempted); when a slot frees (a caller leaves), the
+    high-priority one takes it."""
+    order: list[str] = []
+    started = asyncio.Event()
+    names = ("long1", "long2", "low", "high")
+    answers = [rig.down.pending.register(rid, lambda _: started.set()) for rid in names[:2]]
+    answers += [rig.down.pending.register(rid) for rid in names[2:]]
+    for answer, rid in zip(answers[1:], names[1:], strict=True):
+        answer.add_done_callback(lambda _, rid=rid: order.append(rid))
+    await rig.send("long1", 190)
+    await rig.send("long2", 190)
+    await asyncio.wait_for(started.wait(), 10)
+    await rig.send("low", 5, priority=2)
+    await rig.send("high", 5, priority=1)
+    await until(lambda: _true(len(rig.worker._running) == 4), "both to be read")
+    assert rig.service.running == 2  # the two long ones keep their slots
+    await rig.redis.set(keys.cancel_key("long1"), 1)
+    await asyncio.wait_for(asyncio.gather(*answers[1:]), 30)
+    assert order.index("high") < order.index("low")
 
 
 async def test_stop_finishes_what_runs_and_hands_it_off(rig: Rig) -> None:
