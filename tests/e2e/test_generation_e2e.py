@@ -258,6 +258,20 @@ def test_the_generate_command_prints_the_answer_as_it_comes(mesh: UpProcess) -> 
     assert "temperature: nan is not a finite number" in refused.stderr
 
 
+def test_a_batch_job_for_a_generative_model_is_refused(mesh: UpProcess, tmp_path: Path) -> None:
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text('{"text": "Say hello."}\n')
+    command = ["batch", "submit", MODEL, str(prompts), "--url", mesh.url]
+    done = subprocess.run(
+        [sys.executable, "-m", "tiermesh.cli.main", *command],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode != 0
+    assert "generates text: batch jobs take models that answer in one pass" in done.stderr
+
+
 def test_kill_9_the_worker_mid_answer_loses_nothing(new_up: Callable[..., UpProcess]) -> None:
     """The worker dies while it streams an answer; `tiermesh up` restarts it, the new worker
     reclaims the entry and generates the answer again; the caller gets every piece once."""

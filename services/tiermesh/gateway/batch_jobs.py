@@ -68,6 +68,11 @@ class BatchJobsServicer(batch_pb2_grpc.BatchJobsServicer):
         cfg = self._repo.get(first.model)
         if cfg is None:
             raise not_found(f"unknown model '{shown(first.model)}'")
+        if cfg.generation is not None:
+            raise invalid(
+                f"model '{cfg.name}' generates text: batch jobs take models that answer in one "
+                "pass; send its prompts with ModelInfer or ModelStreamInfer"
+            )
         # "" = as online: the tier's variant, else the model's default (batch/feeder.py).
         variant = variant_of(cfg, first.variant) if first.variant else ""
         job = await self._store.create(tenant.name if tenant else "", cfg.name, variant)
