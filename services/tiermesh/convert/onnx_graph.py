@@ -36,9 +36,15 @@ class GraphBuilder:
         inputs: list[onnx.ValueInfoProto],
         outputs: list[onnx.ValueInfoProto],
         producer: tuple[str, str],
+        check: bool = True,
     ) -> onnx.ModelProto:
-        """The graph as a model (opset OPSET, IR_VERSION), checked by onnx.checker."""
+        """The graph as a model (opset OPSET, IR_VERSION), checked by onnx.checker unless the
+        caller checks the serialized bytes itself (`check=False`: the checker serializes a
+        ModelProto, one more copy of every weight)."""
         graph = helper.make_graph(self.nodes, name, inputs, outputs, initializer=self.inits)
+        # Protobuf copies at each step: drop every copy once the next one holds it, so a
+        # large model (SmolLM2's 538 MB) is not held three times over.
+        self.inits, self.nodes = [], []
         model = helper.make_model(
             graph,
             opset_imports=[helper.make_opsetid("", OPSET)],
@@ -46,5 +52,7 @@ class GraphBuilder:
             producer_name=producer[0],
             producer_version=producer[1],
         )
-        onnx.checker.check_model(model)
+        del graph
+        if check:
+            onnx.checker.check_model(model)
         return model
