@@ -44,13 +44,15 @@ UNIT = keys.compute_unit("tiny", "fp32", "1")
 STREAM = StreamKey(UNIT, "center", 1, 0)
 LOW = StreamKey(UNIT, "center", 2, 0)
 PROMPT = (5, 17, 42, 9)
+# An answer far longer than any wait in these tests (the tiny decoder's tokens take ~1 ms).
+LONG = 2000
 TRACE_ID, PARENT_ID = "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"
 CONFIG = {
     "name": "tiny",
     "max_batch_size": 0,
     "inputs": [{"name": "text_input", "datatype": "BYTES", "dims": [1]}],
     "outputs": [{"name": "text_output", "datatype": "BYTES", "dims": [1]}],
-    "generation": {"context_length": 256, "max_new_tokens": 200, "max_kv_tokens": 1024},
+    "generation": {"context_length": 2048, "max_new_tokens": 2000, "max_kv_tokens": 4096},
     "versions": {"1": {"model.onnx": "0" * 64}},
 }
 
@@ -130,7 +132,7 @@ def make_worker(
     **timers: int,
 ) -> tuple[GenerationWorker, GenerationService]:
     cfg: ModelConfig = parse_config(CONFIG, "tiny")
-    limits = Limits(max_sequences=2, max_kv_tokens=1024, step_tokens=8)
+    limits = Limits(max_sequences=2, max_kv_tokens=4096, step_tokens=8)
     service = GenerationService(Engine(session, (), limits))
     worker = GenerationWorker(
         unit=UNIT,
@@ -179,7 +181,7 @@ async def test_a_whole_answer_has_no_pieces(rig: Rig) -> None:
 async def test_a_caller_who_left_frees_the_slot(rig: Rig) -> None:
     started = asyncio.Event()
     answer = rig.down.pending.register("c", lambda _: started.set())
-    await rig.send("c", 200)
+    await rig.send("c", LONG)
     await asyncio.wait_for(started.wait(), 10)
     await rig.redis.set(keys.cancel_key("c"), 1)
     await until(lambda: _true(rig.service.running == 0), "the sequence to stop")
@@ -202,18 +204,19 @@ async def test_a_high_priority_request_takes_the_next_slot(rig: Rig) -> None:
     names = ("long1", "long2", "low", "high")
     answers = [rig.down.pending.register(rid, lambda _: started.set()) for rid in names[:2]]
     answers += [rig.down.pending.register(rid) for rid in names[2:]]
-    for answer, rid in zip(answers[1:], names[1:], strict=True):
+    for answer, rid in zip(answers[2:], names[2:], strict=True):
         answer.add_done_callback(lambda _, rid=rid: order.append(rid))
-    await rig.send("long1", 190)
-    await rig.send("long2", 190)
+    await rig.send("long1", LONG)
+    await rig.send("long2", LONG)
     await asyncio.wait_for(started.wait(), 10)
     await rig.send("low", 5, priority=2)
     await rig.send("high", 5, priority=1)
     await until(lambda: _true(len(rig.worker._running) == 4), "both to be read")
     assert rig.service.running == 2  # the two long ones keep their slots
     await rig.redis.set(keys.cancel_key("long1"), 1)
-    await asyncio.wait_for(asyncio.gather(*answers[1:]), 30)
-    assert order.index("high") < order.index("low")
+    await asyncio.wait_for(asyncio.gather(*answers[2:]), 30)
+    assert order == ["high", "low"]  # long2 still runs
+    await rig.redis.set(keys.cancel_key("long2"), 1)
 
 
 async def test_stop_finishes_what_runs_and_hands_it_off(rig: Rig) -> None:
@@ -243,12 +246,12 @@ async def test_a_running_entry_is_not_taken_over(
     await one.started.wait()
     rig = Rig(one, one_service, first, redis, downstream)
     answer = downstream.pending.register("f", lambda _: None)
-    await rig.send("f", 200)
+    await rig.send("f", 1000)  # ~1 s: the entry goes idle for far longer than 150 ms
     await until(lambda: _true(bool(one._running)), "worker 1 to take the request")
     second = asyncio.create_task(two.run())
     try:
         result = await asyncio.wait_for(answer, 30)
-        assert result.worker == "w1" and result.annotations["generated_tokens"] == "200"
+        assert result.worker == "w1" and result.annotations["generated_tokens"] == "1000"
         assert two.generated == 0 and not two._running
     finally:
         one.stop()
