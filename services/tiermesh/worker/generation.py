@@ -39,13 +39,12 @@ from tiermesh.generate.inputs import Sampling
 from tiermesh.generate.scheduler import GenRequest
 from tiermesh.generate.service import GenerationService, Stream
 from tiermesh.generate.tensors import text_tensor
-from tiermesh.worker.handoff import PostprocessClient
+from tiermesh.worker.handoff import PostprocessClient, retrying
 from tiermesh.worker.metrics import GenerationMetrics
 from tiermesh.worker.streams import Entry, StreamClient
 
 log = structlog.get_logger("tiermesh.worker.generation")
 
-HANDOFF_ATTEMPTS = 5
 # Requests read beyond the engine's running bound, so a slot never waits for a Redis read.
 READ_AHEAD = 2
 # Ends after which nobody waits for an answer: the caller left, or was told DEADLINE_EXCEEDED.
@@ -322,17 +321,11 @@ class GenerationWorker:
     async def _hand_off(self, batch: list[tuple[JobResult, Entry | None]]) -> None:
         results = [r for r, _ in batch if r is not _NOTHING]
         finals = [e for r, e in batch if e is not None]
-        if results:
-            for attempt in range(HANDOFF_ATTEMPTS):
-                try:
-                    await self._handoff.process(results)
-                    break
-                except grpc.aio.AioRpcError as exc:
-                    log.warning("hand-off failed", attempt=attempt + 1, error=str(exc))
-                    await asyncio.sleep(min(0.1 * 2**attempt, 1.0))
-            else:
-                log.error("hand-off gave up; entries stay pending", n=len(finals))
-                return
+        if results and not await retrying(
+            lambda: self._handoff.process(results), (grpc.aio.AioRpcError,), "hand-off failed"
+        ):
+            log.error("hand-off gave up; entries stay pending", n=len(finals))
+            return
         by_stream: dict[StreamKey, list[str]] = defaultdict(list)
         for entry in finals:
             by_stream[entry.stream].append(entry.entry_id)

@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import asyncio
+from collections.abc import Awaitable, Callable, Sequence
 
 import grpc
+import structlog
 
 from tiermesh.core.jobs import JobResult
 from tiermesh.core.wire import result_to_proto
 from tiermesh.v1 import postprocess_pb2, postprocess_pb2_grpc
+
+log = structlog.get_logger("tiermesh.worker")
+HANDOFF_ATTEMPTS = 5
 
 
 class PostprocessClient:
@@ -20,3 +25,20 @@ class PostprocessClient:
         """Returns once postprocess accepted and delivered the batch; raises AioRpcError."""
         batch = postprocess_pb2.ResultBatch(results=[result_to_proto(r) for r in results])
         await self._stub.Process(batch, timeout=self._timeout_s)
+
+
+async def retrying(
+    call: Callable[[], Awaitable[object]],
+    errors: tuple[type[Exception], ...],
+    failed: str,
+) -> bool:
+    """`call` until it succeeds, HANDOFF_ATTEMPTS times at most with a doubling pause;
+    False when every attempt failed with one of `errors` (each logged as `failed`)."""
+    for attempt in range(HANDOFF_ATTEMPTS):
+        try:
+            await call()
+            return True
+        except errors as exc:
+            log.warning(failed, attempt=attempt + 1, error=str(exc))
+            await asyncio.sleep(min(0.1 * 2**attempt, 1.0))
+    return False

@@ -9,7 +9,7 @@ import dataclasses
 import math
 import time
 from collections import defaultdict
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import grpc
 import redis.asyncio as aioredis
@@ -34,7 +34,7 @@ from tiermesh.worker.batching import (
     view_of,
 )
 from tiermesh.worker.cascade import escalates
-from tiermesh.worker.handoff import PostprocessClient
+from tiermesh.worker.handoff import PostprocessClient, retrying
 from tiermesh.worker.metrics import WorkerMetrics
 from tiermesh.worker.runner import JobOutputs, ModelRunner
 from tiermesh.worker.scheduler import Scheduler, is_background
@@ -43,7 +43,6 @@ from tiermesh.worker.streams import Entry, StreamClient
 from tiermesh.worker.units import UnitControl
 
 log = structlog.get_logger("tiermesh.worker")
-HANDOFF_ATTEMPTS = 5
 # How often a batch that is not yet full looks for more entries while it waits.
 FILL_POLL_MS = 0.5
 MAX_HANDOFFS_IN_FLIGHT = 2
@@ -477,14 +476,14 @@ class Worker:
         background = self._background
         if background is not None and is_background(key):
             # Written once all the same when computed again after Redis stayed away.
-            if not await self._retrying(
+            if not await retrying(
                 lambda: background.write(done),
                 (aioredis.RedisError, OSError),
                 "batch results not written",
             ):
                 log.error("batch results gave up; entries stay pending", stream=key.name)
                 return
-        elif done and not await self._retrying(
+        elif done and not await retrying(
             lambda: self._handoff.process(done), (grpc.aio.AioRpcError,), "hand-off failed"
         ):
             log.error("hand-off gave up; entries stay pending", stream=key.name, n=len(batch))
@@ -494,23 +493,6 @@ class Worker:
             await self._streams.done(key, [q.entry_id for q in batch], rate)
         except (aioredis.RedisError, OSError):
             log.error("ack failed; entries will be delivered again", stream=key.name)
-
-    @staticmethod
-    async def _retrying(
-        call: Callable[[], Awaitable[object]],
-        errors: tuple[type[Exception], ...],
-        failed: str,
-    ) -> bool:
-        """`call` until it succeeds, HANDOFF_ATTEMPTS times at most with a doubling pause;
-        False when every attempt failed with one of `errors`."""
-        for attempt in range(HANDOFF_ATTEMPTS):
-            try:
-                await call()
-                return True
-            except errors as exc:
-                log.warning(failed, attempt=attempt + 1, error=str(exc))
-                await asyncio.sleep(min(0.1 * 2**attempt, 1.0))
-        return False
 
     def _drain_rate(self, key: StreamKey, entries: int, period_ns: int) -> float:
         """Entries per second this stream drains at (EWMA), for admission. The period is the
