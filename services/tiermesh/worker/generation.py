@@ -39,8 +39,9 @@ from tiermesh.generate.inputs import Sampling
 from tiermesh.generate.scheduler import GenRequest
 from tiermesh.generate.service import GenerationService, Stream
 from tiermesh.generate.tensors import text_tensor
-from tiermesh.worker.handoff import PostprocessClient, retrying
+from tiermesh.worker.handoff import PostprocessClient
 from tiermesh.worker.metrics import GenerationMetrics
+from tiermesh.worker.outbox import Outbox
 from tiermesh.worker.streams import Entry, StreamClient
 
 log = structlog.get_logger("tiermesh.worker.generation")
@@ -102,16 +103,13 @@ class GenerationWorker:
         self._service = service
         self._text = text
         self._streams = streams
-        self._handoff = handoff
         self._timers = timers
         self._metrics = metrics
         self._clock_ns = clock_ns
         self._keys = keys.stream_keys(unit, tier, cfg.priority_levels, 1)
         self._running: dict[str, _Running] = {}
         self._room = asyncio.Event()
-        self._outbox: list[tuple[JobResult, Entry | None]] = []
-        self._mail = asyncio.Event()
-        self._closed = False
+        self._outbox = Outbox(handoff, streams)
         self._stopping = asyncio.Event()
         self._leaving = False
         self.started = asyncio.Event()
@@ -141,7 +139,7 @@ class GenerationWorker:
         ]
         for task in owned:
             task.add_done_callback(_log_failure)
-        sender = asyncio.create_task(self._send(), name=f"handoff-{self.unit}")
+        sender = asyncio.create_task(self._outbox.run(), name=f"handoff-{self.unit}")
         try:
             # What this consumer read before a restart and never acknowledged comes first.
             self._take(await self._streams.read(self._keys, self._limit, None, pending=True))
@@ -157,8 +155,7 @@ class GenerationWorker:
             await asyncio.gather(*running, return_exceptions=True)
             self._service.stop()
             # The last answers are handed off and acknowledged, never cut short.
-            self._closed = True
-            self._mail.set()
+            self._outbox.close()
             await asyncio.shield(sender)
             for task in owned:
                 task.cancel()
@@ -184,13 +181,13 @@ class GenerationWorker:
                 job = decode_job(entry.fields[keys.JOB_FIELD.encode()])
             except Exception:
                 log.error("undecodable stream entry dropped", stream=entry.stream.name)
-                self._ack_later(entry)
+                self._outbox.ack(entry)
                 continue
             if job.request_id in self._running:
                 continue  # read again (reclaimed while it runs here): it is running
             gen = job.generation
             if gen is None or (job.deadline_ns and job.deadline_ns <= now):
-                self._ack_later(entry)  # expired: the gateway answered it already
+                self._outbox.ack(entry)  # expired: the gateway answered it already
                 continue
             job = dataclasses.replace(job, timing=job.timing.with_(dequeued_ns=now))
             ids = to_numpy(job.inputs[0]).reshape(-1)
@@ -242,10 +239,10 @@ class GenerationWorker:
                     stream.cancel()
                     break
                 if piece and gen.stream:
-                    self._post(_piece(job, piece, len(text.text) - len(piece)), None)
+                    self._outbox.post(_piece(job, piece, len(text.text) - len(piece)))
             rest = text.finish()
             if rest and gen.stream:
-                self._post(_piece(job, rest, len(text.text) - len(rest)), None)
+                self._outbox.post(_piece(job, rest, len(text.text) - len(rest)))
         finally:
             timings = stream.timings
             end = "stop_string" if text.stopped else (timings.end if timings else "cancelled")
@@ -263,7 +260,7 @@ class GenerationWorker:
             )
         if end in UNANSWERED or timings is None:
             self.cancelled += end == "cancelled"
-            self._ack_later(run.entry)
+            self._outbox.ack(run.entry)
             return None
         if end == "error":
             result = JobResult.for_job(job, code=grpc.StatusCode.INTERNAL, message=INTERNAL_MESSAGE)
@@ -289,51 +286,8 @@ class GenerationWorker:
                     "finish_reason": FINISH.get(end, end),
                 },
             )
-        self._post(result, run.entry)
+        self._outbox.post(result, run.entry)
         return result
-
-    # -- hand-off -----------------------------------------------------------------------
-
-    def _post(self, result: JobResult, entry: Entry | None) -> None:
-        """Queue a result for postprocess; `entry` (a final answer's) is acknowledged once
-        the result was handed off. Pieces and answers go in the order they were posted."""
-        self._outbox.append((result, entry))
-        self._mail.set()
-
-    def _ack_later(self, entry: Entry) -> None:
-        self._outbox.append((_NOTHING, entry))
-        self._mail.set()
-
-    async def _send(self) -> None:
-        """One hand-off at a time, each taking everything posted meanwhile (the pieces of a
-        whole engine step travel as one batch); returns once closed and all is sent."""
-        while True:
-            if not self._closed:
-                await self._mail.wait()
-            self._mail.clear()
-            await asyncio.sleep(0)  # every request of the step posts its piece first
-            batch, self._outbox = self._outbox, []
-            if batch:
-                await self._hand_off(batch)
-            elif self._closed:
-                return
-
-    async def _hand_off(self, batch: list[tuple[JobResult, Entry | None]]) -> None:
-        results = [r for r, _ in batch if r is not _NOTHING]
-        finals = [e for r, e in batch if e is not None]
-        if results and not await retrying(
-            lambda: self._handoff.process(results), (grpc.aio.AioRpcError,), "hand-off failed"
-        ):
-            log.error("hand-off gave up; entries stay pending", n=len(finals))
-            return
-        by_stream: dict[StreamKey, list[str]] = defaultdict(list)
-        for entry in finals:
-            by_stream[entry.stream].append(entry.entry_id)
-        for stream, ids in by_stream.items():
-            try:
-                await self._streams.done(stream, ids)
-            except (aioredis.RedisError, OSError):
-                log.error("ack failed; entries will be delivered again", stream=stream.name)
 
     # -- background loops ----------------------------------------------------------------
 
@@ -398,7 +352,9 @@ class GenerationWorker:
         with contextlib.suppress(Exception):
             job = decode_job(entry.fields[keys.JOB_FIELD.encode()])
             message = f"given up after {deliveries} failed deliveries"
-            self._post(JobResult.for_job(job, code=grpc.StatusCode.ABORTED, message=message), None)
+            self._outbox.post(
+                JobResult.for_job(job, code=grpc.StatusCode.ABORTED, message=message), None
+            )
         log.error("dead-lettered a generation request", stream=entry.stream.name)
 
     def _is_running(self, entry: Entry) -> bool:
@@ -410,9 +366,6 @@ class GenerationWorker:
             by_stream[run.entry.stream].append(run.entry.entry_id)
         for stream, ids in by_stream.items():
             await self._streams.touch(stream, ids)
-
-
-_NOTHING = JobResult(request_id="", model="", gateway="")
 
 
 def _log_failure(task: asyncio.Task[None]) -> None:
