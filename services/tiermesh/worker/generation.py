@@ -352,9 +352,7 @@ class GenerationWorker:
         with contextlib.suppress(Exception):
             job = decode_job(entry.fields[keys.JOB_FIELD.encode()])
             message = f"given up after {deliveries} failed deliveries"
-            self._outbox.post(
-                JobResult.for_job(job, code=grpc.StatusCode.ABORTED, message=message), None
-            )
+            self._outbox.post(JobResult.for_job(job, code=grpc.StatusCode.ABORTED, message=message))
         log.error("dead-lettered a generation request", stream=entry.stream.name)
 
     def _is_running(self, entry: Entry) -> bool:
