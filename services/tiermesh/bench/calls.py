@@ -127,17 +127,28 @@ def stream_error_of(exc: BaseException) -> tuple[str, float | None, str]:
     return code, retry_after, str(message or "")
 
 
-async def model_inputs(client: grpcaio.InferenceServerClient, model: str) -> list[InputSpec]:
-    """The model's inputs from its metadata; BenchError when the server or model is not
-    there."""
+async def _metadata(client: grpcaio.InferenceServerClient, model: str) -> dict[str, Any]:
+    """The model's metadata (JSON); BenchError when the server or model is not there."""
     try:
-        meta = await client.get_model_metadata(model, as_json=True, client_timeout=10.0)
+        meta: dict[str, Any] = await client.get_model_metadata(
+            model, as_json=True, client_timeout=10.0
+        )
     except InferenceServerException as exc:
         raise BenchError(f"model {model!r}: {error_of(exc)[0]}: {exc.message()}") from None
+    return meta
+
+
+def _inputs(meta: Mapping[str, Any]) -> list[InputSpec]:
     return [
         InputSpec(i["name"], i["datatype"], tuple(int(d) for d in i.get("shape", [])))
         for i in meta.get("inputs", [])
     ]
+
+
+async def model_inputs(client: grpcaio.InferenceServerClient, model: str) -> list[InputSpec]:
+    """The model's inputs from its metadata; BenchError when the server or model is not
+    there."""
+    return _inputs(await _metadata(client, model))
 
 
 def infer_inputs(spec: RequestSpec) -> list[grpcaio.InferInput]:
@@ -198,10 +209,7 @@ async def generative_model(client: grpcaio.InferenceServerClient, model: str) ->
     """The model's prompt input and text output; BenchError when the server or model is not
     there or the model is not generative: neither a BYTES `text_input` input nor decoupled
     (ModelConfig `model_transaction_policy.decoupled`) with a single BYTES input."""
-    try:
-        meta = await client.get_model_metadata(model, as_json=True, client_timeout=10.0)
-    except InferenceServerException as exc:
-        raise BenchError(f"model {model!r}: {error_of(exc)[0]}: {exc.message()}") from None
+    meta = await _metadata(client, model)
     decoupled: bool | None
     try:
         config = await client.get_model_config(model, as_json=True, client_timeout=10.0)
@@ -209,11 +217,7 @@ async def generative_model(client: grpcaio.InferenceServerClient, model: str) ->
         decoupled = bool(policy.get("decoupled", False))
     except InferenceServerException:
         decoupled = None
-    inputs = [
-        InputSpec(i["name"], i["datatype"], tuple(int(d) for d in i.get("shape", [])))
-        for i in meta.get("inputs", [])
-    ]
-    texts = [i for i in inputs if i.datatype == "BYTES"]
+    texts = [i for i in _inputs(meta) if i.datatype == "BYTES"]
     prompt = next((i for i in texts if i.name == TEXT_INPUT), None)
     if prompt is None and decoupled and len(texts) == 1:
         prompt = texts[0]

@@ -75,11 +75,14 @@ class BenchConfig:
         return 1 if self.scenario == "single" else self.concurrency
 
     @property
-    def closed_loop(self) -> bool:
-        """Callers at a fixed concurrency for the whole run (not a ladder, no arrivals)."""
-        if self.scenario == "generate":
-            return not self.generation.open_loop
-        return self.scenario in ("single", "steady", "soak")
+    def arrival_plan(self) -> BurstPlan | None:
+        """The open-loop arrivals of the burst scenario and of generate at a `--rate` (that
+        rate, no spikes); None where callers run in a closed loop or a ladder."""
+        if self.scenario == "burst":
+            return self.burst
+        if self.scenario == "generate" and self.generation.open_loop:
+            return BurstPlan(self.generation.rate_rps, poisson=self.generation.poisson)
+        return None
 
     def as_dict(self) -> dict[str, Any]:
         out = asdict(self)

@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 from collections import Counter
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, TypeAlias
 
 from tiermesh.bench.records import Generation, Record
 from tiermesh.bench.stats import group_by, mean, percentile, ratio
@@ -24,8 +24,10 @@ GEN_PERCENTILES = (50, 90, 99)
 # The distributions kept in the report for plots: every percentile from 0 to 100.
 QUANTILE_POINTS = 101
 MOST_COMMON_ERRORS = 5
-# The distributions of the section, by key: (what, the record's value).
+# The distributions of the section, by key.
 DISTRIBUTIONS = ("ttft_ms", "tpot_ms", "server_ttft_ms", "server_tpot_ms", "e2e_ms")
+# The answered (OK) requests of a run with their Generation.
+Answered: TypeAlias = list[tuple[Record, Generation]]
 
 
 class Pieces:
@@ -126,14 +128,14 @@ def quantiles(values: Sequence[float], points: int = QUANTILE_POINTS) -> list[li
     return [[q, percentile(ordered, q)] for q in qs]
 
 
-def _answered(records: Sequence[Record]) -> list[tuple[Record, Generation]]:
+def _answered(records: Sequence[Record]) -> Answered:
     return [(r, r.outcome.generation) for r in records if r.ok and r.outcome.generation is not None]
 
 
-def samples(records: Sequence[Record]) -> dict[str, list[float]]:
+def samples(answered: Answered) -> dict[str, list[float]]:
     """Each distribution's values over the answered requests that have one."""
     out: dict[str, list[float]] = {key: [] for key in DISTRIBUTIONS}
-    for r, g in _answered(records):
+    for r, g in answered:
         for key, value in (
             ("ttft_ms", g.ttft_ms),
             ("tpot_ms", g.tpot_ms),
@@ -156,15 +158,14 @@ def _tokens(gens: Sequence[Generation], attr: str) -> dict[str, float]:
     }
 
 
-def _by_class(records: Sequence[Record], wall_s: float) -> list[dict[str, Any]]:
+def _by_class(answered: Answered, wall_s: float) -> list[dict[str, Any]]:
     """Per answer-length class (the record's length label), in ascending order."""
     rows = []
-    groups = group_by((r for r, _ in _answered(records)), lambda r: r.length)
+    groups = group_by(answered, lambda pair: pair[0].length)
     for label in sorted(groups, key=_class_key):
         group = groups[label]
         values = samples(group)
-        gens = [g for _, g in _answered(group)]
-        tokens = [g.generated_tokens for g in gens if g.generated_tokens is not None]
+        tokens = [g.generated_tokens for _, g in group if g.generated_tokens is not None]
         rows.append(
             {
                 "max_new_tokens": label,
@@ -203,7 +204,7 @@ def section(records: Sequence[Record], wall_s: float, streaming: bool) -> dict[s
     """The report's `generation` section of a generate run's records."""
     answered = _answered(records)
     gens = [g for _, g in answered]
-    values = samples(records)
+    values = samples(answered)
     generated = _tokens(gens, "generated_tokens")
     return {
         "streaming": streaming,
@@ -217,7 +218,7 @@ def section(records: Sequence[Record], wall_s: float, streaming: bool) -> dict[s
         "without_token_count": sum(1 for g in gens if g.generated_tokens is None),
         "without_text": sum(1 for g in gens if g.ttft_ms is None),
         "finish_reasons": dict(Counter(g.finish_reason or "unknown" for g in gens)),
-        "by_max_new_tokens": _by_class(records, wall_s),
+        "by_max_new_tokens": _by_class(answered, wall_s),
         "errors": _errors(records),
         "quantiles": {key: quantiles(values[key]) for key in DISTRIBUTIONS},
     }

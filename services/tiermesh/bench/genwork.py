@@ -16,7 +16,14 @@ from dataclasses import dataclass
 import numpy as np
 
 from tiermesh.bench.prompts import BUILTIN, BUILTIN_PROMPTS
-from tiermesh.bench.workload import InputSpec, RequestSpec, Tensor, labels, request_shape
+from tiermesh.bench.workload import (
+    InputSpec,
+    RequestSpec,
+    Tensor,
+    labels,
+    parse_shares,
+    request_shape,
+)
 
 # Answer lengths (max_new_tokens) when the command line gives none: mostly short answers,
 # some paragraphs, a few long ones.
@@ -41,24 +48,13 @@ def span(label: str) -> tuple[int, int]:
 def parse_max_new_tokens(text: str) -> tuple[tuple[str, float], ...]:
     """`"128"`, `"16-64"` or a mix `"16-64=0.7,256=0.3"` (an item without a share weighs 1)
     -> ((label, share), ...) with shares summing to 1. ValueError on a bad item."""
-    out: dict[str, float] = {}
+    items = []
     for item in text.split(","):
-        tokens, sep, share_text = item.strip().partition("=")
+        tokens, sep, share = item.strip().partition("=")
         lo, hi = span(tokens)
         label = str(lo) if lo == hi else f"{lo}-{hi}"
-        if label in out:
-            raise ValueError(f"{label!r} given twice")
-        try:
-            share = float(share_text) if sep else 1.0
-        except ValueError:
-            raise ValueError(f"share of {label!r} is not a number: {share_text!r}") from None
-        if not 0 <= share < math.inf:
-            raise ValueError(f"share of {label!r} must be a finite number >= 0")
-        out[label] = share
-    total = sum(out.values())
-    if total <= 0:
-        raise ValueError("at least one share must be positive")
-    return tuple((k, v / total) for k, v in out.items())
+        items.append(f"{label}={share if sep else 1}")
+    return parse_shares(",".join(items))
 
 
 def parse_stop(text: str) -> str:
@@ -104,7 +100,7 @@ class GenerationPlan:
         if not 0.0 < self.top_p <= 1.0:
             raise ValueError(f"--top-p must be in (0, 1], got {self.top_p}")
         if not 0.0 <= self.rate_rps < math.inf:
-            raise ValueError(f"--rate must be a finite number > 0, got {self.rate_rps}")
+            raise ValueError(f"--rate must be a finite number >= 0, got {self.rate_rps}")
         if self.stop:
             parse_stop(self.stop)
 

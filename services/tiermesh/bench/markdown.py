@@ -5,10 +5,15 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from tiermesh.bench import genmarkdown
+
+# Re-exported: callers format report figures and print the console table through here.
+from tiermesh.bench.genmarkdown import console_generation as console_generation
+from tiermesh.bench.mdtable import fmt as fmt
+from tiermesh.bench.mdtable import shares, table
 from tiermesh.bench.records import STAGES
 from tiermesh.bench.stats import OUTSIDE
 
-DASH = "-"
 LATENCY_COLUMNS = (
     ("sent", "sent", 0),
     ("ok", "ok", 0),
@@ -32,24 +37,6 @@ CPU_HEADERS = (
 )
 
 
-def fmt(value: Any, digits: int | str = 2) -> str:
-    if value is None:
-        return DASH
-    if digits == "%":
-        return f"{float(value):.2%}"
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return str(value)
-    if digits == 0 or isinstance(value, int):
-        return f"{value:,.0f}"
-    return f"{value:,.{digits}f}"
-
-
-def table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
-    out = ["| " + " | ".join(headers) + " |", "|" + "|".join("---" for _ in headers) + "|"]
-    out += ["| " + " | ".join(row) + " |" for row in rows]
-    return out
-
-
 def figures_table(rows: Sequence[dict[str, Any]], keys: Sequence[str]) -> list[str]:
     headers = [*keys, *(h for h, _, _ in LATENCY_COLUMNS)]
     body = [
@@ -59,10 +46,6 @@ def figures_table(rows: Sequence[dict[str, Any]], keys: Sequence[str]) -> list[s
     return table(headers, body)
 
 
-def _shares(shares: dict[str, float]) -> str:
-    return ", ".join(f"{k}={v:.2f}" for k, v in shares.items())
-
-
 def _header(doc: dict[str, Any]) -> list[str]:
     cfg = doc["config"]
     lines = [
@@ -70,11 +53,11 @@ def _header(doc: dict[str, Any]) -> list[str]:
         "",
         f"- target `{doc['url']}`, started {doc['started_at']}, wall {fmt(doc['wall_s'])} s"
         + (" (**interrupted**)" if doc.get("interrupted") else ""),
-        f"- seed {cfg['seed']}, priorities {_shares(cfg['priorities'])}"
+        f"- seed {cfg['seed']}, priorities {shares(cfg['priorities'])}"
         + (
             ""
             if doc["scenario"] == "generate"
-            else f", length mix {_shares(cfg['mix'])}"
+            else f", length mix {shares(cfg['mix'])}"
             if doc["workload"]["text_model"]
             else " (numeric inputs: random values, no length mix)"
         ),
@@ -89,32 +72,13 @@ def _header(doc: dict[str, Any]) -> list[str]:
             f"captured arrival times ({cfg['skipped']} unreplayable records left out)"
         )
     if doc["scenario"] == "generate":
-        lines += _generation_header(cfg)
+        lines += genmarkdown.header(cfg)
     if doc["scenario"] == "burst":
         b = cfg["burst"]
         lines.append(
             f"- open loop: {fmt(b['rate_rps'], 1)}/s, spikes of {fmt(b['spike_rate_rps'], 1)}/s "
             f"for {fmt(b['spike_len_s'], 1)} s every {fmt(b['spike_every_s'], 1)} s "
             f"({'Poisson' if b['poisson'] else 'uniform'} arrivals)"
-        )
-    return lines
-
-
-def _generation_header(cfg: dict[str, Any]) -> list[str]:
-    g = cfg["generation"]
-    sampling = "greedy" if not g["temperature"] else f"temperature {fmt(g['temperature'])}"
-    if g["top_p"] != 1:
-        sampling += f", top_p {fmt(g['top_p'])}"
-    lines = [
-        f"- generation: {g['prompts']:,} prompts ({g['prompts_source']}), max_new_tokens "
-        f"{_shares(g['max_new_tokens'])}, {sampling}"
-        + (f", stop {g['stop']!r}" if g["stop"] else "")
-        + (", streamed" if g["stream"] else ", not streamed (one response per request)"),
-    ]
-    if g["rate_rps"]:
-        lines.append(
-            f"- open loop: {fmt(g['rate_rps'], 2)}/s "
-            f"({'Poisson' if g['poisson'] else 'uniform'} arrivals)"
         )
     return lines
 
@@ -299,103 +263,9 @@ def _extras(doc: dict[str, Any]) -> list[str]:
     return lines
 
 
-GEN_ROWS = (
-    ("TTFT (client)", "ttft_ms"),
-    ("TPOT (client)", "tpot_ms"),
-    ("TTFT (server)", "server_ttft_ms"),
-    ("TPOT (server)", "server_tpot_ms"),
-    ("end to end", "e2e_ms"),
-)
-GEN_HEADERS = ("ms", "n", "p50", "p90", "p99", "mean", "max")
-GEN_CLASS_HEADERS = (
-    *("max_new_tokens", "ok", "mean tokens", "tokens /s"),
-    *("TTFT p50", "TTFT p90", "TTFT p99", "TPOT p50", "TPOT p90", "TPOT p99"),
-    *("e2e p50", "e2e p99"),
-)
-
-
-def _generation_rows(g: dict[str, Any]) -> list[list[str]]:
-    return [
-        [name, fmt(g[key]["n"], 0), *(fmt(g[key][k]) for k in ("p50", "p90", "p99", "mean", "max"))]
-        for name, key in GEN_ROWS
-    ]
-
-
-def _tokens_line(g: dict[str, Any]) -> str:
-    out = g["generated_tokens"]
-    return (
-        f"**{fmt(g['tokens_per_s'], 1)} tokens/s** generated ({fmt(out['total'], 0)} tokens, "
-        f"mean {fmt(out['mean'], 1)} per answer); prompts {fmt(g['prompt_tokens']['total'], 0)} "
-        f"tokens (mean {fmt(g['prompt_tokens']['mean'], 1)})."
-    )
-
-
-def generation(doc: dict[str, Any]) -> list[str]:
-    """The generation section: TTFT / TPOT percentiles, tokens/s, per answer length."""
-    g = doc.get("generation")
-    if not g:
-        return []
-    lines = ["", "## Generation", ""]
-    lines += table(GEN_HEADERS, _generation_rows(g))
-    lines += ["", _tokens_line(g)]
-    if not g["streaming"]:
-        lines += [
-            "",
-            "Not streamed: the client's TTFT is the whole call and it has no TPOT of its own.",
-        ]
-    reasons = ", ".join(f"{k} {v:,}" for k, v in g["finish_reasons"].items())
-    lines += ["", f"Finish reasons: {reasons or DASH}."]
-    if g.get("without_text") or g.get("without_token_count"):
-        lines.append(
-            f"{g['without_text']:,} answers had no text (no TTFT); {g['without_token_count']:,} "
-            "final responses left out generated_tokens (no TPOT)."
-        )
-    if g["by_max_new_tokens"]:
-        lines += ["", "### Per answer length (max_new_tokens asked; ms)", ""]
-        lines += table(
-            GEN_CLASS_HEADERS,
-            [
-                [
-                    r["max_new_tokens"],
-                    fmt(r["ok"], 0),
-                    fmt(r["mean_generated_tokens"], 1),
-                    fmt(r["tokens_per_s"], 1),
-                    *(fmt(r[f"{m}_p{q}_ms"]) for m in ("ttft", "tpot") for q in (50, 90, 99)),
-                    fmt(r["e2e_p50_ms"]),
-                    fmt(r["e2e_p99_ms"]),
-                ]
-                for r in g["by_max_new_tokens"]
-            ],
-        )
-    if g["errors"]:
-        lines += ["", "### Most frequent failures", ""]
-        lines += table(
-            ("code", "message", "count"),
-            [[e["code"], e["message"] or DASH, fmt(e["count"], 0)] for e in g["errors"]],
-        )
-    return lines
-
-
-def console_generation(doc: dict[str, Any]) -> str:
-    """TTFT / TPOT percentiles and tokens/s as a plain-text table for the terminal."""
-    g = doc.get("generation")
-    if not g:
-        return ""
-    rows = [[GEN_HEADERS[0], *GEN_HEADERS[1:]], *_generation_rows(g)]
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    text = [
-        "  ".join(
-            cell.ljust(widths[i]) if i == 0 else cell.rjust(widths[i]) for i, cell in enumerate(row)
-        ).rstrip()
-        for row in rows
-    ]
-    text.append(_tokens_line(g).replace("**", ""))
-    return "\n".join(text) + "\n"
-
-
 def render(doc: dict[str, Any]) -> str:
     """The whole summary of a (JSON-clean) report document."""
-    lines = _header(doc) + _overall(doc) + generation(doc)
+    lines = _header(doc) + _overall(doc) + genmarkdown.section(doc)
     lines += ["", "## Per bucket x priority", ""]
     lines += figures_table(doc["by_bucket_priority"], ["bucket", "priority"])
     if doc["workload"]["text_model"]:

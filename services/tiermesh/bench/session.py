@@ -73,17 +73,10 @@ class Progress:
 def _progress_total(cfg: BenchConfig) -> int | None:
     if cfg.scenario == "soak":
         return None  # ends on time; a count bar would sit near empty
-    if cfg.scenario == "burst":
-        return min(cfg.requests, round(arrivals.expected_count(cfg.burst, cfg.duration_s)))
-    if cfg.scenario == "generate" and cfg.generation.open_loop:
-        expected = arrivals.expected_count(generation_arrivals(cfg), cfg.duration_s)
-        return min(cfg.requests, round(expected))
+    plan = cfg.arrival_plan
+    if plan is not None:
+        return min(cfg.requests, round(arrivals.expected_count(plan, cfg.duration_s)))
     return cfg.requests
-
-
-def generation_arrivals(cfg: BenchConfig) -> arrivals.BurstPlan:
-    """The generate scenario's open-loop arrivals: its rate, no spikes."""
-    return arrivals.BurstPlan(cfg.generation.rate_rps, poisson=cfg.generation.poisson)
 
 
 @contextlib.contextmanager
@@ -121,8 +114,8 @@ async def _scenario(
         return await runner.ladder(
             send, workload, recorder, cfg.ladder, limit=cfg.requests, until=until, on_step=bar.step
         )
-    if cfg.scenario == "burst" or (cfg.scenario == "generate" and cfg.generation.open_loop):
-        plan = cfg.burst if cfg.scenario == "burst" else generation_arrivals(cfg)
+    plan = cfg.arrival_plan
+    if plan is not None:
         rng = np.random.default_rng(cfg.seed + ARRIVALS_SEED_OFFSET)
         times = arrivals.arrival_times(plan, cfg.duration_s, cfg.requests, rng)
         await runner.open_loop(send, workload, recorder, times, max_in_flight=cfg.max_in_flight)

@@ -16,6 +16,7 @@ from typing import Any, TypeVar
 from tiermesh.bench.records import STAGES, Record
 
 K = TypeVar("K", bound=Hashable)
+T = TypeVar("T")
 PERCENTILES = (50, 95, 99)
 UNKNOWN_BUCKET = "unknown"
 # Client latency the server's stages do not account for: the client <-> gateway hop,
@@ -88,10 +89,10 @@ def figures(records: Sequence[Record], wall_s: float) -> Figures:
     )
 
 
-def group_by(records: Iterable[Record], key: Callable[[Record], K]) -> dict[K, list[Record]]:
-    groups: dict[K, list[Record]] = defaultdict(list)
-    for r in records:
-        groups[key(r)].append(r)
+def group_by(items: Iterable[T], key: Callable[[T], K]) -> dict[K, list[T]]:
+    groups: dict[K, list[T]] = defaultdict(list)
+    for item in items:
+        groups[key(item)].append(item)
     return dict(groups)
 
 

@@ -116,7 +116,10 @@ def parse_shares(text: str) -> tuple[tuple[str, float], ...]:
             raise ValueError(f"expected key=share, got {item.strip()!r}")
         if key in out:
             raise ValueError(f"{key!r} given twice")
-        share = float(value)
+        try:
+            share = float(value)
+        except ValueError:
+            raise ValueError(f"share of {key!r} is not a number: {value!r}") from None
         if not share >= 0 or share == float("inf"):
             raise ValueError(f"share of {key!r} must be a finite number >= 0, got {value!r}")
         out[key] = share

@@ -7,6 +7,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from tiermesh.cli.bench_generate import add_arrival_args, add_generate_parser, generation_plan
+
 
 def cmd_bench(args: argparse.Namespace) -> int:
     """A scenario against a running mesh, written to a report directory; or `compare`:
@@ -14,6 +16,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from tiermesh.bench import compare, config, markdown, session
     from tiermesh.bench.arrivals import BurstPlan
     from tiermesh.bench.calls import BenchError
+    from tiermesh.bench.genwork import GenerationPlan
     from tiermesh.bench.ladder import LadderPlan
     from tiermesh.bench.report import SUMMARY_MD, load
     from tiermesh.bench.workload import DEFAULT_LENGTHS, DEFAULT_MIX, DEFAULT_PRIORITIES
@@ -38,7 +41,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     extra = vars(args)
     try:
         mesh_metrics, prices_file = _cost_args(args)
-        generation = _generation_plan(args) if args.scenario == "generate" else None
+        concurrency = extra.get("concurrency")
         cfg = config.BenchConfig(
             scenario=args.scenario,
             out_dir=Path(args.out) if args.out else config.default_out_dir(args.scenario),
@@ -51,7 +54,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
             requests=requests,
             duration_s=duration_s,
             timeout_s=config.timeout_for(args.scenario, args.timeout_s),
-            concurrency=extra.get("concurrency") or 8,
+            concurrency=8 if concurrency is None else concurrency,
             warmup=args.warmup,
             variant=args.variant,
             ladder=LadderPlan(
@@ -81,7 +84,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
             progress=not args.no_progress,
             mesh_metrics=mesh_metrics,
             prices_file=prices_file,
-            **({"generation": generation} if generation is not None else {}),
+            generation=generation_plan(args) if args.scenario == "generate" else GenerationPlan(),
         )
         written = session.run(cfg)
     except (ValueError, BenchError) as exc:
@@ -103,98 +106,6 @@ def cmd_bench(args: argparse.Namespace) -> int:
         print(f"knee: concurrency {knee['concurrency']}, {knee['throughput_rps']:.1f}/s")
     print(f"report: {written.out_dir / SUMMARY_MD}")
     return 0
-
-
-def _generation_plan(args: argparse.Namespace) -> Any:
-    """The generate scenario's GenerationPlan from its options (ValueError: a bad one)."""
-    from tiermesh.bench.genwork import DEFAULT_MAX_NEW_TOKENS, GenerationPlan
-    from tiermesh.bench.prompts import BUILTIN, BUILTIN_PROMPTS, load_prompts
-
-    if args.rate is not None and args.concurrency is not None:
-        raise ValueError(
-            "give --concurrency (closed loop) or --rate (open loop, arrivals / s), not both"
-        )
-    if args.rate is not None and not args.rate > 0:
-        raise ValueError(f"--rate must be > 0 arrivals / s, got {args.rate:g}")
-    if args.concurrency is not None and args.concurrency < 1:
-        raise ValueError(f"--concurrency must be >= 1, got {args.concurrency}")
-    prompts = load_prompts(Path(args.prompts)) if args.prompts else BUILTIN_PROMPTS
-    return GenerationPlan(
-        prompts=prompts,
-        prompts_source=args.prompts or BUILTIN,
-        max_new_tokens=args.max_new_tokens or DEFAULT_MAX_NEW_TOKENS,
-        temperature=args.temperature,
-        top_p=args.top_p,
-        stop=args.stop or "",
-        stream=not args.no_stream,
-        rate_rps=args.rate or 0.0,
-        poisson=args.arrivals == "poisson",
-    )
-
-
-def _add_generate_parser(kinds: Any, common: argparse.ArgumentParser, typed: Any) -> None:
-    from tiermesh.bench.genwork import parse_max_new_tokens, parse_stop
-
-    gen = kinds.add_parser(
-        "generate",
-        parents=[common],
-        help="generation requests to a generative model: TTFT, TPOT, tokens/s",
-        description="Generation requests (prompt + max_new_tokens, temperature, top_p, seed,\n"
-        "stop) to a generative model (a BYTES text_input, decoupled), streamed by default\n"
-        "(ModelStreamInfer: one response per piece of text). Reports time to first token\n"
-        "(TTFT) and time per output token (TPOT) percentiles, client- and server-side,\n"
-        "and generated tokens/s; closed loop at --concurrency or open loop at --rate.\n"
-        "Bounds default to 200 requests or 120 s, the timeout to 120 s per request.",
-        epilog="examples:\n"
-        "  tiermesh bench generate --model smollm2 --concurrency 4 --requests 100\n"
-        "  tiermesh bench generate --model smollm2 --rate 2 --max-new-tokens 32-64=0.8,256=0.2\n"
-        "  tiermesh bench generate --model smollm2 --prompts prompts.jsonl --no-stream",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    g = gen.add_argument_group("generation")
-    g.add_argument(
-        "--max-new-tokens",
-        type=typed(parse_max_new_tokens),
-        default=None,
-        metavar="N|MIN-MAX[=SHARE],...",
-        help="answer lengths asked: N, a range drawn uniformly, or a mix of them "
-        "(default: 16-48=0.5,48-128=0.35,128-256=0.15)",
-    )
-    g.add_argument(
-        "--prompts",
-        default=None,
-        metavar="FILE",
-        help='one prompt per line, or .jsonl: a JSON string or {"prompt": ...} per line '
-        "(default: a built-in set of varied chat prompts)",
-    )
-    g.add_argument(
-        "--temperature", type=float, default=0.0, help="0: greedy (default: %(default)s)"
-    )
-    g.add_argument("--top-p", type=float, default=1.0, help="(default: %(default)s)")
-    g.add_argument(
-        "--stop",
-        type=typed(parse_stop),
-        default=None,
-        help='a stop string, or a JSON list of them, e.g. \'["\\n\\n", "User:"]\'',
-    )
-    g.add_argument(
-        "--no-stream",
-        action="store_true",
-        help="ModelInfer: one response per request (no client TPOT; client TTFT = the call)",
-    )
-    g = gen.add_argument_group("load (one of)")
-    g.add_argument(
-        "--concurrency", type=int, default=None, help="callers in a closed loop (default: 8)"
-    )
-    g.add_argument("--rate", type=float, default=None, help="open loop instead: arrivals / s")
-    g.add_argument("--arrivals", choices=["poisson", "uniform"], default="poisson")
-    g.add_argument(
-        "--max-in-flight",
-        type=int,
-        default=1024,
-        help="open loop: arrivals beyond this many outstanding are counted, not sent "
-        "(default: %(default)s)",
-    )
 
 
 def _cmd_capture(args: argparse.Namespace) -> int:
@@ -502,14 +413,8 @@ def add_bench_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -
         "--spike-every-s", type=float, default=10.0, help="0: no spikes (default: %(default)s)"
     )
     burst.add_argument("--spike-len-s", type=float, default=2.0, help="(default: %(default)s)")
-    burst.add_argument("--arrivals", choices=["poisson", "uniform"], default="poisson")
-    burst.add_argument(
-        "--max-in-flight",
-        type=int,
-        default=1024,
-        help="arrivals beyond this many outstanding are counted, not sent (default: %(default)s)",
-    )
-    _add_generate_parser(kinds, common, typed)
+    add_arrival_args(burst)
+    add_generate_parser(kinds, common, typed)
     _add_capture_parsers(kinds, cost_args)
     cmp = kinds.add_parser("compare", help="differences between two report directories")
     cmp.add_argument("a", help="the baseline report directory")
