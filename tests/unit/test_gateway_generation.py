@@ -29,7 +29,7 @@ from tiermesh.gateway.converters import (
     model_config,
     piece_response,
 )
-from tiermesh.gateway.generation import TextCursor, derived_seed, generation_of, result_text
+from tiermesh.gateway.generation import TextCursor, derived_seed, generation_of
 from tiermesh.gateway.pending import PendingRequests
 from tiermesh.generate.tensors import output_text, prompt_of, text_tensor
 
@@ -115,7 +115,7 @@ def test_pieces_reach_the_streaming_caller_then_the_answer() -> None:
     async def scenario() -> tuple[list[str], JobResult, int]:
         pending = PendingRequests()
         seen: list[str] = []
-        fut = pending.register("a", lambda r: seen.append(result_text(r)))
+        fut = pending.register("a", lambda r: seen.append(output_text(r.outputs)))
         plain = pending.register("b")
 
         def piece(rid: str, text: str) -> JobResult:
@@ -131,7 +131,7 @@ def test_pieces_reach_the_streaming_caller_then_the_answer() -> None:
         return seen, await fut, pending.late
 
     seen, final, late = asyncio.run(scenario())
-    assert seen == ["He", "llo"] and result_text(final) == "Hello" and late == 2
+    assert seen == ["He", "llo"] and output_text(final.outputs) == "Hello" and late == 2
 
 
 def test_generation_and_pieces_survive_the_wire() -> None:

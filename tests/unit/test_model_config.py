@@ -266,6 +266,15 @@ def test_plain_checksum_still_checked_next_to_provenance(tmp_path: Path) -> None
         repo.checked_folder("txt")
 
 
+def test_checked_files_checks_only_those_named(tmp_path: Path) -> None:
+    repo = _repo(tmp_path, _provenance())
+    _write_provenance(tmp_path / "txt" / "1", {**DIGESTS, "model.onnx": "b" * 64})
+    assert repo.checked_files("txt", ["tok.json"]) == tmp_path / "txt" / "1"
+    (tmp_path / "txt" / "1" / "tok.json").write_bytes(b"changed")
+    with pytest.raises(RepositoryError, match=r"tok\.json: sha256 mismatch"):
+        repo.checked_files("txt", ["tok.json"])
+
+
 @pytest.mark.parametrize(
     ("variant", "file"), [("", "model.onnx"), ("fp32", "model.onnx"), ("int8", "model.int8.onnx")]
 )

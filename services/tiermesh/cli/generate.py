@@ -15,6 +15,7 @@ import numpy as np
 import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
+from tiermesh.bench.calls import values_of
 from tiermesh.cli.infer import Endpoint
 
 FINAL = "triton_final_response"
@@ -48,10 +49,7 @@ def _inputs(prompt: str) -> list[grpcclient.InferInput]:
 
 
 def _params(result: Any) -> dict[str, Any]:
-    return {
-        k: getattr(p, p.WhichOneof("parameter_choice"))
-        for k, p in result.get_response().parameters.items()
-    }
+    return values_of(result.get_response().parameters)
 
 
 def _text(result: Any) -> str:

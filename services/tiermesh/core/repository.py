@@ -7,6 +7,7 @@ config before any service uses them. A mismatch refuses to load with a clear err
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -98,6 +99,13 @@ class ModelRepository:
         folder, _ = self._verify(name, version, keep=())
         return folder
 
+    def checked_files(self, name: str, files: Sequence[str], version: str = "") -> Path:
+        """The version folder of (name, version) after those of `files` the version lists
+        matched their sha256: for a service that reads only those (the router reads a
+        tokenizer, not the weights beside it). Raises RepositoryError like checked_folder."""
+        folder, _ = self._verify(name, version, keep=(), only=tuple(files))
+        return folder
+
     def verified_model(self, name: str, version: str = "", variant: str = "") -> VerifiedModel:
         """The model file of (name, version, variant) as verified bytes, with the bytes of
         the ONNX external data it refers to: what an onnxruntime session is built from.
@@ -139,9 +147,10 @@ class ModelRepository:
         return cfg, ver
 
     def _verify(
-        self, name: str, version: str, keep: tuple[str, ...]
+        self, name: str, version: str, keep: tuple[str, ...], only: tuple[str, ...] = ()
     ) -> tuple[Path, dict[str, bytes]]:
-        """Check every file of (name, version); return its folder and the bytes of `keep`."""
+        """Check every file of (name, version), or those in `only`; return its folder and
+        the bytes of `keep`."""
         cfg, ver = self._config(name, version)
         where = f"model {name!r} version {ver.version}"
         plain_relative(cfg.queue_model, where)
@@ -150,6 +159,8 @@ class ModelRepository:
         recorded: dict[str, str] | None = None
         kept: dict[str, bytes] = {}
         for file, expected in ver.files.items():
+            if only and file not in only:
+                continue
             plain_relative(file, where)
             existing_file(self.root, folder / file)  # a missing file says so first
             if expected == PROVENANCE:

@@ -13,11 +13,11 @@ import hashlib
 from dataclasses import dataclass
 
 from tiermesh.core.errors import invalid
-from tiermesh.core.jobs import Generation, JobResult
+from tiermesh.core.jobs import Generation
 from tiermesh.core.model_config import GenerationSpec
 from tiermesh.core.tensors import TensorData
 from tiermesh.generate.inputs import GenerationInputError, parse_inputs
-from tiermesh.generate.tensors import output_text, prompt_of
+from tiermesh.generate.tensors import prompt_of
 
 # The request parameters a generation request may carry (KServe v2 InferParameter values).
 PARAMETERS = ("max_new_tokens", "temperature", "top_p", "seed", "stop")
@@ -56,11 +56,6 @@ def generation_of(
 def derived_seed(request_id: str) -> int:
     digest = hashlib.blake2b(request_id.encode(), digest_size=8).digest()
     return int.from_bytes(digest, "little") & SEED_LIMIT
-
-
-def result_text(result: JobResult) -> str:
-    """The text a generative result carries (a piece, or the whole answer)."""
-    return output_text(result.outputs)
 
 
 @dataclass

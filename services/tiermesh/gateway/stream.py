@@ -26,8 +26,8 @@ from tiermesh.core.errors import INTERNAL_MESSAGE, MeshError
 from tiermesh.core.grpc_errors import REDIS_OUTAGE, REDIS_OUTAGE_MESSAGE
 from tiermesh.core.jobs import JobResult
 from tiermesh.gateway import converters
-from tiermesh.gateway.generation import TextCursor, result_text
-from tiermesh.generate.tensors import text_tensor
+from tiermesh.gateway.generation import TextCursor
+from tiermesh.generate.tensors import output_text, text_tensor
 
 if TYPE_CHECKING:
     from tiermesh.gateway.servicer import Caller, InferenceServicer
@@ -55,7 +55,7 @@ async def _answer(
     cursor = TextCursor()
 
     def piece(result: JobResult) -> None:
-        text = cursor.piece(result.text_offset, result_text(result))
+        text = cursor.piece(result.text_offset, output_text(result.outputs))
         if text:
             response = converters.piece_response(result, text_tensor(text))
             out.put_nowait(service_pb2.ModelStreamInferResponse(infer_response=response))
@@ -76,7 +76,7 @@ async def _answer(
     result = answer.result
     generative = servicer.is_generative(result.model)
     if generative:
-        result = result.with_(outputs=(text_tensor(cursor.rest(result_text(result))),))
+        result = result.with_(outputs=(text_tensor(cursor.rest(output_text(result.outputs))),))
     response = converters.infer_response(result, answer.responded_ns, answer.cache_hit)
     if generative:
         response.parameters[converters.FINAL_RESPONSE].bool_param = True

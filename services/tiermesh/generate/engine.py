@@ -38,11 +38,6 @@ EventKind = Literal["token", "done", "rejected"]
 TokenChooser = Callable[[np.ndarray, SeqState], int]
 
 
-def greedy(logits: np.ndarray, seq: SeqState) -> int:
-    """Argmax: temperature 0, whatever the request asked."""
-    return int(np.argmax(logits))
-
-
 @dataclass(frozen=True)
 class Event:
     """What a step produced for one request: a generated token (`value` its id), the end of

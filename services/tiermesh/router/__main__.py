@@ -167,12 +167,17 @@ def add_encoders(
     prompt encoder for every generative one. A tokenizer whose files do not check stops the
     start (`strict`); later (a model added to the folder) it is left out and logged."""
     for name, cfg in repo.configs.items():
-        if cfg.tokenize is None and cfg.generation is None:
-            continue
+        # Only the files read here are checked (the weights beside them are the worker's).
         if name in encoders or name in prompts:
             continue
+        if cfg.generation is not None:
+            reads = [cfg.generation.tokenizer_file, cfg.generation.chat_file]
+        elif cfg.tokenize is not None:
+            reads = [cfg.tokenize.tokenizer_file]
+        else:
+            continue
         try:
-            folder = repo.checked_folder(name)
+            folder = repo.checked_files(name, reads)
         except RepositoryError as exc:
             if strict:
                 raise

@@ -98,7 +98,6 @@ class GenerationWorker:
         assert cfg.generation is not None
         self.unit = unit
         self.tier = tier
-        self._cfg = cfg
         self._limit = cfg.generation.max_sequences + READ_AHEAD
         self._service = service
         self._text = text
@@ -129,7 +128,7 @@ class GenerationWorker:
 
     async def run(self) -> None:
         await self._streams.ensure_groups(self._keys)
-        await self._streams.heartbeat([self.unit], self.tier, self._timers.heartbeat_ttl_ms)
+        await self._beat()
         self.started.set()
         owned = [
             asyncio.create_task(self._service.run(), name=f"engine-{self.unit}"),
@@ -144,7 +143,7 @@ class GenerationWorker:
             # What this consumer read before a restart and never acknowledged comes first.
             self._take(await self._streams.read(self._keys, self._limit, None, pending=True))
             while not self._stopping.is_set():
-                room = self._limit - len(self._running)
+                room = self._free()
                 if room <= 0:
                     self._room.clear()
                     await self._room.wait()
@@ -291,11 +290,14 @@ class GenerationWorker:
 
     # -- background loops ----------------------------------------------------------------
 
+    async def _beat(self) -> None:
+        await self._streams.heartbeat([self.unit], self.tier, self._timers.heartbeat_ttl_ms)
+
     async def _heartbeat(self) -> None:
         interval = self._timers.heartbeat_interval_ms / 1000
         while not self._leaving:
             try:
-                await self._streams.heartbeat([self.unit], self.tier, self._timers.heartbeat_ttl_ms)
+                await self._beat()
             except (aioredis.RedisError, OSError) as exc:
                 log.warning("heartbeat failed", error=str(exc))
             await asyncio.sleep(interval)
@@ -325,7 +327,7 @@ class GenerationWorker:
             await asyncio.sleep(self._timers.reclaim_interval_ms / 1000)
             try:
                 await self._touch()
-                room = self._limit - len(self._running)
+                room = self._free()
                 for key in self._keys:
                     if room <= 0 or self._stopping.is_set():
                         break
@@ -355,6 +357,10 @@ class GenerationWorker:
             self._outbox.post(JobResult.for_job(job, code=grpc.StatusCode.ABORTED, message=message))
         log.error("dead-lettered a generation request", stream=entry.stream.name)
 
+    def _free(self) -> int:
+        """Requests this worker may still take (running, or waiting in its engine)."""
+        return self._limit - len(self._running)
+
     def _is_running(self, entry: Entry) -> bool:
         return any(r.entry.entry_id == entry.entry_id for r in self._running.values())
 
@@ -372,14 +378,4 @@ def _log_failure(task: asyncio.Task[None]) -> None:
 
 
 def _piece(job: Job, text: str, offset: int) -> JobResult:
-    return JobResult(
-        request_id=job.request_id,
-        model=job.model,
-        gateway=job.gateway,
-        client_request_id=job.client_request_id,
-        version=job.version,
-        variant=job.variant,
-        outputs=(text_tensor(text),),
-        partial=True,
-        text_offset=offset,
-    )
+    return JobResult.for_job(job, outputs=(text_tensor(text),), partial=True, text_offset=offset)

@@ -280,26 +280,27 @@ class Worker:
         try:
             live, done = await self._compute(key, batch)
         except BaseException:
-            self._handoff_slots.release()
-            if background:
-                self._scheduler.background_done(started, self._clock_ns())
+            self._released(background, started)
             raise
         if not live and not done:
-            self._handoff_slots.release()
-            if background:
-                self._scheduler.background_done(started, self._clock_ns())
+            self._released(background, started)
             return
         task = asyncio.create_task(self._finish(key, live, done, started, interval))
         self._finishing.add(task)
-        task.add_done_callback(self._finished)
-        if background:  # done once its results are written (or given up): pacing
-            task.add_done_callback(
-                lambda _: self._scheduler.background_done(started, self._clock_ns())
-            )
+        # The slot (and, for background work, pacing) is freed once its results are
+        # handed off or written (or given up).
+        task.add_done_callback(lambda t: self._finished(t, background, started))
 
-    def _finished(self, task: asyncio.Task[None]) -> None:
-        self._finishing.discard(task)
+    def _released(self, background: bool, started: int) -> None:
+        """A dispatched batch is done with: its hand-off slot is free, and a background
+        batch's span counts for pacing."""
         self._handoff_slots.release()
+        if background:
+            self._scheduler.background_done(started, self._clock_ns())
+
+    def _finished(self, task: asyncio.Task[None], background: bool, started: int) -> None:
+        self._finishing.discard(task)
+        self._released(background, started)
         if not task.cancelled() and task.exception() is not None:
             log.error("hand-off task failed", error=repr(task.exception()))
 

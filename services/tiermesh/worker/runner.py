@@ -31,6 +31,26 @@ def session_options(intra_op_threads: int) -> ort.SessionOptions:
     return opts
 
 
+def new_session(
+    model: VerifiedModel | Path, intra_op_threads: int = 0, preoptimized: bool = False
+) -> ort.InferenceSession:
+    """A CPU session of `model`: verified bytes (external data included, nothing read from
+    disk) or a path the caller vouches for; `preoptimized` skips graph optimisation."""
+    opts = session_options(intra_op_threads)
+    if preoptimized:
+        opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    source: bytes | str = str(model)
+    if isinstance(model, VerifiedModel):
+        source = model.data
+        if model.external:
+            names = list(model.external)
+            buffers = [model.external[n] for n in names]
+            opts.add_external_initializers_from_files_in_memory(
+                names, buffers, [len(b) for b in buffers]
+            )
+    return ort.InferenceSession(source, opts, providers=["CPUExecutionProvider"])
+
+
 class ComputeTime:
     """Seconds spent inside `InferenceSession.run`, summed over every runner of a worker:
     wall time, and the process's CPU time (user + system, every thread) while a call was
@@ -107,20 +127,8 @@ class ModelRunner:
         optimize's `graph` variant), so loading skips it instead of redoing it at every start."""
         self.cfg = cfg
         self._compute_time = compute_time
-        opts = session_options(intra_op_threads)
-        if preoptimized:
-            opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
         started = time.perf_counter()
-        source: bytes | str = str(model)
-        if isinstance(model, VerifiedModel):
-            source = model.data
-            if model.external:
-                names = list(model.external)
-                buffers = [model.external[n] for n in names]
-                opts.add_external_initializers_from_files_in_memory(
-                    names, buffers, [len(b) for b in buffers]
-                )
-        self.session = ort.InferenceSession(source, opts, providers=["CPUExecutionProvider"])
+        self.session = new_session(model, intra_op_threads, preoptimized)
         self.load_s = time.perf_counter() - started
         self._outputs = [o.name for o in cfg.runs_outputs]
         self._types = {o.name: o.datatype for o in cfg.runs_outputs}

@@ -12,7 +12,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
 
-import onnxruntime as ort
 from tokenizers import Tokenizer
 
 from tiermesh.core.control_watch import ControlWatch
@@ -22,7 +21,7 @@ from tiermesh.generate.detok import TextStream, for_tokenizer
 from tiermesh.generate.engine import Engine
 from tiermesh.generate.scheduler import Limits
 from tiermesh.generate.service import GenerationService
-from tiermesh.worker.runner import ComputeTime, ModelRunner, session_options
+from tiermesh.worker.runner import ComputeTime, ModelRunner, new_session
 
 
 def open_runner(
@@ -77,9 +76,7 @@ def open_generative(
     _, version, variant = split_unit(unit)
     started = time.perf_counter()
     model = repo.verified_model(cfg.name, version, variant)
-    session = ort.InferenceSession(
-        model.data, session_options(threads), providers=["CPUExecutionProvider"]
-    )
+    session = new_session(model, threads)
     folder = model.path.parent
     chat = json.loads((folder / spec.chat_file).read_text(encoding="utf-8"))
     tokenizer = Tokenizer.from_file(str(folder / spec.tokenizer_file))
