@@ -25,7 +25,6 @@ from tiermesh.convert.llama import convert_gguf
 from tiermesh.convert.llama_check import greedy, leading_matches
 from tiermesh.worker.runner import session_options
 
-GGUF_NAME = smollm2.GGUF_NAME
 PROMPTS = (
     "What is the capital of France?",
     "Write a haiku about the sea.",
@@ -39,13 +38,12 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args()
     gguf = smollm2.gguf_file()
-    gguf_dir = gguf.parent
     torch.set_num_threads(args.threads)
 
     with tempfile.TemporaryDirectory() as tmp:
         onnx_path = Path(tmp) / "model.onnx"
         started = time.perf_counter()
-        convert_gguf(gguf_dir / GGUF_NAME, onnx_path)
+        convert_gguf(gguf, onnx_path)
         print(
             f"conversion: {time.perf_counter() - started:.1f} s, "
             f"{onnx_path.stat().st_size / 1e6:.1f} MB"
@@ -54,9 +52,11 @@ def main() -> None:
             str(onnx_path), session_options(args.threads), providers=["CPUExecutionProvider"]
         )
 
-    tok = AutoTokenizer.from_pretrained(gguf_dir, gguf_file=GGUF_NAME)
+    tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
     # from_pretrained returns the model in eval mode
-    model = AutoModelForCausalLM.from_pretrained(gguf_dir, gguf_file=GGUF_NAME, dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(
+        gguf.parent, gguf_file=gguf.name, dtype=torch.float32
+    )
     eos_ids = model.generation_config.eos_token_id
     eos = set(eos_ids if isinstance(eos_ids, list) else [eos_ids])
 

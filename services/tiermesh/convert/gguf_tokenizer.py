@@ -119,13 +119,18 @@ def _ints(fields: Mapping[str, Any], key: str) -> tuple[int, ...]:
     return tuple(int(field.parts[i][0]) for i in field.data)
 
 
-def read_tokenizer_metadata(path: Path) -> TokenizerMetadata:
-    """Read the tokenizer keys of the GGUF at `path`; raise `GgufTokenizerError` when there is
-    no vocabulary or it is not byte-level BPE."""
-    try:
-        fields = gguf.GGUFReader(path).fields
-    except (ValueError, OSError) as exc:
-        raise GgufTokenizerError(f"{path}: not a readable GGUF file ({exc})") from exc
+def read_tokenizer_metadata(source: Path | gguf.GGUFReader) -> TokenizerMetadata:
+    """Read the tokenizer keys of the GGUF at `source`, a path or a reader already open on it
+    (parsing the file takes seconds); raise `GgufTokenizerError` when there is no vocabulary
+    or it is not byte-level BPE."""
+    if isinstance(source, gguf.GGUFReader):
+        fields, path = source.fields, Path(str(source.data.filename))
+    else:
+        path = source
+        try:
+            fields = gguf.GGUFReader(path).fields
+        except (ValueError, OSError) as exc:
+            raise GgufTokenizerError(f"{path}: not a readable GGUF file ({exc})") from exc
     model = _scalar(fields, "tokenizer.ggml.model")
     tokens = _strings(fields, "tokenizer.ggml.tokens")
     if model is None or not tokens:
@@ -349,4 +354,39 @@ class ChatTemplate:
             bos_token=data.get("bos_token"),
             eos_token=data.get("eos_token"),
             eos_token_id=None if eos_token_id is None else int(eos_token_id),
+        )
+
+
+@dataclass(frozen=True)
+class ChatFile:
+    """`chat.json` beside a generative model's weights (written by `tiermesh models fetch`,
+    read by the router for the template and by the worker for the stop tokens): the chat
+    template, the end-of-generation ids and the trained context length."""
+
+    template: ChatTemplate
+    stop_token_ids: tuple[int, ...]
+    context_length: int
+
+    @classmethod
+    def from_metadata(cls, meta: TokenizerMetadata, context_length: int) -> ChatFile:
+        return cls(ChatTemplate.from_metadata(meta), tuple(stop_token_ids(meta)), context_length)
+
+    def to_bytes(self) -> bytes:
+        """JSON with sorted keys, so equal files give equal bytes (their sha256 is in the
+        model's config)."""
+        record = {
+            "chat_template": self.template.to_dict(),
+            "stop_token_ids": list(self.stop_token_ids),
+            "context_length": self.context_length,
+        }
+        text = json.dumps(record, sort_keys=True, indent=2, ensure_ascii=False) + "\n"
+        return text.encode("utf-8")
+
+    @classmethod
+    def read(cls, path: Path) -> ChatFile:
+        record = json.loads(path.read_text(encoding="utf-8"))
+        return cls(
+            ChatTemplate.from_dict(record["chat_template"]),
+            tuple(int(i) for i in record["stop_token_ids"]),
+            int(record["context_length"]),
         )

@@ -97,7 +97,10 @@ def expected_shapes(w: LlamaWeights) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
-def _open(path: Path) -> gguf.GGUFReader:
+def open_gguf(path: Path) -> gguf.GGUFReader:
+    """A reader of the GGUF at `path` (parsing its metadata takes seconds for a real model,
+    so a caller reading several things from one file opens it once). Raises GgufLlamaError
+    when the file is not GGUF."""
     try:
         with path.open("rb") as f:
             magic = f.read(4)
@@ -111,7 +114,8 @@ def _open(path: Path) -> gguf.GGUFReader:
         raise GgufLlamaError(f"{path}: unreadable GGUF: {e}") from e
 
 
-def _field(reader: gguf.GGUFReader, key: str, default: Any = None) -> Any:
+def gguf_field(reader: gguf.GGUFReader, key: str, default: Any = None) -> Any:
+    """The metadata value under `key`; `default` when absent, GgufLlamaError without one."""
     field = reader.get_field(key)
     if field is None:
         if default is None:
@@ -121,32 +125,32 @@ def _field(reader: gguf.GGUFReader, key: str, default: Any = None) -> Any:
 
 
 def _hyper_parameters(reader: gguf.GGUFReader, vocab_size: int) -> dict[str, Any]:
-    arch = _field(reader, "general.architecture")
+    arch = gguf_field(reader, "general.architecture")
     if arch != _ARCH:
         raise GgufLlamaError(f"general.architecture is {arch!r}, not {_ARCH!r}")
-    scaling = _field(reader, f"{_ARCH}.rope.scaling.type", "none")
+    scaling = gguf_field(reader, f"{_ARCH}.rope.scaling.type", "none")
     if scaling != "none":
         raise GgufLlamaError(f"rope scaling {scaling!r} is not supported")
-    hidden = int(_field(reader, f"{_ARCH}.embedding_length"))
-    heads = int(_field(reader, f"{_ARCH}.attention.head_count"))
-    head_dim = int(_field(reader, f"{_ARCH}.attention.key_length", hidden // heads))
-    rope_dim = int(_field(reader, f"{_ARCH}.rope.dimension_count", head_dim))
+    hidden = int(gguf_field(reader, f"{_ARCH}.embedding_length"))
+    heads = int(gguf_field(reader, f"{_ARCH}.attention.head_count"))
+    head_dim = int(gguf_field(reader, f"{_ARCH}.attention.key_length", hidden // heads))
+    rope_dim = int(gguf_field(reader, f"{_ARCH}.rope.dimension_count", head_dim))
     if rope_dim != head_dim or head_dim % 2:
         raise GgufLlamaError(f"rope over {rope_dim} of {head_dim} head dims is not supported")
-    declared_vocab = int(_field(reader, f"{_ARCH}.vocab_size", vocab_size))
+    declared_vocab = int(gguf_field(reader, f"{_ARCH}.vocab_size", vocab_size))
     if declared_vocab != vocab_size:
         raise GgufLlamaError(f"{_ARCH}.vocab_size {declared_vocab} != embedding rows {vocab_size}")
     return {
-        "n_layers": int(_field(reader, f"{_ARCH}.block_count")),
+        "n_layers": int(gguf_field(reader, f"{_ARCH}.block_count")),
         "hidden_size": hidden,
         "n_heads": heads,
-        "n_kv_heads": int(_field(reader, f"{_ARCH}.attention.head_count_kv", heads)),
+        "n_kv_heads": int(gguf_field(reader, f"{_ARCH}.attention.head_count_kv", heads)),
         "head_dim": head_dim,
-        "intermediate_size": int(_field(reader, f"{_ARCH}.feed_forward_length")),
+        "intermediate_size": int(gguf_field(reader, f"{_ARCH}.feed_forward_length")),
         "vocab_size": vocab_size,
-        "rms_norm_eps": float(_field(reader, f"{_ARCH}.attention.layer_norm_rms_epsilon")),
-        "rope_theta": float(_field(reader, f"{_ARCH}.rope.freq_base", 10000.0)),
-        "context_length": int(_field(reader, f"{_ARCH}.context_length")),
+        "rms_norm_eps": float(gguf_field(reader, f"{_ARCH}.attention.layer_norm_rms_epsilon")),
+        "rope_theta": float(gguf_field(reader, f"{_ARCH}.rope.freq_base", 10000.0)),
+        "context_length": int(gguf_field(reader, f"{_ARCH}.context_length")),
     }
 
 
@@ -175,11 +179,15 @@ def _check(weights: LlamaWeights) -> None:
         raise GgufLlamaError(f"{len(problems)} checkpoint problem(s): {shown}")
 
 
-def read_gguf_llama(path: Path) -> LlamaWeights:
-    """Hyper-parameters and FP32 tensors of the llama GGUF at `path` (any quantization the
-    gguf package dequantizes). Raises GgufLlamaError for anything else, including a file that
-    is not GGUF, another architecture, or missing / misshapen tensors."""
-    reader = _open(path)
+def read_gguf_llama(source: Path | gguf.GGUFReader) -> LlamaWeights:
+    """Hyper-parameters and FP32 tensors of the llama GGUF at `source`, a path or an
+    `open_gguf` reader (any quantization the gguf package dequantizes). Raises
+    GgufLlamaError for anything else, including a file that is not GGUF, another
+    architecture, or missing / misshapen tensors."""
+    if isinstance(source, gguf.GGUFReader):
+        reader, path = source, Path(str(source.data.filename))
+    else:
+        reader, path = open_gguf(source), source
     embedding = next((t for t in reader.tensors if t.name == "token_embd.weight"), None)
     if embedding is None:
         _hyper_parameters(reader, 0)  # a non-llama file fails on its architecture first
@@ -396,10 +404,11 @@ def build_decoder(weights: LlamaWeights, check: bool = True) -> onnx.ModelProto:
     return g.model("llama_decoder", inputs, outputs, (PRODUCER, PRODUCER_VERSION), check)
 
 
-def convert_gguf(gguf_path: Path, out_path: Path) -> None:
-    """Write the ONNX decoder of the llama GGUF at `gguf_path` to `out_path`, whole or not at
-    all (the old file, if any, stays on failure). Raises GgufLlamaError for unusable input."""
-    model = build_decoder(read_gguf_llama(gguf_path), check=False)
+def convert_gguf(source: Path | gguf.GGUFReader, out_path: Path) -> None:
+    """Write the ONNX decoder of the llama GGUF at `source` (a path or an `open_gguf` reader)
+    to `out_path`, whole or not at all (the old file, if any, stays on failure). Raises
+    GgufLlamaError for unusable input."""
+    model = build_decoder(read_gguf_llama(source), check=False)
     data = model.SerializeToString()
     del model  # (the peak: about 3x the FP32 weights, 1.7 GB for SmolLM2)
     onnx.checker.check_model(data)

