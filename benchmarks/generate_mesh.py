@@ -106,7 +106,7 @@ async def run(client: grpcaio.InferenceServerClient, asks: list[tuple[str, str, 
         final = resp.parameters.get("triton_final_response")
         if final is not None and final.bool_param:
             timed.end = now
-            timed.tokens = int(resp.parameters["generated_tokens"].int64_param)
+            timed.tokens = int(resp.parameters["tiermesh.generated_tokens"].int64_param)
             pending -= 1
             if not pending:
                 break

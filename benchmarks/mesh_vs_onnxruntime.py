@@ -38,6 +38,7 @@ import onnxruntime as ort
 import tritonclient.grpc.aio as grpcaio
 from tritonclient.utils import InferenceServerException
 
+from tiermesh.bench.calls import values_of
 from tiermesh.core.repository import ModelConfig, ModelRepository
 from tiermesh.core.settings import WorkerSettings
 from tiermesh.up.processes import free_port
@@ -205,17 +206,17 @@ def digest_mesh(
     per_stage: dict[str, list[float]] = {s: [] for s in (*STAGES, OUTSIDE)}
     diff = 0.0
     for i, (latency_us, res) in answered.items():
-        params = res.get_response().parameters
+        params = values_of(res.get_response().parameters)
         inside = 0
         for stage in STAGES:
-            if stage.endswith("_us"):  # returned as *_ms doubles
+            if stage.endswith("_us"):  # returned as tiermesh.*_ms doubles
                 key = stage.removesuffix("_us") + "_ms"
                 if key in params:
-                    value = round(params[key].double_param * 1000)
+                    value = round(params[key] * 1000)
                     per_stage[stage].append(value)
                     inside += value
             elif stage in params:
-                per_stage[stage].append(int(params[stage].int64_param))
+                per_stage[stage].append(int(params[stage]))
         per_stage[OUTSIDE].append(latency_us - inside)
         out = res.as_numpy(output_name)
         if out is not None:

@@ -53,6 +53,7 @@ import yaml
 from tokenizers import Tokenizer
 from tritonclient.utils import InferenceServerException
 
+from tiermesh.bench.calls import values_of
 from tiermesh.bench.workload import TokenText, mixed_texts
 from tiermesh.core.model_config import parse_config
 from tiermesh.core.model_files import mirror_files
@@ -195,15 +196,15 @@ class Run:
 
 def params_of(res: Any) -> dict[str, int]:
     """The response's facts; its stage times (`*_ms`, double) as whole microseconds."""
-    params = res.get_response().parameters
+    params = values_of(res.get_response().parameters)
     out: dict[str, int] = {}
     for k in INT_PARAMS:
         if k.endswith("_us"):
             name = k.removesuffix("_us") + "_ms"
             if name in params:
-                out[k] = round(params[name].double_param * 1000)
+                out[k] = round(params[name] * 1000)
         elif k in params:
-            out[k] = int(params[k].int64_param)
+            out[k] = int(params[k])
     return out
 
 

@@ -51,6 +51,7 @@ import yaml
 from tokenizers import Tokenizer
 from tritonclient.utils import InferenceServerException
 
+from tiermesh.bench.calls import values_of
 from tiermesh.bench.workload import TokenText, mixed_texts
 from tiermesh.core.model_files import mirror_files
 from tiermesh.up.processes import free_port
@@ -156,8 +157,7 @@ def plan_cases(
 
 
 def param_str(res: Any, key: str) -> str:
-    params = res.get_response().parameters
-    return str(params[key].string_param) if key in params else "?"
+    return str(values_of(res.get_response().parameters).get(key, "?"))
 
 
 async def closed_loop(

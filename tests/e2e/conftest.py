@@ -75,6 +75,12 @@ class UpProcess:
         assert found, "no redis URL in the tiermesh up banner"
         return found.group(1)
 
+    def rest_url(self) -> str:
+        """host:port of the KServe v2 REST door (from the tiermesh up banner)."""
+        found = re.search(r"KServe v2 REST: http://(\S+)", self.banner())
+        assert found, "no REST endpoint in the tiermesh up banner"
+        return found.group(1)
+
     def metrics_urls(self) -> dict[str, str]:
         """Each service's Prometheus endpoint, from the tiermesh up banner."""
         return dict(re.findall(r"(\w+) (http://127\.0\.0\.1:\d+/metrics)", self.banner()))
@@ -133,7 +139,7 @@ def start_up(
             str(tmp / "data"),
             "--repository",
             str(repo),
-            "--grace",
+            "--grace-s",
             str(grace_s),
             "--metrics-port",
             "0",

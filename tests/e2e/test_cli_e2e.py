@@ -31,7 +31,7 @@ def test_infer_prints_outputs_and_timings(mesh_up: UpProcess) -> None:
     answer = json.loads(done.stdout)
     want = reference(mesh_up, np.array([[1, 2, 3, 4]], dtype=np.float32))
     np.testing.assert_allclose(answer["outputs"]["OUTPUT0"], want, rtol=1e-6)
-    assert int(answer["parameters"]["compute_ms"]) >= 0
+    assert int(answer["parameters"]["tiermesh.compute_ms"]) >= 0
 
 
 def test_infer_text(mesh_up: UpProcess) -> None:

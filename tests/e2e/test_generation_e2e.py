@@ -27,8 +27,10 @@ import tritonclient.grpc as grpcclient
 from prometheus_client.parser import text_string_to_metric_families
 from tritonclient.utils import InferenceServerException
 
+from tests.documented_parameters import documented, documented_for
 from tests.e2e.conftest import UpProcess, start_up
 from tests.polling import eventually
+from tiermesh.bench.calls import is_final, values_of
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -60,10 +62,8 @@ def text_of(result: Any) -> str:
 
 
 def params_of(result: Any) -> dict[str, Any]:
-    out = {}
-    for key, p in result.get_response().parameters.items():
-        out[key] = getattr(p, p.WhichOneof("parameter_choice"))
-    return out
+    """The mesh's response parameters (`tiermesh.<name>`), by name."""
+    return values_of(result.get_response().parameters)
 
 
 @dataclass
@@ -104,7 +104,7 @@ class StreamClient:
         with self._lock:
             rec = self.got.setdefault(rid, Streamed())
             rec.pieces.append((now, text_of(result)))
-            if params.get("triton_final_response"):
+            if is_final(result.get_response().parameters):
                 rec.final = params
                 self.order.append(rid)
                 self.done.put(rid)
@@ -159,7 +159,10 @@ def test_model_infer_returns_the_whole_answer(mesh: UpProcess) -> None:
     assert params["generated_tokens"] == 8  # 7 tokens of text, then <|im_end|>
     assert params["prompt_tokens"] > 20  # the chat template's system prompt is there
     assert params["ttft_ms"] > 0 and params["tpot_ms"] > 0
-    assert {"queue_ms", "compute_ms", "total_ms"} <= set(params)
+    # The names the README documents for a generative answer, and no other.
+    sent = {f"tiermesh.{k}" for k in params}
+    assert documented_for("always", "generative") <= sent <= set(documented())
+    assert {"tiermesh.queue_ms", "tiermesh.compute_ms"} <= sent
 
 
 def test_stream_delivers_tokens_incrementally(mesh: UpProcess) -> None:
@@ -260,7 +263,7 @@ def test_the_generate_command_prints_the_answer_as_it_comes(mesh: UpProcess) -> 
     assert done.stdout == "The capital of France is Paris.\n"
     assert "8 tokens" in done.stderr and "finish stop" in done.stderr
     refused = command("hi", "--temperature", "nan")
-    assert refused.returncode == 1
+    assert refused.returncode == 2  # refused by the CLI before it connects
     assert "temperature: nan is not a finite number" in refused.stderr
 
 

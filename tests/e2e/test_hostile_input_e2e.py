@@ -595,7 +595,7 @@ class Sender:
         resp = service_pb2.ModelInferResponse.FromString(body)
         check(resp)
         self._tally.honest += 1
-        if resp.parameters["batch_size"].int64_param > rows:
+        if resp.parameters["tiermesh.batch_size"].int64_param > rows:
             self._tally.honest_batched += 1
 
 

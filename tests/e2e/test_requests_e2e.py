@@ -75,7 +75,7 @@ def test_results_equal_onnxruntime(mesh_up: UpProcess, rows: int) -> None:
     result = client.infer("mlp", [mlp_input(x)])
     np.testing.assert_allclose(result.as_numpy("OUTPUT0"), reference(mesh_up, x), rtol=1e-6)
     params = result.get_response(as_json=True)["parameters"]
-    assert "compute_ms" in params
+    assert "tiermesh.compute_ms" in params
 
 
 def test_text_round_trip(mesh_up: UpProcess) -> None:
@@ -108,7 +108,7 @@ def test_200_concurrent_requests_answered_once_without_cross_talk(mesh_up: UpPro
     assert [r.get_response().id for r in results] == [f"r{i}" for i in range(200)]
     for result, want in zip(results, expected, strict=True):
         np.testing.assert_allclose(result.as_numpy("OUTPUT0"), want, rtol=1e-6)
-    batch_sizes = [r.get_response().parameters["batch_size"].int64_param for r in results]
+    batch_sizes = [r.get_response().parameters["tiermesh.batch_size"].int64_param for r in results]
     assert max(batch_sizes) > 3, "concurrent requests should have been batched together"
 
 
@@ -262,12 +262,12 @@ def test_one_trace_spans_all_four_services(mesh_up: UpProcess) -> None:
 
 
 PARTS = (
-    "preprocess_ms",
-    "queue_ms",
-    "batch_wait_ms",
-    "compute_ms",
-    "postprocess_ms",
-    "delivery_ms",
+    "tiermesh.preprocess_ms",
+    "tiermesh.queue_ms",
+    "tiermesh.batch_wait_ms",
+    "tiermesh.compute_ms",
+    "tiermesh.postprocess_ms",
+    "tiermesh.delivery_ms",
 )
 
 
@@ -280,18 +280,18 @@ def test_response_breakdown_adds_up_and_matches_the_span(mesh_up: UpProcess) -> 
     }
     parts = sum(params[k] for k in PARTS)
     assert all(params[k] >= 0 for k in PARTS)
-    assert 0 <= params["total_ms"] - parts <= 1.0
-    assert params["tier"] == "center" and params["variant"] == "fp32"
-    assert int(params["batch_size"]) >= 2 and int(params["bucket"]) == 0
-    assert params["worker"]
+    assert 0 <= params["tiermesh.total_ms"] - parts <= 1.0
+    assert params["tiermesh.tier"] == "center" and params["tiermesh.variant"] == "fp32"
+    assert int(params["tiermesh.batch_size"]) >= 2 and int(params["tiermesh.bucket"]) == 0
+    assert params["tiermesh.worker"]
     span = _eventually_spans(
         mesh_up,
         "/inference.GRPCInferenceService/ModelInfer",
         "tiermesh.client_request_id",
         "timed",
     )[0]
-    for key in (*PARTS, "total_ms", "worker", "tier"):
-        assert span["attributes"][f"tiermesh.{key}"] == params[key], key
+    for key in (*PARTS, "tiermesh.total_ms", "tiermesh.worker", "tiermesh.tier"):
+        assert span["attributes"][key] == params[key], key
 
 
 def _scrape(url: str) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:

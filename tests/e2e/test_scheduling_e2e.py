@@ -153,8 +153,8 @@ def test_repeated_request_is_answered_from_the_cache(up: UpProcess) -> None:
     second = client.infer("mlp_cached", [mlp_input(x)], request_id="c2")
     np.testing.assert_array_equal(first.as_numpy("OUTPUT0"), second.as_numpy("OUTPUT0"))
     params = second.get_response(as_json=True)["parameters"]
-    assert params["cache_hit"]["bool_param"] is True
-    assert "cache_hit" not in first.get_response(as_json=True)["parameters"]
+    assert params["tiermesh.cache_hit"]["bool_param"] is True
+    assert "tiermesh.cache_hit" not in first.get_response(as_json=True)["parameters"]
     # The hit's trace has the gateway and nothing else: no router, no worker.
     gw = eventually(
         lambda: [
@@ -176,7 +176,7 @@ def test_repeated_request_is_answered_from_the_cache(up: UpProcess) -> None:
     # Entries expire (TTL 1 s): the same request is computed again.
     def recomputed() -> bool:
         r = client.infer("mlp_cached", [mlp_input(x)])
-        return "cache_hit" not in r.get_response(as_json=True)["parameters"]
+        return "tiermesh.cache_hit" not in r.get_response(as_json=True)["parameters"]
 
     eventually(recomputed, "the cache entry to expire", timeout_s=10)
 

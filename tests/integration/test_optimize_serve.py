@@ -65,7 +65,7 @@ async def test_an_optimized_variant_is_served_and_equals_onnxruntime(
             await client.close()
     finally:
         await mesh.close()
-    assert got.get_response().parameters["variant"].string_param == "fp16"
+    assert got.get_response().parameters["tiermesh.variant"].string_param == "fp16"
     encoder = TextEncoder(fp16.parent / "tokenizer.json", 128)
     want = evaluate.embed(evaluate.session(fp16), encoder, texts[:4])
     np.testing.assert_allclose(got.as_numpy("sentence_embedding"), want, atol=1e-5)

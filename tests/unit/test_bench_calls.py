@@ -17,9 +17,10 @@ from tiermesh.gateway.converters import set_parameter
 
 
 def params(**values: object) -> dict[str, service_pb2.InferParameter]:
+    """A response's parameters as the mesh names them: `tiermesh.<name>`."""
     resp = service_pb2.ModelInferResponse()
     for key, value in values.items():
-        set_parameter(resp.parameters[key.replace("__", ".")], value)
+        set_parameter(resp.parameters[f"tiermesh.{key}"], value)
     return dict(resp.parameters)
 
 
@@ -56,12 +57,13 @@ def test_reads_the_contract_parameters() -> None:
     assert (reply.tier, reply.variant, reply.worker) == ("edge", "int8", "w-1")
 
 
-def test_reads_prefixed_and_microsecond_parameters() -> None:
-    reply = read_reply(
-        params(tiermesh__queue_us=1500, tiermesh__route_us=250, tiermesh__bucket=1, compute_ms=2.0)
-    )
-    assert reply.stages_ms == {"queue": 1.5, "preprocess": 0.25, "compute": 2.0}
-    assert reply.bucket == 1
+def test_only_the_mesh_names_count() -> None:
+    """A caller's own parameter (no `tiermesh.` prefix) is not read as the mesh's."""
+    resp = service_pb2.ModelInferResponse()
+    set_parameter(resp.parameters["queue_ms"], 9.0)
+    set_parameter(resp.parameters["tiermesh.compute_ms"], 2.0)
+    reply = read_reply(dict(resp.parameters))
+    assert reply.stages_ms == {"compute": 2.0}
 
 
 def test_absent_parameters_stay_absent() -> None:

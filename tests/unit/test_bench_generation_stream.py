@@ -39,7 +39,7 @@ def response(
     if final is not None:
         resp.parameters["triton_final_response"].bool_param = final
     for key, value in params.items():
-        set_parameter(resp.parameters[key], value)
+        set_parameter(resp.parameters[f"tiermesh.{key}"], value)
     return resp
 
 

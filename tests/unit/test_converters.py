@@ -219,12 +219,12 @@ def test_infer_response_outputs_and_timing() -> None:
     ]
     assert resp.raw_output_contents[0] == y.tobytes()
     assert resp.raw_output_contents[1] == join_bytes([b"a"])
-    assert resp.parameters["preprocess_ms"].double_param == 0.01
-    assert resp.parameters["queue_ms"].double_param == 0.1
-    assert resp.parameters["total_ms"].double_param == 2.0
-    assert "compute_ms" not in resp.parameters  # not reached
-    assert resp.parameters["tier"].string_param == "edge"
-    assert resp.parameters["batch_size"].int64_param == 7
+    assert resp.parameters["tiermesh.preprocess_ms"].double_param == 0.01
+    assert resp.parameters["tiermesh.queue_ms"].double_param == 0.1
+    assert resp.parameters["tiermesh.total_ms"].double_param == 2.0
+    assert "tiermesh.compute_ms" not in resp.parameters  # not reached
+    assert resp.parameters["tiermesh.tier"].string_param == "edge"
+    assert resp.parameters["tiermesh.batch_size"].int64_param == 7
     # tritonclient reads it back.
     got = triton.InferResult(resp)
     np.testing.assert_array_equal(got.as_numpy("Y"), y)

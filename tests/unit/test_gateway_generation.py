@@ -162,11 +162,11 @@ def test_piece_and_final_responses() -> None:
         },
     )
     params = infer_response(final, 0).parameters
-    assert params["prompt_tokens"].int64_param == 31
-    assert params["generated_tokens"].int64_param == 3
-    assert params["ttft_ms"].double_param == 12.5
-    assert params["tpot_ms"].double_param == 20.25
-    assert params["finish_reason"].string_param == "stop"
+    assert params["tiermesh.prompt_tokens"].int64_param == 31
+    assert params["tiermesh.generated_tokens"].int64_param == 3
+    assert params["tiermesh.ttft_ms"].double_param == 12.5
+    assert params["tiermesh.tpot_ms"].double_param == 20.25
+    assert params["tiermesh.finish_reason"].string_param == "stop"
 
 
 def test_prompt_of_reads_the_text_input() -> None:

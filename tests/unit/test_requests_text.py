@@ -203,25 +203,25 @@ def test_infer_response_variant_bucket_truncated(annotation: str, flag: bool) ->
         _result(variant="int8", bucket=2, annotations={"truncated": annotation}), 0
     )
     params = resp.parameters
-    assert params["variant"].WhichOneof("parameter_choice") == "string_param"
-    assert params["variant"].string_param == "int8"
-    assert params["bucket"].WhichOneof("parameter_choice") == "int64_param"
-    assert params["bucket"].int64_param == 2
-    assert params["truncated"].WhichOneof("parameter_choice") == "bool_param"
-    assert params["truncated"].bool_param is flag
+    assert params["tiermesh.variant"].WhichOneof("parameter_choice") == "string_param"
+    assert params["tiermesh.variant"].string_param == "int8"
+    assert params["tiermesh.bucket"].WhichOneof("parameter_choice") == "int64_param"
+    assert params["tiermesh.bucket"].int64_param == 2
+    assert params["tiermesh.truncated"].WhichOneof("parameter_choice") == "bool_param"
+    assert params["tiermesh.truncated"].bool_param is flag
 
 
 def test_infer_response_without_variant_or_truncation() -> None:
     resp = infer_response(_result(bucket=0), 0)
-    assert "variant" not in resp.parameters
-    assert "truncated" not in resp.parameters
-    assert resp.parameters["bucket"].int64_param == 0
+    assert "tiermesh.variant" not in resp.parameters
+    assert "tiermesh.truncated" not in resp.parameters
+    assert resp.parameters["tiermesh.bucket"].int64_param == 0
 
 
 def test_response_parameters_reach_tritonclient() -> None:
     resp = infer_response(_result(variant="fp16", bucket=3, annotations={"truncated": "true"}), 0)
     got = triton.InferResult(resp).get_response(as_json=True)
     params = got["parameters"]
-    assert params["variant"] == {"string_param": "fp16"}
-    assert params["bucket"] == {"int64_param": "3"}
-    assert params["truncated"] == {"bool_param": True}
+    assert params["tiermesh.variant"] == {"string_param": "fp16"}
+    assert params["tiermesh.bucket"] == {"int64_param": "3"}
+    assert params["tiermesh.truncated"] == {"bool_param": True}

@@ -129,7 +129,7 @@ def test_outputs_as_json_or_binary() -> None:
     body, length = infer_body(_result(), 10_000, False, OutputChoice())
     doc = json.loads(body)
     assert length is None and doc["outputs"][0]["data"] == [3, 4]
-    assert doc["parameters"]["compute_ms"] == 0.005
+    assert doc["parameters"]["tiermesh.compute_ms"] == 0.005
     body, length = infer_body(_result(), 10_000, False, OutputChoice(binary=frozenset({"OUTPUT0"})))
     assert length is not None and body[length:] == np.array([3, 4], "<i4").tobytes()
     assert json.loads(body[:length])["outputs"][0]["parameters"] == {"binary_data_size": 8}

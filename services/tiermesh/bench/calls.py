@@ -1,9 +1,8 @@
 """The bench's only contact with tritonclient: model inputs, one call, its outcome.
 
-Response parameters are read as the mesh's contract names them (`queue_ms` ... as
-doubles, `batch_size` ... as int64, `tier` ... as strings), with or without a `tiermesh.`
-prefix; the earlier integer microsecond form (`queue_us`, with `route_us` standing for
-the router's input processing) is read too. Anything absent stays absent.
+Response parameters are read as the mesh's contract names them: `tiermesh.queue_ms` ... as
+doubles, `tiermesh.batch_size` ... as int64, `tiermesh.tier` ... as strings (the README's
+"Response parameters"). Anything absent stays absent.
 
 Generation (`GenSender`) streams by default: one ModelStreamInfer call per request, whose
 responses are pieces of the answer (`text_output`: the text since the previous piece)
@@ -39,8 +38,6 @@ from tiermesh.bench.workload import InputSpec, RequestSpec
 
 PREFIX = "tiermesh."
 RETRY_AFTER_KEY = "retry-after-ms"
-# Microsecond names of the first timing parameters -> the contract's stage names.
-_LEGACY_STAGES = {f"{stage}_us": stage for stage in STAGES} | {"route_us": "preprocess"}
 _INTS = ("batch_size", "bucket", "tokens", "padded_tokens")
 _STRINGS = ("tier", "variant", "worker")
 # The client's own deadline sits a little past the one the mesh is given, so the mesh
@@ -63,8 +60,11 @@ def _value(param: Any) -> Any:
 
 
 def values_of(params: Mapping[str, Any]) -> dict[str, Any]:
-    """A response's parameter map as plain values, without the `tiermesh.` prefix."""
-    return {key.removeprefix(PREFIX): _value(p) for key, p in params.items()}
+    """The mesh's facts in a response's parameter map (`tiermesh.<name>`), as plain values
+    by name; the caller's and Triton's own parameters are left out."""
+    return {
+        key.removeprefix(PREFIX): _value(p) for key, p in params.items() if key.startswith(PREFIX)
+    }
 
 
 def read_reply(params: Mapping[str, Any]) -> Reply:
@@ -76,10 +76,6 @@ def read_reply(params: Mapping[str, Any]) -> Reply:
             continue
         if key.endswith("_ms") and key[:-3] in STAGES:
             stages[key[:-3]] = float(value)
-    for key, stage in _LEGACY_STAGES.items():
-        value = values.get(key)
-        if stage not in stages and isinstance(value, int | float) and not isinstance(value, bool):
-            stages[stage] = float(value) / 1000.0
     ints = {k: int(v) for k in _INTS if isinstance(v := values.get(k), int | float)}
     strings = {k: v for k in _STRINGS if isinstance(v := values.get(k), str)}
     total = values.get("total_ms")
@@ -241,13 +237,13 @@ def _text(result: grpcaio.InferResult, output: str) -> str:
     )
 
 
-def is_final(values: Mapping[str, Any]) -> bool:
+def is_final(params: Mapping[str, Any]) -> bool:
     """The request's last response: `triton_final_response` true; without the flag, the
-    response carrying `finish_reason` (only the last one does)."""
-    flag = values.get(FINAL_RESPONSE)
+    response carrying `tiermesh.finish_reason` (only the last one does)."""
+    flag = _value(params[FINAL_RESPONSE]) if FINAL_RESPONSE in params else None
     if isinstance(flag, bool):
         return flag
-    return "finish_reason" in values
+    return f"{PREFIX}finish_reason" in params
 
 
 class GenSender:
@@ -348,9 +344,8 @@ class GenSender:
                 if response.id and response.id != request_id:
                     continue  # not ours (a server that shares streams): ignored
                 pieces.add(at, _text(result, self._output))
-                values = values_of(response.parameters)
-                if is_final(values):
-                    code, message, final = OK, "", values
+                if is_final(response.parameters):
+                    code, message, final = OK, "", values_of(response.parameters)
                     reply = read_reply(response.parameters)
                     break
         except Exception as exc:  # every failure is a figure, not a crash

@@ -167,10 +167,23 @@ def piece_response(result: JobResult, piece: TensorData) -> service_pb2.ModelInf
     return resp
 
 
+# Every response parameter the mesh adds is named `tiermesh.<fact>`, so none can collide with
+# a parameter of the caller's own (or Triton's, like `triton_final_response`). The same names
+# are the request span's attributes.
+RESPONSE_PREFIX = "tiermesh."
+
+
 def response_facts(
     result: JobResult, responded_ns: int, cache_hit: bool = False
 ) -> dict[str, float | int | str | bool]:
-    """What a caller learns about how its request was served (also span attributes)."""
+    """What a caller learns about how its request was served, by response parameter name
+    (`tiermesh.queue_ms`, ...; also the request span's attributes)."""
+    return {RESPONSE_PREFIX + k: v for k, v in _facts(result, responded_ns, cache_hit).items()}
+
+
+def _facts(
+    result: JobResult, responded_ns: int, cache_hit: bool
+) -> dict[str, float | int | str | bool]:
     facts: dict[str, float | int | str | bool] = dict(result.timing.breakdown_ms(responded_ns))
     if cache_hit:
         facts["cache_hit"] = True

@@ -298,7 +298,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
         responded = self._clock_ns()
         span = trace.get_current_span()
         for key, value in converters.response_facts(result, responded, cache_hit).items():
-            span.set_attribute(f"tiermesh.{key}", value)
+            span.set_attribute(key, value)
         rows = result.outputs[0].shape[0] if result.outputs and result.outputs[0].shape else 1
         version = result.version
         if cache_hit:
