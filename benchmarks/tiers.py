@@ -5,11 +5,11 @@ Three placements of one text model (default minilm-l3), each a private mesh (own
 redis-server, data dir and temporary model repository linking the committed weights):
 
 - tiered:     the committed config: light requests (rows x tokens <= the edge's max_cost)
-              to the edge worker (INT8, --edge-threads), the rest to center (FP32).
+              to the edge worker (--edge-threads), the rest to center, both FP32.
 - all-center: the committed config, but only the center worker is started; the router
               avoids the dead edge tier, so center serves everything (FP32).
 - all-edge:   both workers started, the config's tiers replaced by
-              `edge: {variant: int8, max_cost: 0}`: the edge worker serves everything.
+              `edge: {max_cost: 0}` (its variant kept): the edge worker serves everything.
 
 tiered and all-edge run once per --link-ms value (the round trip `tiermesh up
 --edge-link-ms` adds between the edge worker and redis/postprocess). all-center has no
@@ -117,7 +117,7 @@ def build_repo(root: Path, model_dir: Path, all_edge: bool) -> Path:
     raw = yaml.safe_load((model_dir / "config.yaml").read_text())
     if all_edge:
         edge = (raw.get("tiers") or {}).get("edge") or {}
-        raw["tiers"] = {"edge": {"variant": edge.get("variant", "int8"), "max_cost": 0}}
+        raw["tiers"] = {"edge": {"variant": edge.get("variant", ""), "max_cost": 0}}
     dest = root / model_dir.name
     dest.mkdir(parents=True)
     (dest / "config.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))

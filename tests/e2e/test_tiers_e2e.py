@@ -1,4 +1,4 @@
-"""Both tiers: light texts on edge (INT8), heavy ones on center (FP32); when the edge
+"""Both tiers: light texts on edge, heavy ones on center, both FP32; when the edge
 workers stop, light traffic moves to center without failures, and comes back after."""
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ import tritonclient.grpc as grpcclient
 
 from tests.e2e.conftest import UpProcess, _environ
 from tests.polling import eventually
+from tiermesh.bench.calls import values_of
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 SHORT = "a short sentence"
@@ -30,7 +31,7 @@ def served_by(client: grpcclient.InferenceServerClient, text: str) -> tuple[str,
     params = client.infer("minilm-l3", [inp], timeout=5_000_000).get_response(as_json=True)[
         "parameters"
     ]
-    return params["tier"]["string_param"], params["variant"]["string_param"]
+    return params["tiermesh.tier"]["string_param"], params["tiermesh.variant"]["string_param"]
 
 
 def restart_worker(env: dict[str, str]) -> subprocess.Popen[bytes]:
@@ -51,13 +52,13 @@ def test_tiers_by_cost_and_edge_failover(
         extra_env={"TIERMESH_HEARTBEAT_TTL_MS": "2000"},
     )
     client = grpcclient.InferenceServerClient(up.url)
-    assert served_by(client, SHORT) == ("edge", "int8")
+    assert served_by(client, SHORT) == ("edge", "fp32")
     assert served_by(client, LONG) == ("center", "fp32")
 
     edge_pid = up.children()["worker-edge"]
     edge_env = _environ(Path(f"/proc/{edge_pid}"))
     os.kill(edge_pid, signal.SIGTERM)  # the edge tier stops (drains, deregisters)
-    tiers = []
+    tiers: list[str] = []
     failures = 0
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline and len(tiers) < 40:
@@ -86,11 +87,7 @@ def test_an_unsure_edge_answer_is_rerun_on_center(new_up: Callable[..., UpProces
         inp = grpcclient.InferInput("INPUT0", [1, 4], "FP32")
         inp.set_data_from_numpy(np.array([row], np.float32))
         res = client.infer("mlp_cascade", [inp])
-        params = {
-            k: next(iter(v.values()))
-            for k, v in res.get_response(as_json=True)["parameters"].items()
-        }
-        return params, res.as_numpy("OUTPUT0")
+        return values_of(res.get_response().parameters), res.as_numpy("OUTPUT0")
 
     sure, _ = ask([1, 2, 3, 4])  # logits ~ [24, 4.8, -29.7]: top-1 ~ 1.0
     assert sure["tier"] == "edge" and "cascaded" not in sure

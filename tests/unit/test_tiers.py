@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from tiermesh.core.model_config import TierSpec
+from tiermesh.core.tier_spec import TierSpec
 from tiermesh.router.tiers import TierState, choose_tier, preferred
 
-EDGE = TierSpec("edge", "int8", max_cost=64)
+EDGE = TierSpec("edge", "fp32", max_cost=64)
 CENTER = TierSpec("center", "fp32")
 TIERS = (EDGE, CENTER)
 UP = TierState(alive=True)
@@ -28,7 +28,7 @@ def test_thresholds(cost: int, tier: str) -> None:
 
 
 def test_no_limit_on_the_lightest_tier_takes_everything() -> None:
-    assert preferred((TierSpec("edge", "int8"), CENTER), 10**6).name == "edge"
+    assert preferred((TierSpec("edge", "fp32"), CENTER), 10**6).name == "edge"
 
 
 def test_a_dead_tier_is_avoided() -> None:
@@ -46,10 +46,10 @@ def test_light_work_spills_to_center_when_edge_would_miss_its_deadline() -> None
 
 
 def test_light_work_goes_to_edge_when_center_is_saturated() -> None:
-    tiers = (TierSpec("edge", "int8", max_cost=64), TierSpec("center", "fp32"))
+    tiers = (TierSpec("edge", "fp32", max_cost=64), TierSpec("center", "fp32"))
     saturated = TierState(alive=True, backlog=1_000, rate=100.0)  # 10 s
     # A mid-cost request preferring center (edge limit 8 here) spills back to edge.
-    small_edge = (TierSpec("edge", "int8", max_cost=8), tiers[1])
+    small_edge = (TierSpec("edge", "fp32", max_cost=8), tiers[1])
     got = choose_tier(small_edge, 4, 1_000, {"edge": UP, "center": saturated})
     assert got is not None and got.name == "edge"
 

@@ -5,6 +5,8 @@ compute interface (``compute``: what onnxruntime runs), equal unless the model p
 post-processes. Companion models share a model's queues, batching and weights under another
 public interface (``minilm-l6-ids`` takes token ids where ``minilm-l6`` takes text).
 Variants (fp32, int8, ...) are files of one version; each variant batches on its own.
+
+Tiers (where a model is served, and which variant each tier serves) are core/tier_spec.py's.
 """
 
 from __future__ import annotations
@@ -17,6 +19,13 @@ from typing import Any
 
 from tiermesh.core.canary_spec import CanarySpec, parse_canary
 from tiermesh.core.tensors import DATATYPES
+from tiermesh.core.tier_spec import (
+    TierConfigError,
+    TierSpec,
+    check_tiers,
+    parse_tiers,
+    served_variants,
+)
 
 NAME = re.compile(r"^[A-Za-z0-9_-]+$")
 
@@ -92,7 +101,6 @@ class SchedulingSpec:
 
 
 DEFAULT_AGE_LIMIT_MS = 1000.0
-TIER_NAMES = ("edge", "center")
 CASCADE_SCORES = ("top1_softmax",)
 
 
@@ -108,18 +116,13 @@ class CacheSpec:
 
 
 @dataclass(frozen=True, slots=True)
-class TierSpec:
-    """How one tier serves a model: which variant, and up to what request cost (rows x
-    length: tokens for text) it is the preferred tier. 0 = no limit."""
-
-    name: str
-    variant: str
-    max_cost: int = 0
-
-
-@dataclass(frozen=True, slots=True)
 class CascadeSpec:
-    """Re-run an edge answer on center when the model is not confident enough about it."""
+    """Re-run an edge answer on center when the model is not confident enough about it.
+
+    A cascade earns its cost when the edge runs a cheaper variant than center, and that is
+    mixed variants (`tiers.mixed_variants: true`): the answer then depends on the edge's
+    confidence, and says which variant gave it. Over one variant a cascade is allowed (the
+    re-run answers the same) but only spends center time."""
 
     output: str
     threshold: float
@@ -190,6 +193,9 @@ class ModelConfig:
     # Where the model is served, lightest first (edge before center); empty: center only,
     # with the default variant.
     tiers: tuple[TierSpec, ...] = ()
+    # Tiers may serve different variants (`tiers: {mixed_variants: true, ...}`): answers then
+    # depend on which tier serves a request. Off: a config whose tiers differ is refused.
+    mixed_variants: bool = False
     cascade: CascadeSpec | None = None
     # The model whose queues, batching and weights this one uses ("" = itself).
     companion_of: str = ""
@@ -210,6 +216,11 @@ class ModelConfig:
     @property
     def runs_outputs(self) -> tuple[TensorSpec, ...]:
         return self.compute_outputs or self.outputs
+
+    @property
+    def tier_variants(self) -> dict[str, str]:
+        """The variant each tier serves when the caller names none (tier name -> variant)."""
+        return served_variants(self.tiers, self.default_variant)
 
     @property
     def model_file(self) -> str:
@@ -312,6 +323,7 @@ def parse_config(raw: Any, where: str) -> ModelConfig:
         scheduling = _optional(raw, "scheduling") or {}
         cache = _optional(raw, "response_cache") or {}
         cascade = _optional(raw, "cascade")
+        tiers, mixed_variants = parse_tiers(_optional(raw, "tiers") or {})
         generation = _optional(raw, "generation")
         max_batch = int(raw.get("max_batch_size", 0))
         buckets = _buckets(
@@ -374,16 +386,10 @@ def parse_config(raw: Any, where: str) -> ModelConfig:
             generation=_generation(generation) if generation is not None else None,
             stable_version=str(raw.get("stable_version", "") or ""),
             canary=parse_canary(_optional(raw, "canary")),
-            tiers=tuple(
-                TierSpec(
-                    name=str(name),
-                    variant=str((spec or {}).get("variant", "")),
-                    max_cost=int((spec or {}).get("max_cost", 0)),
-                )
-                for name, spec in (_optional(raw, "tiers") or {}).items()
-            ),
+            tiers=tiers,
+            mixed_variants=mixed_variants,
         )
-    except RepositoryError as exc:
+    except (RepositoryError, TierConfigError) as exc:
         raise RepositoryError(f"{where}: {exc}") from exc
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         # AttributeError: a section of the wrong shape (a list where a mapping belongs).
@@ -474,13 +480,10 @@ def _check(cfg: ModelConfig, where: str) -> None:
     sched = cfg.scheduling
     if any(w < 1 for w in sched.priority_weights) or any(a <= 0 for a in sched.age_limit_ms):
         raise RepositoryError(f"{where}: priority_weights must be >= 1, age_limit_ms > 0")
-    for tier in cfg.tiers:
-        if tier.name not in TIER_NAMES:
-            raise RepositoryError(f"{where}: unknown tier {tier.name!r} (tiers: edge, center)")
-        if tier.variant and tier.variant not in cfg.variants:
-            raise RepositoryError(f"{where}: tier {tier.name} names unknown variant {tier.variant}")
-        if tier.max_cost < 0:
-            raise RepositoryError(f"{where}: tier {tier.name} max_cost must be >= 0")
+    try:
+        check_tiers(cfg.tiers, cfg.variants, cfg.default_variant, cfg.mixed_variants)
+    except TierConfigError as exc:
+        raise RepositoryError(f"{where}: {exc}") from None
     if cfg.cascade is not None:
         if cfg.cascade.score not in CASCADE_SCORES:
             raise RepositoryError(f"{where}: cascade score must be one of {CASCADE_SCORES}")

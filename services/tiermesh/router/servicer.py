@@ -24,10 +24,11 @@ from tiermesh.core.errors import (
 from tiermesh.core.grpc_errors import grpc_method
 from tiermesh.core.jobs import Job
 from tiermesh.core.keys import StreamKey, stream_keys
-from tiermesh.core.model_config import ModelConfig, TierSpec
+from tiermesh.core.model_config import ModelConfig
 from tiermesh.core.repository import ModelRepository
 from tiermesh.core.settings import RouterSettings
 from tiermesh.core.telemetry import Telemetry, inject_current
+from tiermesh.core.tier_spec import TierSpec
 from tiermesh.core.wire import encode_job, job_from_proto
 from tiermesh.generate.inputs import GenerationInputError
 from tiermesh.generate.tensors import prompt_of

@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from tiermesh.core.model_config import TierSpec
+from tiermesh.core.tier_spec import TierSpec
 
 
 @dataclass(frozen=True, slots=True)
