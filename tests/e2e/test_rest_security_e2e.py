@@ -16,7 +16,7 @@ import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 from tests.e2e.conftest import UpProcess, start_up
-from tests.e2e.test_triton_clients_e2e import X0, X1, check_sums, http_inputs, rest_url
+from tests.e2e.test_triton_clients_e2e import X0, X1, check_sums, http_inputs
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -65,7 +65,7 @@ def bearer(key: str) -> dict[str, str]:
 
 
 def test_rest_checks_keys_models_quota_and_admin(secured: UpProcess) -> None:
-    client = httpclient.InferenceServerClient(rest_url(secured))
+    client = httpclient.InferenceServerClient(secured.rest_url())
     assert client.is_server_live()  # probes need no key, as on gRPC
     with pytest.raises(InferenceServerException) as err:
         client.infer("simple", http_inputs(X0, X1))
@@ -105,7 +105,7 @@ def test_a_429_carries_retry_after(secured: UpProcess) -> None:
             ]
         }
     )
-    url = f"http://{rest_url(secured)}/v2/models/simple/infer"
+    url = f"http://{secured.rest_url()}/v2/models/simple/infer"
     head = ""
     for _ in range(5):
         out = subprocess.run(

@@ -1,17 +1,17 @@
 """What Triton's example clients do (simple_grpc_* and simple_http_*: infer with and without
-requested outputs, async, aio, strings, health and metadata, model control, streaming,
-statistics), written here against `tiermesh up` through tritonclient unmodified, plus curl
-against the v2 REST endpoint."""
+requested outputs, async, aio, strings and the BYTES identity, health and metadata, the
+unknown-model error in Triton's words, model control, streaming, statistics), written here
+against `tiermesh up` through tritonclient unmodified, plus curl against the v2 REST
+endpoint."""
 
 from __future__ import annotations
 
 import json
 import queue
-import re
 import subprocess
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -35,6 +35,15 @@ pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 X0 = np.arange(16, dtype=np.int32).reshape(1, 16)
 X1 = np.ones((1, 16), dtype=np.int32)
+# What Triton's clients look for in the message of an unknown model (tritonclient's
+# examples match its start).
+UNKNOWN_MODEL = "Request for unknown model"
+# BYTES elements simple_identity must hand back as they came: a NUL inside an element, an
+# empty one, control bytes, multi-byte UTF-8 (ONNX strings are text: UTF-8 only).
+IDENTITY_ROWS = [
+    [b"he\x00llo", b"", b"\x00\x01\x02\x03", "h\u00e9llo \u65e5\u672c".encode()],
+    [b"a", b"\x00", b"trailing NUL\x00", b"x" * 300],
+]
 
 
 @pytest.fixture(scope="module")
@@ -45,13 +54,6 @@ def mesh(tmp_path_factory: pytest.TempPathFactory) -> Iterator[UpProcess]:
     finally:
         if up.proc.poll() is None:
             up.interrupt()
-
-
-def rest_url(up: UpProcess) -> str:
-    """host:port of the REST door, from the `tiermesh up` banner."""
-    found = re.search(r"KServe v2 REST: http://(\S+)", up.banner())
-    assert found, "no REST endpoint in the banner"
-    return found.group(1)
 
 
 def grpc_inputs(a: np.ndarray, b: np.ndarray) -> list[grpcclient.InferInput]:
@@ -84,6 +86,7 @@ def test_grpc_health_and_metadata(mesh: UpProcess) -> None:
     client = grpcclient.InferenceServerClient(mesh.url)
     assert client.is_server_live() and client.is_server_ready()
     assert client.is_model_ready("simple") and client.is_model_ready("simple_string")
+    assert client.is_model_ready("simple_identity")
     server = client.get_server_metadata(as_json=True)
     assert server["name"] == "tiermesh" and "statistics" in server["extensions"]
     meta = client.get_model_metadata("simple", as_json=True)
@@ -139,6 +142,72 @@ def test_grpc_string_infer(mesh: UpProcess) -> None:
     assert got0 == list(X0[0] + X1[0]) and got1 == list(X0[0] - X1[0])
 
 
+def identity_input(module: Any, data: np.ndarray, **binary: bool) -> Any:
+    inp = module.InferInput("INPUT0", list(data.shape), "BYTES")
+    inp.set_data_from_numpy(data, **binary)
+    return inp
+
+
+def test_grpc_bytes_identity(mesh: UpProcess) -> None:
+    """simple_identity hands every element back byte for byte (NULs too), for object arrays
+    and for fixed-width np.bytes_ ones, in a batch of two rows."""
+    client = grpcclient.InferenceServerClient(mesh.url)
+    assert client.get_model_metadata("simple_identity", as_json=True)["inputs"] == [
+        {"name": "INPUT0", "datatype": "BYTES", "shape": ["-1", "-1"]}
+    ]
+    rows = np.array(IDENTITY_ROWS, dtype=np.object_)
+    result = client.infer("simple_identity", [identity_input(grpcclient, rows)])
+    got = result.as_numpy("OUTPUT0")
+    assert got.shape == rows.shape and got.tolist() == rows.tolist()
+    blobs = np.array([[b"\x00\x01\x02\x03"] * 16], dtype=np.bytes_)
+    result = client.infer("simple_identity", [identity_input(grpcclient, blobs)])
+    assert result.as_numpy("OUTPUT0").tolist() == [[b"\x00\x01\x02\x03"] * 16]
+
+
+@pytest.mark.parametrize("binary", [True, False])
+def test_http_bytes_identity(mesh: UpProcess, binary: bool) -> None:
+    """The same through the REST door, as binary tensors and as JSON strings."""
+    client = httpclient.InferenceServerClient(mesh.rest_url())
+    rows = np.array(IDENTITY_ROWS, dtype=np.object_)
+    outputs = [httpclient.InferRequestedOutput("OUTPUT0", binary_data=binary)]
+    inputs = [identity_input(httpclient, rows, binary_data=binary)]
+    got = client.infer("simple_identity", inputs, outputs=outputs).as_numpy("OUTPUT0")
+    # JSON carries text: tritonclient hands those elements back as str.
+    as_bytes = [[v if isinstance(v, bytes) else str(v).encode() for v in row] for row in got]
+    assert got.shape == rows.shape and as_bytes == rows.tolist()
+
+
+def test_unknown_model_in_tritons_words(mesh: UpProcess) -> None:
+    """Metadata, config and infer of a model the repository lacks: NOT_FOUND (HTTP 404) with
+    Triton's message, which its example clients check."""
+    client = grpcclient.InferenceServerClient(mesh.url)
+    calls: dict[str, Callable[[], object]] = {
+        "metadata": lambda: client.get_model_metadata("wrong_model_name"),
+        "config": lambda: client.get_model_config("wrong_model_name"),
+        "infer": lambda: client.infer("wrong_model_name", grpc_inputs(X0, X1)),
+    }
+    for what, call in calls.items():
+        with pytest.raises(InferenceServerException) as err:
+            call()
+        assert err.value.status() == "StatusCode.NOT_FOUND", what
+        assert err.value.message() == f"{UNKNOWN_MODEL}: 'wrong_model_name' is not found", what
+    with pytest.raises(InferenceServerException) as err:
+        client.get_model_metadata("simple", model_version="7")
+    assert err.value.message() == f"{UNKNOWN_MODEL}: 'simple' version 7 is not found"
+
+    rest = httpclient.InferenceServerClient(mesh.rest_url())
+    http_calls: dict[str, Callable[[], object]] = {
+        "metadata": lambda: rest.get_model_metadata("wrong_model_name"),
+        "config": lambda: rest.get_model_config("wrong_model_name"),
+        "infer": lambda: rest.infer("wrong_model_name", http_inputs(X0, X1)),
+    }
+    for what, call in http_calls.items():
+        with pytest.raises(InferenceServerException) as err:
+            call()
+        assert err.value.status() == "404", what
+        assert err.value.message().startswith(UNKNOWN_MODEL), what
+
+
 def test_grpc_compression(mesh: UpProcess) -> None:
     client = grpcclient.InferenceServerClient(mesh.url)
     for algorithm in ("gzip", "deflate"):
@@ -166,7 +235,7 @@ def test_grpc_stream_answers_each_request_by_id(mesh: UpProcess) -> None:
     assert sorted(answers) == [f"s{i}" for i in range(6)]
     for i in range(6):
         np.testing.assert_array_equal(answers[f"s{i}"].as_numpy("OUTPUT0"), X0 + i + X1)
-    assert len(errors) == 1 and "unknown model 'nope'" in errors[0]
+    assert len(errors) == 1 and f"{UNKNOWN_MODEL}: 'nope' is not found" in errors[0]
 
 
 def test_grpc_model_control(mesh: UpProcess) -> None:
@@ -189,8 +258,10 @@ def test_grpc_model_control(mesh: UpProcess) -> None:
     finally:
         client.load_model("simple_string")
     assert client.is_model_ready("simple_string")
-    with pytest.raises(InferenceServerException, match="unknown model"):
+    with pytest.raises(InferenceServerException) as err:
         client.load_model("nope")
+    assert err.value.status() == "StatusCode.NOT_FOUND"
+    assert err.value.message().startswith(f"failed to load 'nope': {UNKNOWN_MODEL}")
 
 
 def _loaded_gauge(metrics_url: str, model: str) -> float | None:
@@ -258,7 +329,14 @@ def test_grpc_statistics_count_requests_and_agree_with_the_breakdown(mesh: UpPro
     for i in range(5):
         result = client.infer("simple", grpc_inputs(X0 + i, X1))
         params = result.get_response(as_json=True)["parameters"]
-        breakdowns.append({k: v["double_param"] for k, v in params.items() if k.endswith("_ms")})
+        # `tiermesh.queue_ms`, ...: compared by stage name.
+        breakdowns.append(
+            {
+                k.removeprefix("tiermesh."): v["double_param"]
+                for k, v in params.items()
+                if k.endswith("_ms")
+            }
+        )
     with pytest.raises(InferenceServerException):
         client.infer("simple", grpc_inputs(X0.astype(np.int64), X1))  # wrong datatype
     after = stats()
@@ -297,7 +375,7 @@ def test_grpc_statistics_count_requests_and_agree_with_the_breakdown(mesh: UpPro
 
 
 def test_http_health_and_metadata(mesh: UpProcess) -> None:
-    client = httpclient.InferenceServerClient(rest_url(mesh))
+    client = httpclient.InferenceServerClient(mesh.rest_url())
     assert client.is_server_live() and client.is_server_ready()
     assert client.is_model_ready("simple") and not client.is_model_ready("nope")
     assert client.get_server_metadata()["name"] == "tiermesh"
@@ -309,7 +387,7 @@ def test_http_health_and_metadata(mesh: UpProcess) -> None:
 
 @pytest.mark.parametrize("binary", [True, False])
 def test_http_infer(mesh: UpProcess, binary: bool) -> None:
-    client = httpclient.InferenceServerClient(rest_url(mesh))
+    client = httpclient.InferenceServerClient(mesh.rest_url())
     outputs = [
         httpclient.InferRequestedOutput(n, binary_data=binary) for n in ("OUTPUT0", "OUTPUT1")
     ]
@@ -318,7 +396,7 @@ def test_http_infer(mesh: UpProcess, binary: bool) -> None:
 
 
 def test_http_async_infer(mesh: UpProcess) -> None:
-    client = httpclient.InferenceServerClient(rest_url(mesh), concurrency=4)
+    client = httpclient.InferenceServerClient(mesh.rest_url(), concurrency=4)
     pending = [client.async_infer("simple", http_inputs(X0 * i, X1)) for i in range(4)]
     for i, request in enumerate(pending):
         np.testing.assert_array_equal(request.get_result().as_numpy("OUTPUT0"), X0 * i + X1)
@@ -326,7 +404,7 @@ def test_http_async_infer(mesh: UpProcess) -> None:
 
 
 async def test_http_aio_infer(mesh: UpProcess) -> None:
-    client = httpaio.InferenceServerClient(rest_url(mesh))
+    client = httpaio.InferenceServerClient(mesh.rest_url())
     try:
         assert await client.is_server_ready()
         check_sums(await client.infer("simple", http_inputs(X0, X1)))
@@ -335,7 +413,7 @@ async def test_http_aio_infer(mesh: UpProcess) -> None:
 
 
 def test_http_string_infer(mesh: UpProcess) -> None:
-    client = httpclient.InferenceServerClient(rest_url(mesh))
+    client = httpclient.InferenceServerClient(mesh.rest_url())
     a = np.array([[str(v) for v in X0[0]]], dtype=np.object_)
     b = np.array([[str(v) for v in X1[0]]], dtype=np.object_)
     for binary in (True, False):
@@ -344,7 +422,7 @@ def test_http_string_infer(mesh: UpProcess) -> None:
 
 
 def test_http_model_control_and_statistics(mesh: UpProcess) -> None:
-    client = httpclient.InferenceServerClient(rest_url(mesh))
+    client = httpclient.InferenceServerClient(mesh.rest_url())
     client.unload_model("simple")
     try:
         assert not client.is_model_ready("simple")
@@ -381,7 +459,7 @@ def curl(url: str, *args: str) -> tuple[int, str]:
 
 
 def test_curl_against_the_rest_endpoint(mesh: UpProcess, tmp_path: Path) -> None:
-    base = f"http://{rest_url(mesh)}/v2/models"
+    base = f"http://{mesh.rest_url()}/v2/models"
     doc = {
         "inputs": [
             {"name": "INPUT0", "datatype": "INT32", "shape": [1, 16], "data": X0.tolist()},
@@ -406,13 +484,14 @@ def test_curl_against_the_rest_endpoint(mesh: UpProcess, tmp_path: Path) -> None
     assert "datatype FP32 does not match the model's INT32" in json.loads(body)["error"]
 
     code, body = curl(f"{base}/nope/infer", *post, json.dumps(doc))
-    assert code == 404 and json.loads(body)["error"] == "unknown model 'nope'"
+    assert code == 404
+    assert json.loads(body)["error"] == f"{UNKNOWN_MODEL}: 'nope' is not found"
     print(f"curl JSON infer of simple -> 200 {outputs['OUTPUT0']['data'][:4]}...; 404 {body}")
 
 
 def test_a_rest_request_is_one_trace_across_the_mesh(mesh: UpProcess) -> None:
     """The REST door's SERVER span is the parent of the request's hops (router, worker)."""
-    client = httpclient.InferenceServerClient(rest_url(mesh))
+    client = httpclient.InferenceServerClient(mesh.rest_url())
     client.infer("simple", http_inputs(X0, X1), request_id="traced")
     deadline = time.monotonic() + 20
     while True:

@@ -2,7 +2,7 @@
 
 `mlp`: FP32 [batch, 4] -> Gemm(4x16) -> Relu -> Gemm(16x3) -> OUTPUT0 [batch, 3], seeded weights.
 `echo`: BYTES (ONNX string) [batch, -1] -> Identity -> ECHO; exercises text tensors end to end.
-`simple`, `simple_string`: Triton's example models (core/example_models.py).
+`simple`, `simple_string`, `simple_identity`: Triton's example models (core/example_models.py).
 The IR version, opset and producer are fixed so that the bytes (and so the sha256 committed
 in models/<name>/config.yaml) do not depend on the installed onnx version.
 """
@@ -16,7 +16,11 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from tiermesh.core.example_models import simple_graph, simple_string_graph
+from tiermesh.core.example_models import (
+    simple_graph,
+    simple_identity_graph,
+    simple_string_graph,
+)
 
 IR_VERSION = 8
 OPSET = 17
@@ -79,6 +83,7 @@ BUILDERS: dict[str, Callable[[], bytes]] = {
     "echo": build_echo,
     "simple": lambda: _model(simple_graph()),
     "simple_string": lambda: _model(simple_string_graph()),
+    "simple_identity": lambda: _model(simple_identity_graph()),
 }
 
 

@@ -61,6 +61,13 @@ def not_found(message: str) -> MeshError:
     return MeshError(grpc.StatusCode.NOT_FOUND, message)
 
 
+def unknown_model(name: str, version: str = "") -> MeshError:
+    """NOT_FOUND for a model (or a version of it) the repository lacks, in Triton's words:
+    Triton's clients and example programs look for "Request for unknown model"."""
+    which = f"'{shown(name)}'" + (f" version {shown(version)}" if version else "")
+    return not_found(f"Request for unknown model: {which} is not found")
+
+
 def unavailable(message: str) -> MeshError:
     return MeshError(grpc.StatusCode.UNAVAILABLE, message)
 

@@ -11,7 +11,7 @@ import grpc
 
 from tiermesh.batch.plan import FINISHED, JobRecord, job_streams
 from tiermesh.batch.store import BatchStore
-from tiermesh.core.errors import MeshError, invalid, not_found, shown
+from tiermesh.core.errors import MeshError, invalid, not_found, shown, unknown_model
 from tiermesh.core.grpc_errors import fail_call, grpc_method
 from tiermesh.core.jobs import Job
 from tiermesh.core.repository import ModelConfig, ModelRepository
@@ -67,7 +67,7 @@ class BatchJobsServicer(batch_pb2_grpc.BatchJobsServicer):
         tenant = self._gate.authorize(context.invocation_metadata(), first.model)
         cfg = self._repo.get(first.model)
         if cfg is None:
-            raise not_found(f"unknown model '{shown(first.model)}'")
+            raise unknown_model(first.model)
         if cfg.generation is not None:
             raise invalid(
                 f"model '{cfg.name}' generates text: batch jobs take models that answer in one "

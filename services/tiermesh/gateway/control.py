@@ -36,7 +36,14 @@ import structlog
 
 from tiermesh.core import keys
 from tiermesh.core.control_watch import ControlWatch
-from tiermesh.core.errors import MeshError, invalid, not_found, shown, unavailable
+from tiermesh.core.errors import (
+    MeshError,
+    invalid,
+    not_found,
+    shown,
+    unavailable,
+    unknown_model,
+)
 from tiermesh.core.repository import ModelConfig, ModelRepository, RepositoryError
 from tiermesh.core.serving import member
 from tiermesh.gateway.tenants import Tenant
@@ -119,13 +126,17 @@ class ModelControl:
                 return True
         return False
 
-    def _known(self, repo: ModelRepository, name: str, version: str) -> ModelConfig:
+    def _known(
+        self, repo: ModelRepository, name: str, version: str, *, loading: bool = False
+    ) -> ModelConfig:
+        """The model's config; NOT_FOUND in Triton's words when the repository lacks the
+        model or version (a load's message starts "failed to load", as Triton's does)."""
         cfg = repo.get(name)
-        if cfg is None:
-            raise not_found(f"unknown model '{shown(name)}' in the model repository")
-        if version and cfg.version(version) is None:
-            raise not_found(f"model '{name}' has no version '{shown(version)}'")
-        return cfg
+        if cfg is not None and (not version or cfg.version(version) is not None):
+            return cfg
+        err = unknown_model(name, version if cfg is not None else "")
+        prefix = f"failed to load '{shown(name)}': " if loading else ""
+        raise not_found(f"{prefix}{err.message} in the model repository")
 
     async def load(self, name: str, version: str = "") -> None:
         """Serve the model (or version) across the mesh once its files match their sha256;
@@ -140,7 +151,7 @@ class ModelControl:
                 f"model '{shown(name)}' not loaded: the model repository does not read "
                 f"({exc}); nothing changed",
             ) from None
-        cfg = self._known(fresh, name, version)
+        cfg = self._known(fresh, name, version, loading=True)
         versions = [version] if version else [v.version for v in cfg.versions]
         for v in versions:
             try:

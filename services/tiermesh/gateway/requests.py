@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from tiermesh.core.errors import invalid, not_found, shown, shown_shape
+from tiermesh.core.errors import invalid, shown, shown_shape, unknown_model
 from tiermesh.core.repository import ModelConfig, ModelRepository
 from tiermesh.core.tensors import BYTES, TensorData, element_count, split_bytes, validate_raw
 
@@ -35,12 +35,12 @@ class InferRequest:
 
 
 def find_model(repo: ModelRepository, name: str, version: str) -> ModelConfig:
-    """The config of (name, version); NOT_FOUND when either is unknown."""
+    """The config of (name, version); NOT_FOUND (Triton's wording) when either is unknown."""
     cfg = repo.get(name)
     if cfg is None:
-        raise not_found(f"unknown model '{shown(name)}'")
+        raise unknown_model(name)
     if cfg.version(version) is None:
-        raise not_found(f"model '{name}' has no version '{shown(version)}'")
+        raise unknown_model(name, version)
     return cfg
 
 

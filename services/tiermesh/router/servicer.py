@@ -18,8 +18,8 @@ from tiermesh.core.errors import (
     deadline_exceeded,
     exhausted,
     invalid,
-    not_found,
     unavailable,
+    unknown_model,
 )
 from tiermesh.core.grpc_errors import grpc_method
 from tiermesh.core.jobs import Job
@@ -80,7 +80,7 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
             await self._control.catch_up()  # loaded into the repository just now?
             cfg = self._repo.get(job.model)
         if cfg is None:
-            raise not_found(f"unknown model '{job.model}'")
+            raise unknown_model(job.model)
         now = self._clock_ns()
         if job.deadline_ns and now >= job.deadline_ns:
             raise deadline_exceeded("deadline passed before the request was queued")
