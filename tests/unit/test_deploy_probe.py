@@ -1,6 +1,6 @@
 """`tiermesh probe` / `python -m tiermesh.cli.probe`, the image's healthcheck, against a real
-grpc.aio health server on port 0: exit 0 only while SERVING, 1 for NOT_SERVING, 2 when
-nothing (or nothing it trusts) answers; plaintext and mutual TLS."""
+grpc.aio health server on port 0: exit 0 only while SERVING, 1 for NOT_SERVING or when
+nothing (or nothing it trusts) answers, 2 for a usage error; plaintext and mutual TLS."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1.health import aio as health_aio
 
+from tiermesh.cli.args import USAGE
 from tiermesh.cli.main import main as tiermesh_main
 from tiermesh.cli.probe import INTERNAL_TLS_ENV, NOT_SERVING, SERVING, UNREACHABLE
 from tiermesh.up.certs import DevCerts
@@ -108,7 +109,7 @@ async def test_address_defaults_to_the_variable_the_image_sets(plain: HealthServ
 
 
 async def test_nothing_listening_is_unreachable_within_the_timeout() -> None:
-    result = await asyncio.to_thread(_probe, f"127.0.0.1:{_free_port()}", "--timeout", "1")
+    result = await asyncio.to_thread(_probe, f"127.0.0.1:{_free_port()}", "--timeout-s", "1")
     assert result.returncode == UNREACHABLE
     assert "UNAVAILABLE" in result.stderr or "DEADLINE_EXCEEDED" in result.stderr
 
@@ -132,9 +133,9 @@ async def test_mutual_tls_with_the_services_own_files(
             mutual.address,
             "--tls-ca",
             str(certs.ca),
-            "--tls-cert",
+            "--tls-client-cert",
             str(certs.client_cert),
-            "--tls-key",
+            "--tls-client-key",
             str(certs.client_key),
             "--tls-server-name",
             "localhost",
@@ -142,8 +143,8 @@ async def test_mutual_tls_with_the_services_own_files(
         == SERVING
     )
     # Plaintext, or TLS without a client certificate, gets no answer it can trust.
-    assert await probe(mutual.address, "--timeout", "2") == UNREACHABLE
-    assert await probe(mutual.address, "--tls-ca", str(certs.ca), "--timeout", "2") == UNREACHABLE
+    assert await probe(mutual.address, "--timeout-s", "2") == UNREACHABLE
+    assert await probe(mutual.address, "--tls-ca", str(certs.ca), "--timeout-s", "2") == UNREACHABLE
     # --internal-tls without the variables is a usage error, not a hang.
     cleared = {name: "" for name in INTERNAL_TLS_ENV}
-    assert await probe(mutual.address, "--internal-tls", env=cleared) == UNREACHABLE
+    assert await probe(mutual.address, "--internal-tls", env=cleared) == USAGE

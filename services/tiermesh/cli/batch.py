@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import struct
 import sys
 import time
@@ -26,6 +25,16 @@ from tiermesh.batch.plan import (
     histogram_quantile,
     summary,
 )
+from tiermesh.cli.args import (
+    Subcommands,
+    existing_file,
+    http_url,
+    nonempty,
+    old_spelling,
+    positive_float,
+)
+from tiermesh.cli.endpoint import add_endpoint_args, endpoint_of
+from tiermesh.cli.errors import UsageError
 from tiermesh.core.tensors import BYTES, TensorData, split_bytes, to_numpy
 from tiermesh.core.wire import tensor_from_proto, tensor_to_proto
 from tiermesh.v1 import batch_pb2, batch_pb2_grpc
@@ -35,14 +44,20 @@ ONLINE_HISTOGRAM = "tiermesh_request_duration_seconds"
 
 
 def _stub(args: argparse.Namespace) -> tuple[batch_pb2_grpc.BatchJobsStub, list[tuple[str, str]]]:
-    if args.tls or args.tls_ca:
-        ca = args.tls_ca.read_bytes() if args.tls_ca else None
-        channel = grpc.secure_channel(args.url, grpc.ssl_channel_credentials(ca))
+    """The BatchJobs stub the endpoint options describe (TLS, client certificate, API key)
+    and the metadata every call sends."""
+    end = endpoint_of(args)
+    if end.secure:
+        credentials = grpc.ssl_channel_credentials(
+            root_certificates=end.ca_file.read_bytes() if end.ca_file else None,
+            private_key=end.key_file.read_bytes() if end.key_file else None,
+            certificate_chain=end.cert_file.read_bytes() if end.cert_file else None,
+        )
+        channel = grpc.secure_channel(end.url, credentials)
     else:
-        channel = grpc.insecure_channel(args.url)
-    key = args.api_key or os.environ.get("TIERMESH_API_KEY", "")
+        channel = grpc.insecure_channel(end.url)
     return batch_pb2_grpc.BatchJobsStub(channel), (
-        [("authorization", f"Bearer {key}")] if key else []
+        [("authorization", f"Bearer {end.api_key}")] if end.api_key else []
     )
 
 
@@ -55,7 +70,7 @@ def _record(msg: batch_pb2.BatchJob) -> JobRecord:
 
 def read_inputs(path: Path) -> Iterator[tuple[str | None, dict[str, Any] | None]]:
     """(text, None) or (None, tensors) per JSONL line: {"text": ...} or {"inputs": {NAME:
-    {"datatype": ..., "shape": [...], "data": [...]}}}."""
+    {"datatype": ..., "shape": [...], "data": [...]}}}. UsageError names a bad line."""
     with path.open() as f:
         for n, line in enumerate(f, 1):
             if not line.strip():
@@ -63,15 +78,15 @@ def read_inputs(path: Path) -> Iterator[tuple[str | None, dict[str, Any] | None]
             try:
                 doc = json.loads(line)
             except json.JSONDecodeError as exc:
-                raise SystemExit(f"{path}:{n}: not JSON: {exc}") from None
+                raise UsageError(f"{path}:{n}: not JSON: {exc}") from None
             if not isinstance(doc, dict):
-                raise SystemExit(f"{path}:{n}: a line needs 'text' or 'inputs'")
+                raise UsageError(f"{path}:{n}: a line needs 'text' or 'inputs'")
             if "text" in doc:
                 yield str(doc["text"]), None
             elif "inputs" in doc:
                 yield None, doc["inputs"]
             else:
-                raise SystemExit(f"{path}:{n}: a line needs 'text' or 'inputs'")
+                raise UsageError(f"{path}:{n}: a line needs 'text' or 'inputs'")
 
 
 def _tensor(name: str, spec: dict[str, Any]) -> TensorData:
@@ -92,17 +107,15 @@ _NP = {"FP32": np.float32, "FP64": np.float64, "INT64": np.int64, "INT32": np.in
 def check_inputs(path: Path) -> int:
     """Read the whole file once before anything is sent: a bad line stops the submission
     with its line number (raised inside the streaming call it would hang it). The count."""
-    if not path.is_file():
-        raise SystemExit(f"{path}: no such file")
     n = 0
     for n, (_, tensors) in enumerate(read_inputs(path), 1):
         for name, spec in (tensors or {}).items():
             try:
                 _tensor(name, spec)
             except (KeyError, TypeError, ValueError) as exc:
-                raise SystemExit(f"{path}: input {n}: tensor {name!r}: {exc!r}") from None
+                raise UsageError(f"{path}: input {n}: tensor {name!r}: {exc!r}") from None
     if n == 0:
-        raise SystemExit(f"{path}: no inputs")
+        raise UsageError(f"{path}: no inputs")
     return n
 
 
@@ -166,32 +179,31 @@ def _print_summary(job: JobRecord, p99_s: float | None) -> None:
 
 
 def cmd_batch(args: argparse.Namespace) -> int:
+    """The inputs are read before anything is sent; a failed call raises grpc.RpcError
+    (the CLI's error line)."""
+    if args.action == "submit":
+        check_inputs(args.input)
     stub, meta = _stub(args)
-    try:
-        if args.action == "submit":
-            check_inputs(Path(args.input))
-            before = _scrape(args.metrics_url)
-            reply = stub.Submit(_chunks(args), metadata=meta)
-            print(reply.job_id)
-            if args.wait:
-                job = follow(stub, meta, reply.job_id, args.interval)
-                delta = bucket_delta(before, _scrape(args.metrics_url)) if before else {}
-                _print_summary(job, histogram_quantile(0.99, delta) if delta else None)
-            return 0
-        ref = batch_pb2.JobRef(job_id=args.job)
-        if args.action == "status":
-            if args.wait:
-                _print_summary(follow(stub, meta, args.job, args.interval), None)
-            else:
-                _print_summary(_record(stub.Status(ref, metadata=meta)), None)
-        elif args.action == "cancel":
-            print(json.dumps({"job": args.job, "status": stub.Cancel(ref, metadata=meta).status}))
-        else:
-            write_results(stub, meta, args.job, Path(args.out) if args.out else None)
+    if args.action == "submit":
+        before = _scrape(args.metrics_url)
+        reply = stub.Submit(_chunks(args), metadata=meta)
+        print(reply.job_id)
+        if args.wait:
+            job = follow(stub, meta, reply.job_id, args.interval_s)
+            delta = bucket_delta(before, _scrape(args.metrics_url)) if before else {}
+            _print_summary(job, histogram_quantile(0.99, delta) if delta else None)
         return 0
-    except grpc.RpcError as err:
-        print(f"error: {err.code().name}: {err.details()}", file=sys.stderr)
-        return 1
+    ref = batch_pb2.JobRef(job_id=args.job)
+    if args.action == "status":
+        if args.wait:
+            _print_summary(follow(stub, meta, args.job, args.interval_s), None)
+        else:
+            _print_summary(_record(stub.Status(ref, metadata=meta)), None)
+    elif args.action == "cancel":
+        print(json.dumps({"job": args.job, "status": stub.Cancel(ref, metadata=meta).status}))
+    else:
+        write_results(stub, meta, args.job, Path(args.out) if args.out else None)
+    return 0
 
 
 def _decoded(t: TensorData) -> Any:
@@ -220,23 +232,39 @@ def write_results(stub: Any, meta: list[tuple[str, str]], job_id: str, out: Path
             f.close()
 
 
-def add_batch_parser(sub: Any, add_endpoint_args: Any) -> None:
+def add_batch_parser(sub: Subcommands) -> None:
     p = sub.add_parser("batch", help="offline batch jobs: submit, status, results, cancel")
-    actions = p.add_subparsers(dest="action", required=True)
+    actions = p.add_subparsers(dest="action", required=True, metavar="ACTION")
     submit = actions.add_parser("submit", help="submit a JSONL file of inputs")
-    submit.add_argument("model")
-    submit.add_argument("input", help='JSONL: {"text": ...} or {"inputs": {NAME: {...}}}')
-    submit.add_argument("--variant", default="")
+    submit.add_argument("model", help="the model every input goes to")
+    submit.add_argument(
+        "input",
+        type=existing_file,
+        help='JSONL: {"text": ...} or {"inputs": {NAME: {...}}} per line',
+    )
+    submit.add_argument("--variant", default="", help="fp32, int8, ... (default: the model's)")
     submit.add_argument("--wait", action="store_true", help="follow it to the end")
-    submit.add_argument("--metrics-url", default="", help="gateway /metrics: online p99")
-    for name in ("status", "results", "cancel"):
-        a = actions.add_parser(name)
-        a.add_argument("job")
+    submit.add_argument(
+        "--metrics-url",
+        type=http_url,
+        default="",
+        help="the gateway's /metrics, for the online p99 while the job ran (default: none)",
+    )
+    for name, text in (
+        ("status", "a job's progress"),
+        ("results", "a finished job's results"),
+        ("cancel", "stop a job"),
+    ):
+        a = actions.add_parser(name, help=text)
+        a.add_argument("job", type=nonempty, help="the job id `submit` printed")
         if name == "status":
-            a.add_argument("--wait", action="store_true")
+            a.add_argument("--wait", action="store_true", help="follow it to the end")
         if name == "results":
             a.add_argument("--out", default="", help=".jsonl or .npy (default: JSONL on stdout)")
     for a in actions.choices.values():
         add_endpoint_args(a)
-        a.add_argument("--interval", type=float, default=0.5, help="progress poll, seconds")
+        interval = a.add_argument(
+            "--interval-s", type=positive_float, default=0.5, help="progress poll, seconds"
+        )
+        old_spelling(a, "--interval", interval)
     p.set_defaults(func=cmd_batch)

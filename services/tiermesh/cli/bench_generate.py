@@ -53,10 +53,9 @@ def add_generate_parser(kinds: Any, common: argparse.ArgumentParser, typed: Any)
         "and generated tokens/s; closed loop at --concurrency or open loop at --rate.\n"
         "Bounds default to 200 requests or 120 s, the timeout to 120 s per request.",
         epilog="examples:\n"
-        "  tiermesh bench generate --model smollm2 --concurrency 4 --requests 100\n"
-        "  tiermesh bench generate --model smollm2 --rate 2 --max-new-tokens 32-64=0.8,256=0.2\n"
+        "  tiermesh bench generate --concurrency 4 --requests 100\n"
+        "  tiermesh bench generate --rate 2 --max-new-tokens 32-64=0.8,256=0.2\n"
         "  tiermesh bench generate --model smollm2 --prompts prompts.jsonl --no-stream",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     g = gen.add_argument_group("generation")
     g.add_argument(
@@ -74,15 +73,13 @@ def add_generate_parser(kinds: Any, common: argparse.ArgumentParser, typed: Any)
         help='one prompt per line, or .jsonl: a JSON string or {"prompt": ...} per line '
         "(default: a built-in set of varied chat prompts)",
     )
-    g.add_argument(
-        "--temperature", type=float, default=0.0, help="0: greedy (default: %(default)s)"
-    )
-    g.add_argument("--top-p", type=float, default=1.0, help="(default: %(default)s)")
+    g.add_argument("--temperature", type=float, default=0.0, help="sampling temperature, 0: greedy")
+    g.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling share, (0, 1]")
     g.add_argument(
         "--stop",
         type=typed(parse_stop),
         default=None,
-        help='a stop string, or a JSON list of them, e.g. \'["\\n\\n", "User:"]\'',
+        help='a stop string, or a JSON list of them, e.g. \'["\\n\\n", "User:"]\' (default: none)',
     )
     g.add_argument(
         "--no-stream",
@@ -93,13 +90,20 @@ def add_generate_parser(kinds: Any, common: argparse.ArgumentParser, typed: Any)
     g.add_argument(
         "--concurrency", type=int, default=None, help="callers in a closed loop (default: 8)"
     )
-    g.add_argument("--rate", type=float, default=None, help="open loop instead: arrivals / s")
+    g.add_argument(
+        "--rate", type=float, default=None, help="open loop instead: arrivals / s (default: none)"
+    )
     add_arrival_args(g, "open loop: ")
 
 
 def add_arrival_args(parser: Any, scope: str = "") -> None:
     """--arrivals and --max-in-flight of an open-loop scenario; `scope` starts the help."""
-    parser.add_argument("--arrivals", choices=["poisson", "uniform"], default="poisson")
+    parser.add_argument(
+        "--arrivals",
+        choices=["poisson", "uniform"],
+        default="poisson",
+        help=f"{scope}random (poisson) or evenly spaced (uniform) arrival times",
+    )
     parser.add_argument(
         "--max-in-flight",
         type=int,

@@ -15,11 +15,15 @@ import numpy as np
 import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
-from tiermesh.bench.calls import values_of
+from tiermesh.bench.calls import is_final, values_of
+from tiermesh.cli.errors import CliError
 from tiermesh.cli.infer import Endpoint
 
-FINAL = "triton_final_response"
 REQUEST_ID = "tiermesh-generate"
+# How long the stream's failure may take to reach the callback after the send failed.
+STREAM_ERROR_WAIT_S = 2.0
+# Longest wait for the next piece of the answer.
+PIECE_TIMEOUT_S = 300.0
 
 
 @dataclass(frozen=True)
@@ -63,7 +67,7 @@ def generate(
     ask: Ask,
     stream: bool = True,
     out: TextIO = sys.stdout,
-    timeout_s: float = 300.0,
+    timeout_s: float = PIECE_TIMEOUT_S,
 ) -> dict[str, Any]:
     """Print the answer to `out` (piece by piece when streaming); return the final
     response's parameters plus the client's own time to first piece. Raises
@@ -82,11 +86,9 @@ def generate(
             callback=lambda result, error: got.put((result, error)), headers=endpoint.headers
         )
         cancelled = True
+        first_ms: float | None = None
         try:
-            client.async_stream_infer(
-                model, _inputs(ask.prompt), request_id=REQUEST_ID, parameters=ask.parameters()
-            )
-            first_ms: float | None = None
+            _send(client, got, model, ask)
             while True:
                 result, error = got.get(timeout=timeout_s)
                 if error is not None:
@@ -96,16 +98,34 @@ def generate(
                     first_ms = (time.perf_counter() - started) * 1e3
                 out.write(piece)
                 out.flush()
-                params = _params(result)
-                if params.get(FINAL):
+                if is_final(result.get_response().parameters):
+                    params = _params(result)
                     cancelled = False
                     total_ms = (time.perf_counter() - started) * 1e3
                     return {**params, "client_ttft_ms": first_ms, "client_total_ms": total_ms}
         finally:
             # Leaving early (Ctrl-C, a timeout): the mesh stops generating the answer.
             client.stop_stream(cancel_requests=cancelled)
+            if cancelled and first_ms is not None:
+                out.write("\n")  # the error's line after the partial answer, not on it
     finally:
         client.close()
+
+
+def _send(client: Any, got: queue.Queue[tuple[Any, Any]], model: str, ask: Ask) -> None:
+    """The request on the stream. tritonclient reports a stream that failed (nothing
+    listens, TLS refused) through the callback and raises a message without a status
+    instead: the callback's error is the one that says what happened."""
+    try:
+        client.async_stream_infer(
+            model, _inputs(ask.prompt), request_id=REQUEST_ID, parameters=ask.parameters()
+        )
+    except InferenceServerException as failed:
+        try:
+            _, error = got.get(timeout=STREAM_ERROR_WAIT_S)
+        except queue.Empty:
+            raise failed from None
+        raise (error or failed) from None
 
 
 def figures(params: dict[str, Any]) -> str:
@@ -127,18 +147,14 @@ def figures(params: dict[str, Any]) -> str:
 
 
 def run(endpoint: Endpoint, model: str, ask: Ask, stream: bool) -> int:
+    """The answer on stdout, its figures on stderr; a refusal or a failure raises (the
+    CLI's error line: a refusal on a stream comes as a message without a status code)."""
     try:
         params = generate(endpoint, model, ask, stream)
-    except InferenceServerException as exc:
-        # A refusal on a stream comes as an error message without a status code.
-        status = f"{exc.status()}: " if exc.status() else ""
-        sys.stdout.flush()
-        print(f"tiermesh generate: {status}{exc.message()}", file=sys.stderr)
-        return 1
     except queue.Empty:
-        sys.stdout.flush()
-        print("\ntiermesh generate: no answer in time", file=sys.stderr)
-        return 1
+        raise CliError(
+            f"no piece of the answer within {PIECE_TIMEOUT_S:g} s", "is the mesh stuck?"
+        ) from None
     print(file=sys.stdout, flush=True)
     print(figures(params), file=sys.stderr)
     return 0

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -12,7 +11,12 @@ import numpy.typing as npt
 import tritonclient.grpc as grpcclient
 from tritonclient.utils import triton_to_np_dtype
 
+from tiermesh.cli.errors import UsageError
+
 SHOWN_VALUES = 8
+# The first call of a command (the model's metadata) gives up after this long: a gateway
+# that accepts connections but never answers is an error, not a hang.
+METADATA_TIMEOUT_S = 10.0
 
 
 @dataclass(frozen=True)
@@ -27,13 +31,14 @@ class Endpoint:
     cert_file: Path | None = None
     key_file: Path | None = None
 
+    @property
+    def secure(self) -> bool:
+        return self.tls or self.ca_file is not None or self.cert_file is not None
+
     def client(self) -> grpcclient.InferenceServerClient:
-        if (self.cert_file is None) != (self.key_file is None):
-            raise SystemExit("--tls-client-cert and --tls-client-key go together")
-        secure = self.tls or self.ca_file is not None or self.cert_file is not None
         return grpcclient.InferenceServerClient(
             self.url,
-            ssl=secure,
+            ssl=self.secure,
             root_certificates=str(self.ca_file) if self.ca_file else None,
             private_key=str(self.key_file) if self.key_file else None,
             certificate_chain=str(self.cert_file) if self.cert_file else None,
@@ -47,22 +52,29 @@ class Endpoint:
 def _request(
     client: grpcclient.InferenceServerClient,
     model: str,
-    data: str | None,
+    data: Any,
     texts: list[str] | None,
     headers: dict[str, str] | None = None,
 ) -> tuple[list[grpcclient.InferInput], dict[str, Any]]:
-    meta = client.get_model_metadata(model, headers=headers, as_json=True)
+    """The request for the model's only input; UsageError when what was given does not
+    fit it (found out from its metadata, the first call)."""
+    meta = client.get_model_metadata(
+        model, headers=headers, as_json=True, client_timeout=METADATA_TIMEOUT_S
+    )
     if len(meta["inputs"]) != 1:
-        raise SystemExit(f"model {model} has {len(meta['inputs'])} inputs; infer supports one")
+        raise UsageError(f"model {model} has {len(meta['inputs'])} inputs; infer supports one")
     spec = meta["inputs"][0]
     if spec["datatype"] == "BYTES":
         if not texts:
-            raise SystemExit(f"model {model} takes text: pass it as arguments")
+            raise UsageError(f"model {model} takes text: pass it as arguments, not --data")
         array = np.array([[t.encode("utf-8")] for t in texts], dtype=np.object_)
     else:
         if data is None:
-            raise SystemExit(f"model {model} takes {spec['datatype']}: pass --data '[[...]]'")
-        array = np.asarray(json.loads(data), dtype=triton_to_np_dtype(spec["datatype"]))
+            raise UsageError(f"model {model} takes {spec['datatype']}: pass --data '[[...]]'")
+        try:
+            array = np.asarray(data, dtype=triton_to_np_dtype(spec["datatype"]))
+        except (TypeError, ValueError) as exc:
+            raise UsageError(f"--data does not fit {spec['datatype']}: {exc}") from None
     inp = grpcclient.InferInput(spec["name"], list(array.shape), spec["datatype"])
     inp.set_data_from_numpy(array)
     return [inp], meta
@@ -87,13 +99,13 @@ def _summary(value: npt.NDArray[Any]) -> Any:
 def infer(
     endpoint: Endpoint,
     model: str,
-    data: str | None,
+    data: Any,
     texts: list[str] | None,
     timeout_us: int | None,
     priority: int,
     variant: str = "",
 ) -> dict[str, Any]:
-    """Send one request built from --data (JSON array) or texts to the model's only input;
+    """Send one request built from --data (a parsed JSON array) or texts to the model's only input;
     return the outputs (long vectors summarised) and the mesh's timing parameters."""
     client = endpoint.client()
     inputs, meta = _request(client, model, data, texts, endpoint.headers)

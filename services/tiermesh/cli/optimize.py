@@ -7,58 +7,85 @@ import os
 import sys
 import time
 from pathlib import Path
+from typing import Any
+
+from tiermesh.cli.args import Subcommands, existing_file
+from tiermesh.cli.errors import CliError, usage_errors
 
 
 def cmd_optimize(args: argparse.Namespace) -> int:
-    from tiermesh.core.repository import RepositoryError
+    """The text files are read before any work (a bad one: usage error); the repository's
+    and the pipeline's refusals are runtime errors."""
+    from tiermesh.core.repository import ModelRepository
     from tiermesh.optimize import datasets
-    from tiermesh.optimize.gate import parse_gate
     from tiermesh.optimize.pipeline import Plan, run
 
-    try:
-        gate = parse_gate(args.gate)
+    with usage_errors():
         calibration = (
-            datasets.read_texts(Path(args.calibration))
+            datasets.read_texts(args.calibration)
             if args.calibration
             else datasets.builtin_texts("calibration")
         )
-        evaluation = (
-            datasets.read_texts(Path(args.eval)) if args.eval else datasets.builtin_texts("eval")
+        evaluation = datasets.read_texts(args.eval) if args.eval else datasets.builtin_texts("eval")
+    out = Path(args.out or f"optimize-reports/{args.model}-{time.strftime('%Y%m%d-%H%M%S')}")
+    repository = Path(args.repository or os.environ.get("TIERMESH_MODEL_REPOSITORY", "models"))
+    known = ModelRepository(repository).load()
+    if args.model not in known:
+        raise CliError(f"unknown model {args.model!r} in {repository}; known: {', '.join(known)}")
+    results = run(
+        Plan(
+            args.model,
+            repository,
+            out,
+            args.gate,
+            calibration,
+            evaluation,
+            write_back=not args.dry_run,
+            progress=sys.stderr.isatty(),
         )
-        out = Path(args.out or f"optimize-reports/{args.model}-{time.strftime('%Y%m%d-%H%M%S')}")
-        repository = Path(args.repository or os.environ.get("TIERMESH_MODEL_REPOSITORY", "models"))
-        results = run(
-            Plan(
-                args.model,
-                repository,
-                out,
-                gate,
-                calibration,
-                evaluation,
-                write_back=not args.dry_run,
-                progress=sys.stderr.isatty(),
-            )
-        )
-    except (ValueError, KeyError, RepositoryError) as exc:
-        print(f"tiermesh optimize: {exc}", file=sys.stderr)
-        return 2
+    )
     print((out / "report.md").read_text())
     failed = [r.name for r in results if not r.passed]
     if failed:
-        print(f"did not pass the gate {gate}: {', '.join(failed)}", file=sys.stderr)
+        print(f"did not pass the gate {args.gate}: {', '.join(failed)}", file=sys.stderr)
     return 0
 
 
-def add_optimize_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def _gate(text: str) -> Any:
+    from tiermesh.optimize.gate import parse_gate
+
+    try:
+        return parse_gate(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def add_optimize_parser(sub: Subcommands) -> None:
     p = sub.add_parser(
         "optimize",
         help="build FP16/INT8/INT4/mixed variants, gate them against FP32, write the passing",
     )
-    p.add_argument("model")
-    p.add_argument("--calibration", help="texts, one per line (.txt) or {'text': ...} (.jsonl)")
-    p.add_argument("--eval", help="evaluation texts, same formats")
-    p.add_argument("--gate", default="cosine>=0.99", help="cosine|cosine_p1|cosine_min>=X")
-    p.add_argument("--repository", default=None)
-    p.add_argument("--out", default=None, help="report folder")
+    p.add_argument("model", help="a text model of the repository")
+    p.add_argument(
+        "--calibration",
+        type=existing_file,
+        help="texts, one per line (.txt) or {'text': ...} (.jsonl) (default: a built-in set)",
+    )
+    p.add_argument(
+        "--eval",
+        type=existing_file,
+        help="evaluation texts, same formats (default: a built-in set)",
+    )
+    p.add_argument(
+        "--gate", type=_gate, default="cosine>=0.99", help="cosine|cosine_p1|cosine_min>=X"
+    )
+    p.add_argument(
+        "--repository",
+        default=None,
+        help="model repository (default: $TIERMESH_MODEL_REPOSITORY, else models)",
+    )
+    p.add_argument(
+        "--out", default=None, help="report folder (default: optimize-reports/<model>-<time>)"
+    )
     p.add_argument("--dry-run", action="store_true", help="report only; write no variant")
     p.set_defaults(func=cmd_optimize)

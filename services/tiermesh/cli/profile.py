@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 from pathlib import Path
+
+from tiermesh.cli.args import Subcommands, positive_float, positive_int
 
 
 def cmd_profile(args: argparse.Namespace) -> int:
@@ -13,17 +14,13 @@ def cmd_profile(args: argparse.Namespace) -> int:
     import onnx
     import onnxruntime as ort
 
-    from tiermesh.core.repository import ModelRepository, RepositoryError
+    from tiermesh.core.repository import ModelRepository
     from tiermesh.optimize import profile as prof
 
     root = Path(args.repository or os.environ.get("TIERMESH_MODEL_REPOSITORY", "models"))
     repo = ModelRepository(root)
-    try:
-        repo.load()
-        path = repo.checked_file(args.model, variant=args.variant)
-    except RepositoryError as exc:
-        print(f"tiermesh profile: {exc}", file=sys.stderr)
-        return 1
+    repo.load()  # RepositoryError (unknown model, missing weights): the CLI's error line
+    path = repo.checked_file(args.model, variant=args.variant)
     cfg = repo.configs[args.model]
     variant = args.variant or cfg.default_variant
     model = onnx.load(str(path))
@@ -40,22 +37,28 @@ def cmd_profile(args: argparse.Namespace) -> int:
     return 0
 
 
-def add_profile_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def add_profile_parser(sub: Subcommands) -> None:
     from tiermesh.optimize.profile import CPU_MACHINE_BALANCE
 
     p = sub.add_parser(
         "profile", help="parameters, ops, FLOP estimates, dynamic axes and EP support of a model"
     )
-    p.add_argument("model")
-    p.add_argument("--repository", default=None, help="model repository (default: models)")
+    p.add_argument("model", help="a model of the repository")
+    p.add_argument(
+        "--repository",
+        default=None,
+        help="model repository (default: $TIERMESH_MODEL_REPOSITORY, else models)",
+    )
     p.add_argument("--variant", default="", help="fp32, int8, ... (default: the model's)")
-    p.add_argument("--seq", type=int, default=128, help="reference sequence length (tokens)")
+    p.add_argument(
+        "--seq", type=positive_int, default=128, help="reference sequence length (tokens)"
+    )
     p.add_argument(
         "--balance",
-        type=float,
+        type=positive_float,
         default=CPU_MACHINE_BALANCE,
         help="machine balance, FLOP/byte, for the compute/memory-bound verdict",
     )
-    p.add_argument("--top", type=int, default=10, help="op types shown before 'others'")
+    p.add_argument("--top", type=positive_int, default=10, help="op types shown before 'others'")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=cmd_profile)

@@ -7,15 +7,14 @@ import argparse
 import asyncio
 import getpass
 import os
-import sys
 import time
 from pathlib import Path
-from typing import Any
 
+from tiermesh.cli.args import Subcommands, add_redis_url_arg, nonempty, nonneg_int, percent
 from tiermesh.core.redis_client import connect
-from tiermesh.core.repository import ModelRepository, RepositoryError
+from tiermesh.core.repository import ModelRepository
 from tiermesh.rollout.commands import Rollouts, Status
-from tiermesh.rollout.state import RolloutError, RolloutState
+from tiermesh.rollout.state import RolloutState
 from tiermesh.rollout.store import RolloutStore
 
 
@@ -47,14 +46,8 @@ async def _run(args: argparse.Namespace) -> int:
 
 
 def cmd_rollout(args: argparse.Namespace) -> int:
-    try:
-        return asyncio.run(_run(args))
-    except (RolloutError, RepositoryError) as exc:
-        print(f"tiermesh rollout {args.action}: {exc}", file=sys.stderr)
-        return 1
-    except OSError as exc:
-        print(f"tiermesh rollout: cannot reach redis at {args.redis_url}: {exc}", file=sys.stderr)
-        return 1
+    """RolloutError, RepositoryError and Redis's errors become the CLI's error line."""
+    return asyncio.run(_run(args))
 
 
 def _state_line(s: RolloutState) -> str:
@@ -97,27 +90,25 @@ def _status_text(model: str, st: Status) -> str:
     return "\n".join(lines)
 
 
-def add_rollout_parser(sub: Any) -> None:
+def add_rollout_parser(sub: Subcommands) -> None:
     p = sub.add_parser("rollout", help="canary rollouts of a model's versions")
-    actions = p.add_subparsers(dest="action", required=True)
+    actions = p.add_subparsers(dest="action", required=True, metavar="ACTION")
     start = actions.add_parser("start", help="send a share of the traffic to a canary version")
-    start.add_argument("--canary", required=True, help="the version to try")
-    start.add_argument("--percent", type=float, required=True, help="its share, 0..100")
+    start.add_argument("--canary", type=nonempty, required=True, help="the version to try")
+    start.add_argument(
+        "--percent", type=percent, required=True, help="its share of the traffic, 0..100"
+    )
     status = actions.add_parser("status", help="state, window stats per version, last events")
-    status.add_argument("--events", type=int, default=5, help="change-log entries to show")
+    status.add_argument("--events", type=nonneg_int, default=5, help="change-log entries to show")
     actions.add_parser("promote", help="the canary becomes the stable version")
     actions.add_parser("rollback", help="no more traffic to the canary")
     for action in actions.choices.values():
-        action.add_argument("model")
-        action.add_argument(
-            "--redis-url",
-            default=os.environ.get("TIERMESH_REDIS_URL", "redis://127.0.0.1:6379/0"),
-            help="the mesh's redis (default: $TIERMESH_REDIS_URL)",
-        )
+        action.add_argument("model", help="the model whose versions roll out")
+        add_redis_url_arg(action)
         action.add_argument(
             "--repository",
             default=os.environ.get("TIERMESH_MODEL_REPOSITORY", "models"),
-            help="model repository (default: $TIERMESH_MODEL_REPOSITORY or models)",
+            help="model repository (default: $TIERMESH_MODEL_REPOSITORY, else models)",
         )
-        action.add_argument("--who", default="", help="recorded in the change log (default $USER)")
+        action.add_argument("--who", default="", help="recorded in the change log (default: $USER)")
         action.set_defaults(func=cmd_rollout)

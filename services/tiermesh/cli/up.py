@@ -1,0 +1,255 @@
+"""`tiermesh up` and `tiermesh certs`: argument parsing, the checks made before any process
+starts (TLS files, the model repository, Redis, the ports), and the wiring."""
+
+from __future__ import annotations
+
+import argparse
+import errno
+import os
+import shutil
+import socket
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from tiermesh.cli import GRPC_VERBOSITY, GRPC_VERBOSITY_CHOSEN
+from tiermesh.cli.args import (
+    Subcommands,
+    nonneg_float,
+    old_spelling,
+    port,
+    port_or_off,
+    positive_int,
+)
+from tiermesh.cli.errors import CliError, UsageError
+from tiermesh.up.tls import ENV as TLS_ENV
+
+if TYPE_CHECKING:
+    from tiermesh.up.tls import TlsFiles
+
+# `tiermesh up` TLS file -> where `--tls-dir` finds it (a DevCerts field; "": not there).
+IN_TLS_DIR = {
+    "tls_cert": "server_cert",
+    "tls_key": "server_key",
+    "tls_client_ca": "",
+    "internal_tls_ca": "ca",
+    "internal_tls_cert": "internal_cert",
+    "internal_tls_key": "internal_key",
+}
+
+
+def repository_of(args: argparse.Namespace) -> Path:
+    return Path(args.repository or os.environ.get("TIERMESH_MODEL_REPOSITORY", "models"))
+
+
+def _tls_files(args: argparse.Namespace) -> TlsFiles:
+    """Each file: its flag, else what --tls-dir holds, else its TIERMESH_ variable (which
+    the services would read anyway, so the supervisor must know it too)."""
+    from tiermesh.up.certs import DevCerts
+    from tiermesh.up.tls import TlsFiles
+
+    in_dir = DevCerts.at(Path(args.tls_dir)) if args.tls_dir else None
+    found: dict[str, Path | None] = {}
+    for name, field in IN_TLS_DIR.items():
+        value = getattr(args, name) or ""
+        if not value and in_dir is not None and field:
+            value = getattr(in_dir, field)
+        value = value or os.environ.get(TLS_ENV[name], "")
+        found[name] = Path(value) if value else None
+    return TlsFiles(**found)
+
+
+def tiers(text: str) -> tuple[str, ...]:
+    from tiermesh.up.supervisor import WORKERS
+
+    named = tuple(t.strip() for t in text.split(",") if t.strip())
+    if not named or any(t not in WORKERS for t in named):
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: give one or more of {', '.join(WORKERS)}, comma-separated"
+        )
+    return named
+
+
+def _port_free(host: str, number: int, flag: str) -> None:
+    """Refuse a port something already listens on: the service would die at start."""
+    if number <= 0:
+        return
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    try:
+        socket.create_server((host, number), family=family).close()
+    except socket.gaierror:
+        raise UsageError(f"--host {host}: no such address") from None
+    except OSError as exc:
+        if exc.errno == errno.EADDRINUSE:
+            raise CliError(
+                f"{host}:{number} is in use", f"stop what listens there, or give another {flag}"
+            ) from None
+        if exc.errno == errno.EADDRNOTAVAIL:
+            raise UsageError(f"--host {host}: not an address of this machine") from None
+        raise
+
+
+def _redis_answers(url: str) -> None:
+    """The Redis of TIERMESH_REDIS_URL answers (every service would fail without it)."""
+    import redis
+
+    try:
+        client = redis.Redis.from_url(url, socket_connect_timeout=1.0, socket_timeout=5.0)
+    except ValueError as exc:
+        raise UsageError(f"TIERMESH_REDIS_URL={url}: {exc}") from None
+    try:
+        client.ping()
+    except redis.RedisError as exc:
+        raise CliError(
+            f"cannot reach Redis at {url}: {exc}",
+            "start it, or unset TIERMESH_REDIS_URL for a private one",
+        ) from None
+    finally:
+        client.close()
+
+
+def check_up(args: argparse.Namespace, redis_url: str) -> TlsFiles:
+    """Everything `up` can find wrong before it starts a process; its TLS files."""
+    from tiermesh.core.repository import ModelRepository
+    from tiermesh.core.tls import TlsConfigError
+    from tiermesh.up.redis_server import INSTALL_HINT
+    from tiermesh.up.tls import mesh_tls
+
+    files = _tls_files(args)
+    try:
+        mesh_tls(files)
+    except TlsConfigError as exc:
+        raise UsageError(str(exc)) from None
+    _port_free(args.host, args.port, "--port")
+    _port_free(args.host, args.http_port, "--http-port")
+    _port_free("127.0.0.1", args.metrics_port, "--metrics-port")
+    ModelRepository(repository_of(args)).load()  # RepositoryError: a runtime error
+    if redis_url:
+        _redis_answers(redis_url)
+    elif shutil.which("redis-server") is None:
+        raise CliError(INSTALL_HINT)
+    return files
+
+
+def cmd_up(args: argparse.Namespace) -> int:
+    from tiermesh.up.supervisor import UpOptions, run
+
+    redis_url = os.environ.get("TIERMESH_REDIS_URL", "")
+    tls = check_up(args, redis_url)
+    if not GRPC_VERBOSITY_CHOSEN:  # the services log as they would started alone
+        os.environ.pop(GRPC_VERBOSITY, None)
+    return run(
+        UpOptions(
+            host=args.host,
+            port=args.port,
+            redis_url=redis_url,
+            data_dir=Path(args.data_dir),
+            model_repository=repository_of(args),
+            grace_s=args.grace_s,
+            metrics_port=args.metrics_port,
+            http_port=args.http_port,
+            model_control=args.model_control,
+            trace_ui=os.environ.get("TIERMESH_TRACE_UI", "") not in ("", "0", "false"),
+            tiers=args.tiers,
+            edge_threads=args.edge_threads,
+            batch_pool=args.batch_pool,
+            edge_link_ms=args.edge_link_ms,
+            tls=tls,
+        )
+    )
+
+
+def cmd_certs(args: argparse.Namespace) -> int:
+    from tiermesh.up.certs import write_dev_certs
+
+    made = write_dev_certs(Path(args.directory), extra_names=args.name or [])
+    print(
+        f"wrote a CA and certificates for 127.0.0.1, ::1, localhost"
+        f"{''.join(', ' + n for n in args.name or [])} into {args.directory}\n"
+        f"  tiermesh up --tls-dir {args.directory}   "
+        "(public TLS with server.pem, internal mTLS with internal.pem)\n"
+        f"  clients trust {made.ca}"
+    )
+    return 0
+
+
+def add_up_parser(sub: Subcommands) -> None:
+    up = sub.add_parser("up", help="run the whole mesh locally until Ctrl-C")
+    up.add_argument("--host", default="127.0.0.1", help="address of the public ports")
+    up.add_argument("--port", type=port, default=8001, help="the gateway's KServe v2 gRPC port")
+    up.add_argument("--data-dir", default=".tiermesh", help="private redis data (AOF) lives here")
+    up.add_argument(
+        "--repository",
+        default=None,
+        help="model repository (default: $TIERMESH_MODEL_REPOSITORY, else models)",
+    )
+    grace = up.add_argument(
+        "--grace-s", type=nonneg_float, default=10.0, help="drain grace per service, seconds"
+    )
+    old_spelling(up, "--grace", grace)
+    up.add_argument(
+        "--metrics-port", type=port, default=8002, help="gateway's Prometheus port (0: any free)"
+    )
+    up.add_argument(
+        "--http-port",
+        type=port_or_off,
+        default=8000,
+        help="KServe v2 REST port (0: any free, -1: none)",
+    )
+    up.add_argument(
+        "--model-control",
+        choices=("none", "explicit"),
+        default="none",
+        help="explicit: clients may load/unload models (an admin tenant with a tenants file)",
+    )
+    up.add_argument(
+        "--tiers", type=tiers, default="center,edge", help="worker tiers to start, comma-separated"
+    )
+    up.add_argument(
+        "--edge-threads",
+        type=positive_int,
+        default=1,
+        help="onnxruntime threads of the edge worker",
+    )
+    up.add_argument(
+        "--batch-pool",
+        action="store_true",
+        help="one more center worker for batch jobs only, at nice 19 (the online workers "
+        "then take none): batch work on a pool of its own",
+    )
+    up.add_argument(
+        "--edge-link-ms",
+        type=nonneg_float,
+        default=0.0,
+        help="added round trip (ms) between the edge worker and redis/postprocess (0: none)",
+    )
+    tls = up.add_argument_group(
+        "TLS", "each file defaults to its TIERMESH_ variable, else none (plaintext)"
+    )
+    for flag, text in (
+        ("--tls-cert", "the server's PEM certificate (chain): the public port serves TLS only"),
+        ("--tls-key", "PEM private key of --tls-cert"),
+        ("--tls-client-ca", "require client certificates signed by this CA"),
+        ("--internal-tls-ca", "mTLS between services: the CA they trust"),
+        ("--internal-tls-cert", "mTLS: certificate every service presents"),
+        ("--internal-tls-key", "mTLS: private key of --internal-tls-cert"),
+    ):
+        variable = TLS_ENV[flag.removeprefix("--").replace("-", "_")]
+        tls.add_argument(flag, help=f"{text} (default: ${variable})")
+    tls.add_argument(
+        "--tls-dir",
+        help="what `tiermesh certs DIR` wrote: public TLS with server.pem/server.key, "
+        "internal mTLS with ca.pem and internal.pem/internal.key (flags above win; "
+        "default: none)",
+    )
+    up.set_defaults(func=cmd_up)
+
+    certs = sub.add_parser(
+        "certs", help="write a development CA and certificates for 127.0.0.1 / localhost"
+    )
+    certs.add_argument("directory", help="where to write them (made if missing)")
+    certs.add_argument(
+        "--name",
+        action="append",
+        help="another DNS name or IP (repeatable; default: loopback names only)",
+    )
+    certs.set_defaults(func=cmd_certs)
