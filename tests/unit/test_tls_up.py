@@ -8,7 +8,8 @@ from pathlib import Path
 import grpc
 import pytest
 
-from tiermesh.cli.main import _tls_files, parser
+from tiermesh.cli.main import parser
+from tiermesh.cli.up import tls_files
 from tiermesh.core.tls import TlsConfigError
 from tiermesh.up.certs import DevCerts
 from tiermesh.up.tls import TlsFiles, mesh_tls
@@ -67,7 +68,7 @@ def test_tls_dir_fills_what_flags_leave_out(
     args = parser().parse_args(
         ["up", "--tls-dir", str(folder), "--tls-key", str(tmp_path / "other.key")]
     )
-    assert _tls_files(args) == TlsFiles(
+    assert tls_files(args) == TlsFiles(
         tls_cert=folder / "server.pem",
         tls_key=tmp_path / "other.key",
         tls_client_ca=certs.ca,
@@ -82,6 +83,6 @@ def test_environment_is_read_without_flags(
 ) -> None:
     monkeypatch.setenv("TIERMESH_TLS_CERT_FILE", str(certs.server_cert))
     monkeypatch.setenv("TIERMESH_TLS_KEY_FILE", str(certs.server_key))
-    assert _tls_files(parser().parse_args(["up"])) == TlsFiles(
+    assert tls_files(parser().parse_args(["up"])) == TlsFiles(
         tls_cert=certs.server_cert, tls_key=certs.server_key
     )

@@ -29,7 +29,6 @@ from tiermesh.cli.optimize import add_optimize_parser
 from tiermesh.cli.probe import add_probe_parser
 from tiermesh.cli.profile import add_profile_parser
 from tiermesh.cli.rollout import add_rollout_parser
-from tiermesh.cli.up import _tls_files as _tls_files  # where tests/unit/test_tls_up.py looks
 from tiermesh.cli.up import add_up_parser, repository_of
 
 DISTRIBUTION = "tiermesh"

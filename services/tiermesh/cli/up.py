@@ -41,7 +41,7 @@ def repository_of(args: argparse.Namespace) -> Path:
     return Path(args.repository or os.environ.get("TIERMESH_MODEL_REPOSITORY", "models"))
 
 
-def _tls_files(args: argparse.Namespace) -> TlsFiles:
+def tls_files(args: argparse.Namespace) -> TlsFiles:
     """Each file: its flag, else what --tls-dir holds, else its TIERMESH_ variable (which
     the services would read anyway, so the supervisor must know it too)."""
     from tiermesh.up.certs import DevCerts
@@ -114,7 +114,7 @@ def check_up(args: argparse.Namespace, redis_url: str) -> TlsFiles:
     from tiermesh.up.redis_server import INSTALL_HINT
     from tiermesh.up.tls import mesh_tls
 
-    files = _tls_files(args)
+    files = tls_files(args)
     try:
         mesh_tls(files)
     except TlsConfigError as exc:
