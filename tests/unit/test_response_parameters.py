@@ -1,5 +1,6 @@
 """The response parameters the README documents are the ones the gateway sends: every name,
-its type and when it is sent (the e2e twin reads them off real responses)."""
+its type and when it is sent (tests/e2e/test_default_mesh_e2e.py reads them off real
+responses)."""
 
 from __future__ import annotations
 
