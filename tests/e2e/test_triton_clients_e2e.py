@@ -177,6 +177,16 @@ def test_http_bytes_identity(mesh: UpProcess, binary: bool) -> None:
     assert got.shape == rows.shape and as_bytes == rows.tolist()
 
 
+def refusals(calls: dict[str, Callable[[], object]]) -> dict[str, tuple[str, str]]:
+    """Each call's refusal: its status and message (a call that succeeds fails the test)."""
+    found = {}
+    for what, call in calls.items():
+        with pytest.raises(InferenceServerException) as err:
+            call()
+        found[what] = (str(err.value.status()), str(err.value.message()))
+    return found
+
+
 def test_unknown_model_in_tritons_words(mesh: UpProcess) -> None:
     """Metadata, config and infer of a model the repository lacks: NOT_FOUND (HTTP 404) with
     Triton's message, which its example clients check."""
@@ -186,11 +196,9 @@ def test_unknown_model_in_tritons_words(mesh: UpProcess) -> None:
         "config": lambda: client.get_model_config("wrong_model_name"),
         "infer": lambda: client.infer("wrong_model_name", grpc_inputs(X0, X1)),
     }
-    for what, call in calls.items():
-        with pytest.raises(InferenceServerException) as err:
-            call()
-        assert err.value.status() == "StatusCode.NOT_FOUND", what
-        assert err.value.message() == f"{UNKNOWN_MODEL}: 'wrong_model_name' is not found", what
+    for what, (status, message) in refusals(calls).items():
+        assert status == "StatusCode.NOT_FOUND", what
+        assert message == f"{UNKNOWN_MODEL}: 'wrong_model_name' is not found", what
     with pytest.raises(InferenceServerException) as err:
         client.get_model_metadata("simple", model_version="7")
     assert err.value.message() == f"{UNKNOWN_MODEL}: 'simple' version 7 is not found"
@@ -201,11 +209,9 @@ def test_unknown_model_in_tritons_words(mesh: UpProcess) -> None:
         "config": lambda: rest.get_model_config("wrong_model_name"),
         "infer": lambda: rest.infer("wrong_model_name", http_inputs(X0, X1)),
     }
-    for what, call in http_calls.items():
-        with pytest.raises(InferenceServerException) as err:
-            call()
-        assert err.value.status() == "404", what
-        assert err.value.message().startswith(UNKNOWN_MODEL), what
+    for what, (status, message) in refusals(http_calls).items():
+        assert status == "404", what
+        assert message.startswith(UNKNOWN_MODEL), what
 
 
 def test_grpc_compression(mesh: UpProcess) -> None:

@@ -18,6 +18,8 @@ USAGE = 2  # exit status of a usage error, in every subcommand
 RUNTIME = 1  # exit status of a runtime error
 REDIS_URL_ENV = "TIERMESH_REDIS_URL"
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
+REPOSITORY_ENV = "TIERMESH_MODEL_REPOSITORY"
+DEFAULT_REPOSITORY = "models"
 
 # A URL scheme in front of what should be a gRPC address (`http://...`). grpc's own target
 # schemes (dns:///host:port, unix:path, ipv4:..., ipv6:...) are addresses too.
@@ -266,6 +268,25 @@ def add_redis_url_arg(p: Any) -> None:
         default=os.environ.get(REDIS_URL_ENV, DEFAULT_REDIS_URL),
         help=f"the mesh's Redis (default: ${REDIS_URL_ENV}, else {DEFAULT_REDIS_URL})",
     )
+
+
+def add_repository_arg(p: Any) -> None:
+    """--repository, for the subcommands that read the model repository (repository_of)."""
+    p.add_argument(
+        "--repository",
+        default=None,
+        help=f"model repository (default: ${REPOSITORY_ENV}, else {DEFAULT_REPOSITORY})",
+    )
+
+
+def repository_of(args: argparse.Namespace) -> Path:
+    """The model repository a subcommand was given: --repository, else the environment's."""
+    return Path(args.repository or os.environ.get(REPOSITORY_ENV, DEFAULT_REPOSITORY))
+
+
+def add_variant_arg(p: Any) -> None:
+    """--variant, for the subcommands that send requests or read one variant's file."""
+    p.add_argument("--variant", default="", help="fp32, int8, ... (default: the model's)")
 
 
 def existing_file(text: str) -> Path:

@@ -27,6 +27,7 @@ from tiermesh.batch.plan import (
 )
 from tiermesh.cli.args import (
     Subcommands,
+    add_variant_arg,
     existing_file,
     http_url,
     nonempty,
@@ -242,7 +243,7 @@ def add_batch_parser(sub: Subcommands) -> None:
         type=existing_file,
         help='JSONL: {"text": ...} or {"inputs": {NAME: {...}}} per line',
     )
-    submit.add_argument("--variant", default="", help="fp32, int8, ... (default: the model's)")
+    add_variant_arg(submit)
     submit.add_argument("--wait", action="store_true", help="follow it to the end")
     submit.add_argument(
         "--metrics-url",

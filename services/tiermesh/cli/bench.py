@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 from tiermesh.cli.args import (
     Parser,
     Subcommands,
+    add_variant_arg,
     http_url,
     nonneg_float,
     nonneg_int,
@@ -162,7 +163,7 @@ def common_parent(model: str) -> Parser:
     g = common.add_argument_group("target and workload")
     add_url_arg(g)
     g.add_argument("--model", default=model, help="the model to load")
-    g.add_argument("--variant", default="", help="fp32, int8, ... (default: the model's)")
+    add_variant_arg(g)
     g.add_argument("--seed", type=int, default=0, help="workload seed")
     g.add_argument(
         "--mix",

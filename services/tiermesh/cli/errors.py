@@ -13,7 +13,7 @@ import os
 import sys
 from collections.abc import Callable, Iterator
 
-from tiermesh.cli.args import RUNTIME, USAGE, one_line
+from tiermesh.cli.args import REPOSITORY_ENV, RUNTIME, USAGE, one_line
 
 DEBUG_ENV = "TIERMESH_DEBUG"
 INTERRUPTED = 130
@@ -148,7 +148,7 @@ def explain(exc: BaseException, args: argparse.Namespace) -> CliError:
             if "UNAVAILABLE" in str(exc) and _REFUSED in str(exc):  # the bench's first call
                 return _grpc_error("UNAVAILABLE", _REFUSED, args)
             if name == "RepositoryError" and "does not exist" in str(exc):
-                return CliError(str(exc), "give --repository, or set TIERMESH_MODEL_REPOSITORY")
+                return CliError(str(exc), f"give --repository, or set {REPOSITORY_ENV}")
             return CliError(str(exc))
     if isinstance(exc, ValueError):
         return CliError(str(exc))

@@ -11,6 +11,8 @@ from pathlib import Path
 
 from tiermesh.cli.args import (
     Parser,
+    add_repository_arg,
+    add_variant_arg,
     json_value,
     nonempty,
     nonneg_float,
@@ -18,6 +20,7 @@ from tiermesh.cli.args import (
     parse,
     parsers,
     positive_int,
+    repository_of,
     share,
 )
 from tiermesh.cli.batch import add_batch_parser
@@ -29,7 +32,7 @@ from tiermesh.cli.optimize import add_optimize_parser
 from tiermesh.cli.probe import add_probe_parser
 from tiermesh.cli.profile import add_profile_parser
 from tiermesh.cli.rollout import add_rollout_parser
-from tiermesh.cli.up import add_up_parser, repository_of
+from tiermesh.cli.up import add_up_parser
 
 DISTRIBUTION = "tiermesh"
 DESCRIPTION = """tiermesh: an async gRPC inference-serving mesh (KServe v2), its load
@@ -170,7 +173,7 @@ def parser() -> argparse.ArgumentParser:
     inf.add_argument(
         "--priority", type=nonneg_int, default=0, help="priority level (0: the model's own)"
     )
-    inf.add_argument("--variant", default="", help="fp32, int8, ... (default: the model's)")
+    add_variant_arg(inf)
     inf.set_defaults(func=cmd_infer)
 
     gen = sub.add_parser(
@@ -215,7 +218,7 @@ def parser() -> argparse.ArgumentParser:
     sim.add_argument("b", help="the second text")
     add_endpoint_args(sim)
     sim.add_argument("--model", default="minilm-l6", help="an embedding model")
-    sim.add_argument("--variant", default="", help="fp32, int8, ... (default: the model's)")
+    add_variant_arg(sim)
     sim.set_defaults(func=cmd_similarity)
 
     models = sub.add_parser("models", help="build, verify or list the model repository")
@@ -226,11 +229,7 @@ def parser() -> argparse.ArgumentParser:
         "verify: every model's checksums; list: what the repository holds",
     )
     models.add_argument("names", nargs="*", help="fetch: which models (default: all)")
-    models.add_argument(
-        "--repository",
-        default=None,
-        help="model repository (default: $TIERMESH_MODEL_REPOSITORY, else models)",
-    )
+    add_repository_arg(models)
     models.add_argument(
         "--cache-dir",
         default=None,

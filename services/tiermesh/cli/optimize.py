@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
-from tiermesh.cli.args import Subcommands, existing_file
+from tiermesh.cli.args import Subcommands, add_repository_arg, existing_file, repository_of
 from tiermesh.cli.errors import CliError, usage_errors
 
 
@@ -28,7 +27,7 @@ def cmd_optimize(args: argparse.Namespace) -> int:
         )
         evaluation = datasets.read_texts(args.eval) if args.eval else datasets.builtin_texts("eval")
     out = Path(args.out or f"optimize-reports/{args.model}-{time.strftime('%Y%m%d-%H%M%S')}")
-    repository = Path(args.repository or os.environ.get("TIERMESH_MODEL_REPOSITORY", "models"))
+    repository = repository_of(args)
     known = ModelRepository(repository).load()
     if args.model not in known:
         raise CliError(f"unknown model {args.model!r} in {repository}; known: {', '.join(known)}")
@@ -79,11 +78,7 @@ def add_optimize_parser(sub: Subcommands) -> None:
     p.add_argument(
         "--gate", type=_gate, default="cosine>=0.99", help="cosine|cosine_p1|cosine_min>=X"
     )
-    p.add_argument(
-        "--repository",
-        default=None,
-        help="model repository (default: $TIERMESH_MODEL_REPOSITORY, else models)",
-    )
+    add_repository_arg(p)
     p.add_argument(
         "--out", default=None, help="report folder (default: optimize-reports/<model>-<time>)"
     )

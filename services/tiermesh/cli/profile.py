@@ -3,10 +3,15 @@
 from __future__ import annotations
 
 import argparse
-import os
-from pathlib import Path
 
-from tiermesh.cli.args import Subcommands, positive_float, positive_int
+from tiermesh.cli.args import (
+    Subcommands,
+    add_repository_arg,
+    add_variant_arg,
+    positive_float,
+    positive_int,
+    repository_of,
+)
 
 
 def cmd_profile(args: argparse.Namespace) -> int:
@@ -17,8 +22,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
     from tiermesh.core.repository import ModelRepository
     from tiermesh.optimize import profile as prof
 
-    root = Path(args.repository or os.environ.get("TIERMESH_MODEL_REPOSITORY", "models"))
-    repo = ModelRepository(root)
+    repo = ModelRepository(repository_of(args))
     repo.load()  # RepositoryError (unknown model, missing weights): the CLI's error line
     path = repo.checked_file(args.model, variant=args.variant)
     cfg = repo.configs[args.model]
@@ -44,12 +48,8 @@ def add_profile_parser(sub: Subcommands) -> None:
         "profile", help="parameters, ops, FLOP estimates, dynamic axes and EP support of a model"
     )
     p.add_argument("model", help="a model of the repository")
-    p.add_argument(
-        "--repository",
-        default=None,
-        help="model repository (default: $TIERMESH_MODEL_REPOSITORY, else models)",
-    )
-    p.add_argument("--variant", default="", help="fp32, int8, ... (default: the model's)")
+    add_repository_arg(p)
+    add_variant_arg(p)
     p.add_argument(
         "--seq", type=positive_int, default=128, help="reference sequence length (tokens)"
     )

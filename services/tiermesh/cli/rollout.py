@@ -8,9 +8,16 @@ import asyncio
 import getpass
 import os
 import time
-from pathlib import Path
 
-from tiermesh.cli.args import Subcommands, add_redis_url_arg, nonempty, nonneg_int, percent
+from tiermesh.cli.args import (
+    Subcommands,
+    add_redis_url_arg,
+    add_repository_arg,
+    nonempty,
+    nonneg_int,
+    percent,
+    repository_of,
+)
 from tiermesh.core.redis_client import connect
 from tiermesh.core.repository import ModelRepository
 from tiermesh.rollout.commands import Rollouts, Status
@@ -28,7 +35,7 @@ def _who(args: argparse.Namespace) -> str:
 
 
 async def _run(args: argparse.Namespace) -> int:
-    repo = ModelRepository(Path(args.repository))
+    repo = ModelRepository(repository_of(args))
     redis = connect(args.redis_url)
     try:
         rollouts = Rollouts(RolloutStore(redis), repo.load(), _who(args))
@@ -105,10 +112,6 @@ def add_rollout_parser(sub: Subcommands) -> None:
     for action in actions.choices.values():
         action.add_argument("model", help="the model whose versions roll out")
         add_redis_url_arg(action)
-        action.add_argument(
-            "--repository",
-            default=os.environ.get("TIERMESH_MODEL_REPOSITORY", "models"),
-            help="model repository (default: $TIERMESH_MODEL_REPOSITORY, else models)",
-        )
+        add_repository_arg(action)
         action.add_argument("--who", default="", help="recorded in the change log (default: $USER)")
         action.set_defaults(func=cmd_rollout)

@@ -14,11 +14,13 @@ from typing import TYPE_CHECKING
 from tiermesh.cli import GRPC_VERBOSITY, GRPC_VERBOSITY_CHOSEN
 from tiermesh.cli.args import (
     Subcommands,
+    add_repository_arg,
     nonneg_float,
     old_spelling,
     port,
     port_or_off,
     positive_int,
+    repository_of,
 )
 from tiermesh.cli.errors import CliError, UsageError
 from tiermesh.up.tls import ENV as TLS_ENV
@@ -35,10 +37,6 @@ IN_TLS_DIR = {
     "internal_tls_cert": "internal_cert",
     "internal_tls_key": "internal_key",
 }
-
-
-def repository_of(args: argparse.Namespace) -> Path:
-    return Path(args.repository or os.environ.get("TIERMESH_MODEL_REPOSITORY", "models"))
 
 
 def tls_files(args: argparse.Namespace) -> TlsFiles:
@@ -177,11 +175,7 @@ def add_up_parser(sub: Subcommands) -> None:
     up.add_argument("--host", default="127.0.0.1", help="address of the public ports")
     up.add_argument("--port", type=port, default=8001, help="the gateway's KServe v2 gRPC port")
     up.add_argument("--data-dir", default=".tiermesh", help="private redis data (AOF) lives here")
-    up.add_argument(
-        "--repository",
-        default=None,
-        help="model repository (default: $TIERMESH_MODEL_REPOSITORY, else models)",
-    )
+    add_repository_arg(up)
     grace = up.add_argument(
         "--grace-s", type=nonneg_float, default=10.0, help="drain grace per service, seconds"
     )
