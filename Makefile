@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: run test test-fast lint protos models redis kubectl promtool clean trace-ui
+.PHONY: run test test-fast lint protos models redis kubectl promtool clean trace-ui profile
 
 run: $(STAMP) redis models
 	$(VENV)/bin/tiermesh up
@@ -37,6 +37,11 @@ kubectl: $(STAMP)
 models: $(STAMP)
 	$(VENV)/bin/tiermesh models build
 	$(VENV)/bin/tiermesh models fetch
+
+# Where the request path spends its CPU: every service under py-spy at concurrency 32,
+# top frames as text in benchmarks/profile/ (needs ptrace rights: root, or ptrace_scope 0).
+profile: $(STAMP) redis models
+	$(PY) benchmarks/profile_request_path.py
 
 protos: $(STAMP)
 	$(PY) scripts/gen_protos.py

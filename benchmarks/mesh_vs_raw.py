@@ -39,11 +39,13 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+import grpc
 import numpy as np
 import numpy.typing as npt
 import onnxruntime as ort
 import tritonclient.grpc.aio as grpcaio
 import yaml
+from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
 from tokenizers import Tokenizer
 
 from tiermesh.bench import runner
@@ -264,6 +266,35 @@ def latency_case(records: list[Record]) -> float:
     return float(np.median(ok)) if ok else float("nan")
 
 
+class OtlpSink(trace_service_pb2_grpc.TraceServiceServicer):
+    """An OTLP/gRPC trace receiver that counts spans and keeps none: what a variant with
+    `OTEL_EXPORTER_OTLP_ENDPOINT={otlp}` exports to (its cost is the benchmark's, not the
+    mesh's)."""
+
+    def __init__(self, server: grpc.aio.Server, port: int) -> None:
+        self.server = server
+        self.endpoint = f"http://127.0.0.1:{port}"
+        self.spans = 0
+
+    @classmethod
+    async def start(cls) -> OtlpSink:
+        server = grpc.aio.server(options=[("grpc.max_receive_message_length", 64 << 20)])
+        port = server.add_insecure_port("127.0.0.1:0")
+        sink = cls(server, port)
+        trace_service_pb2_grpc.add_TraceServiceServicer_to_server(sink, server)
+        await server.start()
+        return sink
+
+    async def Export(self, request, context):  # type: ignore[no-untyped-def]
+        for rs in request.resource_spans:
+            for ss in rs.scope_spans:
+                self.spans += len(ss.spans)
+        return trace_service_pb2.ExportTraceServiceResponse()
+
+    async def stop(self) -> None:
+        await self.server.stop(None)
+
+
 # --- rounds and report ---------------------------------------------------------------
 
 
@@ -381,7 +412,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         default=[],
         metavar="NAME[:K=V,...]",
         help="a mesh with extra environment (repeatable; all run side by side in each "
-        "round). Default: one mesh, `default`, environment as make run.",
+        "round). Default: one mesh, `default`, environment as make run. `{otlp}` in a value "
+        "is the address of an OTLP trace receiver this script runs, e.g. "
+        "traced:OTEL_EXPORTER_OTLP_ENDPOINT={otlp} (every request sampled); "
+        "PYTHONPATH=CHECKOUT/services runs another checkout's code (before/after).",
     )
     return p.parse_args(argv)
 
@@ -396,10 +430,14 @@ async def run(args: argparse.Namespace) -> int:
     c1_text = [spec_text(i, n, t) for i, (n, t, _) in enumerate(short)]
     raw = Raw(REPO_ROOT / "models" / MODEL / "1" / "model.onnx", seqs)
     raw.calibrate([int(b) for b in args.raw_batches.split(",")])
+    sink = await OtlpSink.start()
     variants: dict[str, dict[str, str]] = {}
     for item in args.variant or ["default"]:
         name, _, pairs = item.partition(":")
-        variants[name] = dict(kv.split("=", 1) for kv in pairs.split(",") if kv)
+        variants[name] = {
+            k: v.replace("{otlp}", sink.endpoint)
+            for k, _, v in (kv.partition("=") for kv in pairs.split(",") if kv)
+        }
     with tempfile.TemporaryDirectory(prefix="tiermesh-raw-") as tmp:
         repo = build_repo(Path(tmp) / "models")
         meshes: dict[str, MeshRun] = {}
@@ -450,6 +488,8 @@ async def run(args: argparse.Namespace) -> int:
                 await client.close()
             for mesh in started:
                 mesh.stop()
+            await sink.stop()
+    log(f"OTLP sink received {sink.spans} spans")
     commit = git_commit()
     print(f"mesh_vs_raw {time.strftime('%Y-%m-%d %H:%M')} commit {commit} (+ working tree)")
     print(report(rounds, list(variants), concurrency, raw.best))

@@ -14,7 +14,6 @@ from tests.integration.conftest import InProcessMesh
 
 pytestmark = pytest.mark.integration
 MODEL_INFER = "/inference.GRPCInferenceService/ModelInfer"
-ROUTE = "/tiermesh.v1.Router/Route"
 
 
 async def test_one_trace_spans_every_service(mesh: InProcessMesh) -> None:
@@ -54,10 +53,11 @@ async def test_one_trace_spans_every_service(mesh: InProcessMesh) -> None:
 
 
 async def test_trace_structure_and_batch_links(mesh: InProcessMesh) -> None:
-    """Each request: gateway server span is the root; the router's server span is a child of
-    the gateway's client call; the PRODUCER span is the router's child; the worker's queue-
-    wait and compute spans and postprocess and deliver spans are children of the PRODUCER.
-    The batch's CONSUMER span links to every request computed in it."""
+    """Each request: gateway server span is the root; the router's `route` span (its job
+    arrived in a batch on the gateway's stream) is the root's child; the PRODUCER span is
+    the router's child; the worker's queue-wait and compute spans and postprocess and
+    deliver spans are children of the PRODUCER. The batch's CONSUMER span links to every
+    request computed in it. The stream of batches itself is in no trace."""
     mesh.exporter.clear()
     client = aioclient.InferenceServerClient(mesh.gateway)
     try:
@@ -87,11 +87,12 @@ async def test_trace_structure_and_batch_links(mesh: InProcessMesh) -> None:
         assert root.parent is None
         trace_spans = [s for s in spans if s.context.trace_id == root.context.trace_id]
         named = {s.name: s for s in trace_spans}
-        route_server = next(s for s in trace_spans if s.name == ROUTE and s.kind == SpanKind.SERVER)
-        route_client = parent(route_server)
-        assert route_client.kind == SpanKind.CLIENT and parent(route_client) is root
+        route = next(s for s in trace_spans if s.name == "route")
+        assert route.kind == SpanKind.SERVER and parent(route) is root
+        assert route.resource.attributes["service.name"] == "tiermesh-router"
+        assert route.attributes["tiermesh.admission"] == "ok"
         producer = next(s for s in trace_spans if s.kind == SpanKind.PRODUCER)
-        assert parent(producer) is route_server
+        assert parent(producer) is route
         for name in ("queue wait", "compute", "postprocess", "deliver"):
             assert parent(named[name]) is producer, name
         services = {s.resource.attributes["service.name"]: s for s in trace_spans}
@@ -105,3 +106,4 @@ async def test_trace_structure_and_batch_links(mesh: InProcessMesh) -> None:
         )
         assert [ln.context.span_id for ln in named["compute"].links] == [batch.context.span_id]
         assert batch.attributes["messaging.batch.message_count"] == len(batch.links)
+    assert not [s for s in spans if "RouteStream" in s.name]

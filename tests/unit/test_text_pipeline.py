@@ -103,6 +103,25 @@ def test_encode_tensor(encoder: TextEncoder) -> None:
     assert truncated is False
 
 
+def test_encode_many_pads_each_request_to_its_own_longest_text(encoder: TextEncoder) -> None:
+    """One encode_batch call for a whole batch of requests: each request comes back as
+    encode_tensor would encode it alone (its own padding, its own truncated flag)."""
+    texts = [
+        from_numpy("text", np.array([["the cat sat"]], dtype=object), "BYTES"),
+        from_numpy("text", np.array([["Hello"], ["the cat sat"]], dtype=object), "BYTES"),
+        from_numpy("text", np.array([["a b c d e f g"]], dtype=object), "BYTES"),
+    ]
+    many = encoder.encode_many(texts)
+    assert [m[1] for m in many] == [False, False, True]
+    for text, ((ids, mask), truncated) in zip(texts, many, strict=True):
+        (one_ids, one_mask), one_truncated = encoder.encode_tensor(text)
+        assert (ids, mask, truncated) == (one_ids, one_mask, one_truncated)
+    (ids, _), _ = many[0]
+    assert ids.shape == (1, 5)  # not padded to the longest of the batch
+    assert to_numpy(many[1][0][1]).tolist() == [[1, 1, 1, 0, 0], [1, 1, 1, 1, 1]]
+    assert encoder.encode_many([]) == []
+
+
 # -- pad_to --------------------------------------------------------------------------------
 
 

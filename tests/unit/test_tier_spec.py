@@ -15,7 +15,7 @@ from tiermesh.core.jobs import Job
 from tiermesh.core.model_config import RepositoryError, companions, parse_config
 from tiermesh.core.tensors import from_numpy
 from tiermesh.core.tier_spec import TierSpec
-from tiermesh.router.servicer import tier_stream
+from tiermesh.router.routing import tier_stream
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import signal
 from collections.abc import Callable
+from typing import Any
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -16,6 +17,19 @@ from opentelemetry.instrumentation.grpc import (
 )
 
 from tiermesh.core.telemetry import Telemetry
+
+# Calls that carry no single request stay out of traces: health checks (frequent, they say
+# nothing about requests) and the long-lived internal streams of batches, whose jobs each
+# get a span of their own where their trace is sampled.
+UNTRACED_METHODS = ("RouteStream",)
+
+
+def _traced() -> Any:
+    """The interceptors' filter: True for the calls that get a span."""
+    return filters.negate(
+        filters.any_of(filters.health_check(), *map(filters.method_name, UNTRACED_METHODS))
+    )
+
 
 # Called once a service listens, with the ports it bound (tests bind port 0).
 ReadyCallback = Callable[[dict[str, int]], None]
@@ -43,11 +57,8 @@ def make_server(
             ("grpc.absolute_max_metadata_size", max_metadata_bytes),
         ]
     return grpc.aio.server(
-        # Health checks stay out of traces: they are frequent and say nothing about requests.
         interceptors=[
-            aio_server_interceptor(
-                tracer_provider=telemetry.provider, filter_=filters.negate(filters.health_check())
-            )
+            aio_server_interceptor(tracer_provider=telemetry.provider, filter_=_traced())
         ],
         options=options,
     )
@@ -61,9 +72,7 @@ def make_channel(
 ) -> grpc.aio.Channel:
     """An internal channel that propagates trace context: TLS with `credentials` (see
     core/tls.py), plaintext when None."""
-    interceptors = aio_client_interceptors(
-        tracer_provider=telemetry.provider, filter_=filters.negate(filters.health_check())
-    )
+    interceptors = aio_client_interceptors(tracer_provider=telemetry.provider, filter_=_traced())
     options = [
         ("grpc.max_receive_message_length", max_message_bytes),
         ("grpc.max_send_message_length", max_message_bytes),

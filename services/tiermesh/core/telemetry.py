@@ -126,6 +126,26 @@ def inject_current() -> dict[str, str]:
     return carrier
 
 
+def is_sampled(carrier: Mapping[str, str]) -> bool:
+    """Whether a W3C traceparent says its trace is recorded (the sampled flag). A hop that
+    handles many requests at once starts a request's spans only where this holds, so an
+    unsampled request costs no span there."""
+    parts = carrier.get("traceparent", "").split("-")
+    if len(parts) < 4 or len(parts[3]) != 2:
+        return False
+    try:
+        return bool(int(parts[3], 16) & 1)
+    except ValueError:
+        return False
+
+
+def inject_into(span: trace.Span) -> dict[str, str]:
+    """W3C headers that continue from `span` (not the current one)."""
+    carrier: dict[str, str] = {}
+    propagate.inject(carrier, context=trace.set_span_in_context(span))
+    return carrier
+
+
 def extract(carrier: Mapping[str, str]) -> otel_context.Context:
     return propagate.extract(dict(carrier))
 

@@ -5,18 +5,26 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 import grpc
 import redis.asyncio as aioredis
 
 from tiermesh.core import keys
-from tiermesh.core.errors import MeshError, deadline_exceeded, unavailable
-from tiermesh.core.grpc_errors import mesh_error_from_rpc
+from tiermesh.core.errors import (
+    MeshError,
+    code_from_int,
+    code_to_int,
+    deadline_exceeded,
+    unavailable,
+)
 from tiermesh.core.jobs import Job
 from tiermesh.core.wire import job_to_proto
 from tiermesh.gateway.cache import ResponseCache
 from tiermesh.rollout.recorder import Recorder
-from tiermesh.v1 import router_pb2_grpc
+from tiermesh.v1 import job_pb2, router_pb2, router_pb2_grpc
+
+UNAVAILABLE = code_to_int(grpc.StatusCode.UNAVAILABLE)
 
 TIERS = ("edge", "center")
 # A router restarting, or a blip on its link to Redis, is retried a little before the
@@ -36,27 +44,125 @@ class Routed:
 
 
 class RouterClient:
+    """Jobs to the router over one long-lived RouteStream: `route` queues a job and awaits
+    its outcome; a pump writes whatever is queued as one batch as soon as its previous
+    write is on the wire (no timer: one job at concurrency 1, many under load), and a
+    reader resolves the outcomes as batches of them come back. A broken stream fails the
+    jobs on it as UNAVAILABLE, which `route` retries on a new stream (enqueues are
+    idempotent by request id). The pump and the reader are owned here: `close` ends them."""
+
     def __init__(self, channel: grpc.aio.Channel) -> None:
         self._stub = router_pb2_grpc.RouterStub(channel)
+        self._queued: list[job_pb2.Job] = []
+        self._waiting: dict[str, asyncio.Future[router_pb2.RouteReply]] = {}
+        self._wake = asyncio.Event()
+        self._pump_task: asyncio.Task[None] | None = None
+        self.batches = 0  # batches written, for tests and statistics
+        self.jobs = 0
 
     async def route(self, job: Job, timeout_s: float) -> Routed:
         """Place the job on its stream; raises the router's refusal as a MeshError."""
-        deadline = time.monotonic() + timeout_s
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
         message = job_to_proto(job)
         for attempt in range(ROUTE_ATTEMPTS):
-            left = deadline - time.monotonic()
+            left = deadline - loop.time()
             if left <= 0:
                 raise deadline_exceeded("deadline passed before the request was routed")
+            future: asyncio.Future[router_pb2.RouteReply] = loop.create_future()
+            self._waiting[job.request_id] = future
+            self._queued.append(message)
+            self._wake.set()
+            if self._pump_task is None or self._pump_task.done():
+                self._pump_task = asyncio.create_task(self._pump(), name="router-stream")
             try:
-                reply = await self._stub.Route(message, timeout=left)
+                async with asyncio.timeout(left):
+                    reply = await future
+            except TimeoutError:
+                raise deadline_exceeded("deadline passed before the request was routed") from None
+            finally:
+                if self._waiting.get(job.request_id) is future:
+                    del self._waiting[job.request_id]
+            if reply.code == 0:
                 return Routed(reply.version or job.version, reply.shadow_request_id)
-            except grpc.aio.AioRpcError as err:
-                if err.code() != grpc.StatusCode.UNAVAILABLE:
-                    raise mesh_error_from_rpc(err) from None
-                if attempt + 1 == ROUTE_ATTEMPTS:
-                    raise unavailable(f"router unavailable: {err.details()}") from None
-            await asyncio.sleep(min(ROUTE_BACKOFF_S * 2**attempt, max(0.0, left)))
+            if reply.code != UNAVAILABLE:
+                raise MeshError(
+                    code_from_int(reply.code),
+                    reply.message,
+                    retry_after_ms=_retry_after(reply),
+                )
+            if attempt + 1 == ROUTE_ATTEMPTS:
+                raise unavailable(f"router unavailable: {reply.message}")
+            await asyncio.sleep(min(ROUTE_BACKOFF_S * 2**attempt, max(0.0, deadline - loop.time())))
         raise AssertionError("unreachable: the last attempt returns or raises")
+
+    async def close(self) -> None:
+        """End the stream; jobs still waiting fail as UNAVAILABLE."""
+        task, self._pump_task = self._pump_task, None
+        if task is not None:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+
+    async def _pump(self) -> None:
+        """One stream at a time, while there is something to send or to wait for."""
+        while True:
+            if not self._queued:
+                self._wake.clear()
+                await self._wake.wait()
+            call = self._stub.RouteStream()
+            sent: set[str] = set()
+            reader = asyncio.create_task(self._read(call, sent), name="router-stream-reader")
+            reader.add_done_callback(lambda _: self._wake.set())
+            problem = "stream ended"
+            try:
+                while not reader.done():
+                    if not self._queued:
+                        self._wake.clear()
+                        await self._wake.wait()
+                        continue
+                    batch, self._queued = self._queued, []
+                    live = [m for m in batch if m.request_id in self._waiting]
+                    if not live:
+                        continue
+                    sent.update(m.request_id for m in live)
+                    await call.write(router_pb2.JobBatch(jobs=live))
+                    self.batches += 1
+                    self.jobs += len(live)
+                problem = await reader
+            except grpc.aio.AioRpcError as err:
+                problem = err.details() or err.code().name
+            except (grpc.aio.UsageError, asyncio.InvalidStateError) as err:
+                problem = str(err) or type(err).__name__
+            finally:
+                if not reader.done():
+                    reader.cancel()
+                call.cancel()
+                self._fail(sent, problem)
+
+    async def _read(self, call: Any, sent: set[str]) -> str:
+        """Resolve outcomes until the stream ends; returns why it ended."""
+        try:
+            async for replies in call:
+                for reply in replies.replies:
+                    sent.discard(reply.request_id)
+                    future = self._waiting.get(reply.request_id)
+                    if future is not None and not future.done():
+                        future.set_result(reply)
+        except grpc.aio.AioRpcError as err:
+            return str(err.details() or err.code().name)
+        return "stream ended"
+
+    def _fail(self, request_ids: set[str], problem: str) -> None:
+        """Jobs that were on a broken stream: `route` sends them again."""
+        lost = router_pb2.RouteReply(code=UNAVAILABLE, message=problem)
+        for request_id in request_ids:
+            future = self._waiting.get(request_id)
+            if future is not None and not future.done():
+                future.set_result(lost)
+
+
+def _retry_after(reply: router_pb2.RouteReply) -> int | None:
+    return reply.retry_after_ms if reply.HasField("retry_after_ms") else None
 
 
 class Liveness:

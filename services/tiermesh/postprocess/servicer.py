@@ -13,7 +13,7 @@ import structlog
 from tiermesh.core.grpc_errors import grpc_method
 from tiermesh.core.jobs import JobResult
 from tiermesh.core.repository import ModelRepository, RepositoryError
-from tiermesh.core.telemetry import Telemetry, extract
+from tiermesh.core.telemetry import Telemetry, extract, is_sampled
 from tiermesh.core.wire import result_from_proto
 from tiermesh.postprocess.gateways import GatewayClients
 from tiermesh.postprocess.metrics import PostprocessMetrics
@@ -83,13 +83,19 @@ class PostprocessServicer(postprocess_pb2_grpc.PostprocessServicer):
         log.info("model repository re-read", new_models=sorted(new & self._steps.models))
 
     def _postprocess(self, result: JobResult) -> JobResult:
+        """The model's output step; a span where the request's trace is sampled."""
+        if not is_sampled(result.trace_context):
+            return self._step(result)
         with self._tracer.start_as_current_span(
             "postprocess", context=extract(result.trace_context)
         ) as span:
             span.set_attribute("tiermesh.request_id", result.request_id)
-            start = self._clock_ns()
-            result = self._steps.apply(result)
-            end = self._clock_ns()
-            if self._metrics is not None:
-                self._metrics.step.labels(result.model).observe((end - start) / 1e9)
-            return result.with_(timing=result.timing.with_(postprocessed_ns=end))
+            return self._step(result)
+
+    def _step(self, result: JobResult) -> JobResult:
+        start = self._clock_ns()
+        result = self._steps.apply(result)
+        end = self._clock_ns()
+        if self._metrics is not None:
+            self._metrics.step.labels(result.model).observe((end - start) / 1e9)
+        return result.with_(timing=result.timing.with_(postprocessed_ns=end))

@@ -37,6 +37,7 @@ from tiermesh.router.admission import Admitter
 from tiermesh.router.health_metrics import HealthCollector
 from tiermesh.router.metrics import QueueCollector, RouterMetrics
 from tiermesh.router.prompt import PromptEncoder
+from tiermesh.router.routing import BatchRouter
 from tiermesh.router.servicer import RouterServicer
 from tiermesh.router.text import TextEncoder
 from tiermesh.v1 import router_pb2_grpc
@@ -78,20 +79,18 @@ async def serve(
         states=rollouts,
         lock_ttl_ms=settings.rollout_lock_ttl_ms,
     )
-    router_pb2_grpc.add_RouterServicer_to_server(
-        RouterServicer(
-            settings,
-            repo,
-            Admitter(redis),
-            encoders,
-            telemetry,
-            metrics,
-            rollouts=rollouts,
-            control=control,
-            prompts=prompts,
-        ),
-        server,
+    router = BatchRouter(
+        settings,
+        repo,
+        Admitter(redis),
+        encoders,
+        telemetry,
+        metrics,
+        rollouts=rollouts,
+        control=control,
+        prompts=prompts,
     )
+    router_pb2_grpc.add_RouterServicer_to_server(RouterServicer(router), server)
     health = add_health(server)
     port = bind(
         server, settings.router_host, settings.router_port, internal_server_credentials(settings)

@@ -13,14 +13,15 @@ router's reply) answers `dup` with the first entry id instead of queueing it aga
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import redis.asyncio as aioredis
+from redis.exceptions import NoScriptError
 
 from tiermesh.core import keys
-from tiermesh.router.tier_state import read_tier_states
+from tiermesh.router.tier_state import read_stream_states
 from tiermesh.router.tiers import TierState
 
 # KEYS: 1 target stream, 2 workers zset, 3 rate hash, 4 enqueued key of the request,
@@ -78,21 +79,35 @@ class Admission:
     detail: str
 
 
+@dataclass(frozen=True, slots=True)
+class Enqueue:
+    """One job to admit: its entry bytes, where it goes and the bounds it must fit."""
+
+    stream: keys.StreamKey
+    bound: int
+    job: bytes
+    trace_context: Mapping[str, str]
+    request_id: str
+    model_streams: Sequence[keys.StreamKey] = ()
+    model_bound: int = 0
+    ms_left: int = -1  # -1: no deadline
+
+
 class Admitter:
     def __init__(self, redis: aioredis.Redis) -> None:
         self._redis = redis
         self._script = redis.register_script(_SCRIPT)
 
-    async def tier_states(self, streams: Sequence[keys.StreamKey]) -> dict[str, TierState]:
-        """How each candidate stream's tier looks now (see tier_state.read_tier_states)."""
-        return await read_tier_states(self._redis, streams)
+    async def stream_states(self, streams: Sequence[keys.StreamKey]) -> dict[str, TierState]:
+        """The state of each stream's tier, by stream name, in one round trip."""
+        return await read_stream_states(self._redis, streams)
 
     async def admit(
         self,
         stream: keys.StreamKey,
         bound: int,
         job: bytes,
-        trace_context: dict[str, str],
+        trace_context: Mapping[str, str],
         *,
         request_id: str,
         model_streams: Sequence[keys.StreamKey] = (),
@@ -101,28 +116,62 @@ class Admitter:
     ) -> Admission:
         """XADD `job` to `stream` unless refused or already queued; raises redis errors
         to the caller."""
-        remember_ms = ms_left + REMEMBER_MARGIN_MS if ms_left >= 0 else REMEMBER_NO_DEADLINE_MS
-        raw = await self._script(
-            keys=[
-                stream.name,
-                keys.workers_key(stream.model, stream.tier),
-                keys.rate_key(stream.model, stream.tier),
-                keys.enqueued_key(request_id),
-                *(s.name for s in model_streams),
-            ],
-            args=[
-                bound,
-                model_bound,
-                keys.rate_field(stream.bucket),
-                ms_left,
-                remember_ms,
-                keys.JOB_FIELD,
-                job,
-                keys.TRACEPARENT_FIELD,
-                trace_context.get("traceparent", ""),
-                keys.TRACESTATE_FIELD,
-                trace_context.get("tracestate", ""),
-            ],
+        item = Enqueue(
+            stream, bound, job, trace_context, request_id, model_streams, model_bound, ms_left
         )
-        outcome, detail = (x.decode() if isinstance(x, bytes) else str(x) for x in raw)
-        return Admission(outcome, detail)  # type: ignore[arg-type]
+        return (await self.admit_many([item]))[0]
+
+    async def admit_many(self, items: Sequence[Enqueue]) -> list[Admission]:
+        """Admit every item, each as `admit` does, in one pipeline (one round trip for a
+        whole batch of jobs). Raises redis errors to the caller."""
+        if not items:
+            return []
+        for attempt in (1, 2):
+            async with self._redis.pipeline(transaction=False) as pipe:
+                for item in items:
+                    pipe.evalsha(self._script.sha, *_script_call(item))
+                replies = await pipe.execute(raise_on_error=False)
+            if not any(isinstance(r, NoScriptError) for r in replies):
+                break
+            if attempt == 2:
+                raise next(r for r in replies if isinstance(r, NoScriptError))
+            # Redis restarted (or was flushed) since the script was loaded: none of these
+            # ran, so load it and send them again.
+            await self._redis.script_load(_SCRIPT)
+        out = []
+        for r in replies:
+            if isinstance(r, Exception):
+                raise r
+            outcome, detail = (x.decode() if isinstance(x, bytes) else str(x) for x in r)
+            out.append(Admission(outcome, detail))  # type: ignore[arg-type]
+        return out
+
+
+def _script_call(item: Enqueue) -> list[Any]:
+    """numkeys, KEYS and ARGV of the admission script for one item."""
+    remember_ms = (
+        item.ms_left + REMEMBER_MARGIN_MS if item.ms_left >= 0 else REMEMBER_NO_DEADLINE_MS
+    )
+    stream = item.stream
+    script_keys = [
+        stream.name,
+        keys.workers_key(stream.model, stream.tier),
+        keys.rate_key(stream.model, stream.tier),
+        keys.enqueued_key(item.request_id),
+        *(s.name for s in item.model_streams),
+    ]
+    return [
+        len(script_keys),
+        *script_keys,
+        item.bound,
+        item.model_bound,
+        keys.rate_field(stream.bucket),
+        item.ms_left,
+        remember_ms,
+        keys.JOB_FIELD,
+        item.job,
+        keys.TRACEPARENT_FIELD,
+        item.trace_context.get("traceparent", ""),
+        keys.TRACESTATE_FIELD,
+        item.trace_context.get("tracestate", ""),
+    ]

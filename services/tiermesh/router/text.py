@@ -12,9 +12,16 @@ from pathlib import Path
 
 import numpy as np
 import numpy.typing as npt
-from tokenizers import Tokenizer
+from tokenizers import Encoding, Tokenizer
 
-from tiermesh.core.tensors import TensorData, from_numpy, to_numpy
+from tiermesh.core.tensors import (
+    BYTES,
+    TensorData,
+    element_count,
+    from_numpy,
+    split_bytes,
+    to_numpy,
+)
 
 PAD_ID = 0
 
@@ -36,20 +43,68 @@ class TextEncoder:
         self.max_length = max_length
 
     def encode(self, texts: Sequence[str]) -> Encoded:
-        encodings = self._tokenizer.encode_batch(list(texts))
-        longest = max(len(e.ids) for e in encodings)
-        ids = np.full((len(encodings), longest), PAD_ID, dtype=np.int64)
-        mask = np.zeros((len(encodings), longest), dtype=np.int64)
-        for i, e in enumerate(encodings):
-            ids[i, : len(e.ids)] = e.ids
-            mask[i, : len(e.ids)] = 1
-        return Encoded(ids, mask, truncated=any(e.overflowing for e in encodings))
+        return _padded(self._tokenizer.encode_batch(list(texts)))
+
+    def encode_many(
+        self, texts: Sequence[TensorData]
+    ) -> list[tuple[tuple[TensorData, TensorData], bool]]:
+        """`encode_tensor` of many requests in one `encode_batch` call (the tokenizer runs
+        without the GIL, over all of them at once); each request is padded to its own
+        longest text, as `encode_tensor` pads it."""
+        per_request = [strings_of(t) for t in texts]
+        flat = [s for strings in per_request for s in strings]
+        encodings = self._tokenizer.encode_batch(flat) if flat else []
+        out = []
+        at = 0
+        for strings in per_request:
+            mine = encodings[at : at + len(strings)]
+            at += len(strings)
+            if len(mine) == 1:  # the common case: one text per request, no padding
+                row = np.asarray([mine[0].ids], dtype=np.int64)
+                tensors = (
+                    TensorData("input_ids", "INT64", row.shape, row.tobytes()),
+                    TensorData("attention_mask", "INT64", row.shape, _ones(row.shape[1])),
+                )
+                out.append((tensors, bool(mine[0].overflowing)))
+                continue
+            enc = _padded(mine)
+            tensors = (
+                from_numpy("input_ids", enc.input_ids, "INT64"),
+                from_numpy("attention_mask", enc.attention_mask, "INT64"),
+            )
+            out.append((tensors, enc.truncated))
+        return out
 
     def encode_tensor(self, text: TensorData) -> tuple[tuple[TensorData, TensorData], bool]:
         """(input_ids, attention_mask) for a BYTES tensor [N, 1] (or [N]) of strings."""
-        strings = [str(s) for s in to_numpy(text).reshape(-1)]
-        enc = self.encode(strings)
-        return (
-            from_numpy("input_ids", enc.input_ids, "INT64"),
-            from_numpy("attention_mask", enc.attention_mask, "INT64"),
-        ), enc.truncated
+        return self.encode_many([text])[0]
+
+
+def _padded(encodings: Sequence[Encoding]) -> Encoded:
+    """Token ids and mask, padded to the longest of `encodings`."""
+    longest = max((len(e.ids) for e in encodings), default=0)
+    ids = np.full((len(encodings), longest), PAD_ID, dtype=np.int64)
+    mask = np.zeros((len(encodings), longest), dtype=np.int64)
+    for i, e in enumerate(encodings):
+        ids[i, : len(e.ids)] = e.ids
+        mask[i, : len(e.ids)] = 1
+    return Encoded(ids, mask, truncated=any(e.overflowing for e in encodings))
+
+
+def strings_of(text: TensorData) -> list[str]:
+    """The strings of a BYTES tensor (UTF-8 checked by the gateway), in row-major order."""
+    if text.datatype != BYTES:
+        return [str(s) for s in to_numpy(text).reshape(-1)]
+    items = split_bytes(text.raw, element_count(text.shape), text.name)
+    return [i.decode("utf-8") for i in items]
+
+
+_ONES: dict[int, bytes] = {}
+
+
+def _ones(n: int) -> bytes:
+    """An attention mask of n ones as INT64 bytes (cached by length)."""
+    found = _ONES.get(n)
+    if found is None:
+        found = _ONES[n] = np.ones(n, dtype=np.int64).tobytes()
+    return found

@@ -13,10 +13,11 @@ from tiermesh.core.keys import StreamKey
 from tiermesh.router.tiers import TierState
 
 
-async def read_tier_states(
+async def read_stream_states(
     redis: aioredis.Redis, streams: Sequence[StreamKey]
 ) -> dict[str, TierState]:
-    """The state of each candidate stream's tier (one stream per tier). Raises redis errors."""
+    """The state of each stream's tier (live workers, the stream's backlog and drain rate),
+    by stream name, in one round trip. Raises redis errors."""
     now_ms = int(time.time() * 1000)
     async with redis.pipeline(transaction=False) as pipe:
         for s in streams:
@@ -27,7 +28,7 @@ async def read_tier_states(
     states = {}
     for i, s in enumerate(streams):
         live, backlog, rate = replies[3 * i : 3 * i + 3]
-        states[s.tier] = TierState(
+        states[s.name] = TierState(
             alive=int(live) > 0, backlog=int(backlog), rate=float(rate) if rate else 0.0
         )
     return states

@@ -25,15 +25,19 @@ _sym_db = _symbol_database.Default()
 from tiermesh.v1 import job_pb2 as tiermesh_dot_v1_dot_job__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18tiermesh/v1/router.proto\x12\x0btiermesh.v1\x1a\x15tiermesh/v1/job.proto\"Z\n\nRouteReply\x12\x0e\n\x06stream\x18\x01 \x01(\t\x12\x10\n\x08\x65ntry_id\x18\x02 \x01(\t\x12\x0f\n\x07version\x18\x03 \x01(\t\x12\x19\n\x11shadow_request_id\x18\x04 \x01(\t2<\n\x06Router\x12\x32\n\x05Route\x12\x10.tiermesh.v1.Job\x1a\x17.tiermesh.v1.RouteReplyb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18tiermesh/v1/router.proto\x12\x0btiermesh.v1\x1a\x15tiermesh/v1/job.proto\"*\n\x08JobBatch\x12\x1e\n\x04jobs\x18\x01 \x03(\x0b\x32\x10.tiermesh.v1.Job\"8\n\x0cRouteReplies\x12(\n\x07replies\x18\x01 \x03(\x0b\x32\x17.tiermesh.v1.RouteReply\"\xbd\x01\n\nRouteReply\x12\x0e\n\x06stream\x18\x01 \x01(\t\x12\x10\n\x08\x65ntry_id\x18\x02 \x01(\t\x12\x0f\n\x07version\x18\x03 \x01(\t\x12\x19\n\x11shadow_request_id\x18\x04 \x01(\t\x12\x12\n\nrequest_id\x18\x05 \x01(\t\x12\x0c\n\x04\x63ode\x18\x06 \x01(\x05\x12\x0f\n\x07message\x18\x07 \x01(\t\x12\x1b\n\x0eretry_after_ms\x18\x08 \x01(\x03H\x00\x88\x01\x01\x42\x11\n\x0f_retry_after_ms2M\n\x06Router\x12\x43\n\x0bRouteStream\x12\x15.tiermesh.v1.JobBatch\x1a\x19.tiermesh.v1.RouteReplies(\x01\x30\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'tiermesh.v1.router_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_ROUTEREPLY']._serialized_start=64
-  _globals['_ROUTEREPLY']._serialized_end=154
-  _globals['_ROUTER']._serialized_start=156
-  _globals['_ROUTER']._serialized_end=216
+  _globals['_JOBBATCH']._serialized_start=64
+  _globals['_JOBBATCH']._serialized_end=106
+  _globals['_ROUTEREPLIES']._serialized_start=108
+  _globals['_ROUTEREPLIES']._serialized_end=164
+  _globals['_ROUTEREPLY']._serialized_start=167
+  _globals['_ROUTEREPLY']._serialized_end=356
+  _globals['_ROUTER']._serialized_start=358
+  _globals['_ROUTER']._serialized_end=435
 # @@protoc_insertion_point(module_scope)

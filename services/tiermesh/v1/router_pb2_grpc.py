@@ -3,7 +3,6 @@
 import grpc
 import warnings
 
-from tiermesh.v1 import job_pb2 as tiermesh_dot_v1_dot_job__pb2
 from tiermesh.v1 import router_pb2 as tiermesh_dot_v1_dot_router__pb2
 
 GRPC_GENERATED_VERSION = '1.81.1'
@@ -27,7 +26,11 @@ if _version_not_supported:
 
 
 class RouterStub:
-    """The router places a job on the right stream or refuses it with a status code.
+    """The router places jobs on the right streams or refuses them with a status code.
+
+    One long-lived bidirectional stream per gateway-router pair: the gateway writes batches of
+    jobs, each as soon as its previous write is on the wire (one job at concurrency 1, many
+    under load); the router answers each job once, in batches of replies, in any order.
     """
 
     def __init__(self, channel):
@@ -36,18 +39,22 @@ class RouterStub:
         Args:
             channel: A grpc.Channel.
         """
-        self.Route = channel.unary_unary(
-                '/tiermesh.v1.Router/Route',
-                request_serializer=tiermesh_dot_v1_dot_job__pb2.Job.SerializeToString,
-                response_deserializer=tiermesh_dot_v1_dot_router__pb2.RouteReply.FromString,
+        self.RouteStream = channel.stream_stream(
+                '/tiermesh.v1.Router/RouteStream',
+                request_serializer=tiermesh_dot_v1_dot_router__pb2.JobBatch.SerializeToString,
+                response_deserializer=tiermesh_dot_v1_dot_router__pb2.RouteReplies.FromString,
                 _registered_method=True)
 
 
 class RouterServicer:
-    """The router places a job on the right stream or refuses it with a status code.
+    """The router places jobs on the right streams or refuses them with a status code.
+
+    One long-lived bidirectional stream per gateway-router pair: the gateway writes batches of
+    jobs, each as soon as its previous write is on the wire (one job at concurrency 1, many
+    under load); the router answers each job once, in batches of replies, in any order.
     """
 
-    def Route(self, request, context):
+    def RouteStream(self, request_iterator, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -56,10 +63,10 @@ class RouterServicer:
 
 def add_RouterServicer_to_server(servicer, server):
     rpc_method_handlers = {
-            'Route': grpc.unary_unary_rpc_method_handler(
-                    servicer.Route,
-                    request_deserializer=tiermesh_dot_v1_dot_job__pb2.Job.FromString,
-                    response_serializer=tiermesh_dot_v1_dot_router__pb2.RouteReply.SerializeToString,
+            'RouteStream': grpc.stream_stream_rpc_method_handler(
+                    servicer.RouteStream,
+                    request_deserializer=tiermesh_dot_v1_dot_router__pb2.JobBatch.FromString,
+                    response_serializer=tiermesh_dot_v1_dot_router__pb2.RouteReplies.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -70,11 +77,15 @@ def add_RouterServicer_to_server(servicer, server):
 
  # This class is part of an EXPERIMENTAL API.
 class Router:
-    """The router places a job on the right stream or refuses it with a status code.
+    """The router places jobs on the right streams or refuses them with a status code.
+
+    One long-lived bidirectional stream per gateway-router pair: the gateway writes batches of
+    jobs, each as soon as its previous write is on the wire (one job at concurrency 1, many
+    under load); the router answers each job once, in batches of replies, in any order.
     """
 
     @staticmethod
-    def Route(request,
+    def RouteStream(request_iterator,
             target,
             options=(),
             channel_credentials=None,
@@ -84,12 +95,12 @@ class Router:
             wait_for_ready=None,
             timeout=None,
             metadata=None):
-        return grpc.experimental.unary_unary(
-            request,
+        return grpc.experimental.stream_stream(
+            request_iterator,
             target,
-            '/tiermesh.v1.Router/Route',
-            tiermesh_dot_v1_dot_job__pb2.Job.SerializeToString,
-            tiermesh_dot_v1_dot_router__pb2.RouteReply.FromString,
+            '/tiermesh.v1.Router/RouteStream',
+            tiermesh_dot_v1_dot_router__pb2.JobBatch.SerializeToString,
+            tiermesh_dot_v1_dot_router__pb2.RouteReplies.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,0 +1,464 @@
+"""The router's work on a batch of jobs: input processing, version, tier and stream choice,
+admission. Every Redis command is issued per batch, not per job: one read of the tier states
+the batch needs, one pipeline of admissions. Tokenization of all texts of a model is one
+`encode_batch` call. Each job gets its own outcome: placed, or a MeshError.
+
+No gRPC here: the servicer (servicer.py) converts messages at the edge.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import dataclasses
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+import grpc
+import redis.asyncio as aioredis
+import structlog
+from opentelemetry.trace import Span, SpanKind, Tracer, set_span_in_context
+
+from tiermesh.core.control_watch import ControlWatch
+from tiermesh.core.errors import (
+    MeshError,
+    code_to_int,
+    deadline_exceeded,
+    exhausted,
+    invalid,
+    unavailable,
+    unknown_model,
+)
+from tiermesh.core.jobs import Job
+from tiermesh.core.keys import StreamKey, stream_keys
+from tiermesh.core.model_config import ModelConfig
+from tiermesh.core.repository import ModelRepository
+from tiermesh.core.settings import RouterSettings
+from tiermesh.core.telemetry import Telemetry, extract, inject_into, is_sampled
+from tiermesh.core.tier_spec import TierSpec
+from tiermesh.core.wire import encode_job
+from tiermesh.generate.inputs import GenerationInputError
+from tiermesh.generate.tensors import prompt_of
+from tiermesh.rollout.cache import RolloutStates
+from tiermesh.rollout.split import ROLLOUT_ARM, SHADOW_OF, Placement, place
+from tiermesh.router.admission import Admission, Admitter, Enqueue
+from tiermesh.router.metrics import RouterMetrics
+from tiermesh.router.policy import DEFAULT_TIER, choose_stream, job_length
+from tiermesh.router.prompt import PromptEncoder
+from tiermesh.router.text import TextEncoder
+from tiermesh.router.tiers import choose_tier
+
+log = structlog.get_logger("tiermesh.router")
+REDIS_DOWN = "queue unavailable (redis down or loading)"
+# From this many texts in a batch the tokenizer runs on a thread, the event loop meanwhile
+# serving other streams; below it the hop to the thread costs more than it frees.
+TOKENIZE_IN_THREAD = 8
+
+
+@dataclass(frozen=True, slots=True)
+class Placed:
+    """Where a job went: its stream entry, the version it was placed on, and the id of the
+    copy mirrored to the canary ("" = none)."""
+
+    stream: str
+    entry_id: str
+    version: str
+    shadow_request_id: str = ""
+
+
+Outcome = Placed | MeshError
+
+
+@dataclass(slots=True)
+class _Work:
+    """One job on its way through `route_batch`: what is known of it so far."""
+
+    job: Job
+    cfg: ModelConfig | None = None
+    placement: Placement | None = None
+    tier: str = DEFAULT_TIER
+    stream: StreamKey | None = None
+    span: Span | None = None  # the job's route span, when its trace is sampled
+    outcome: Outcome | None = None
+    carrier: dict[str, str] = field(default_factory=dict)
+    # The stream the job would join on each of its model's tiers (tiered models only).
+    candidates: dict[str, StreamKey] = field(default_factory=dict)
+
+
+class BatchRouter:
+    def __init__(
+        self,
+        settings: RouterSettings,
+        repo: ModelRepository,
+        admitter: Admitter,
+        encoders: Mapping[str, TextEncoder],
+        telemetry: Telemetry,
+        metrics: RouterMetrics,
+        clock_ns: Callable[[], int] = time.time_ns,
+        rollouts: RolloutStates | None = None,
+        control: ControlWatch | None = None,
+        prompts: Mapping[str, PromptEncoder] | None = None,
+    ) -> None:
+        # Generative models' chat template and tokenizer, by model name.
+        self._prompts = prompts if prompts is not None else {}
+        self._rollouts = rollouts
+        self._control = control
+        self._settings = settings
+        self._repo = repo
+        self._admitter = admitter
+        self._encoders = encoders
+        self._metrics = metrics
+        self._tracer: Tracer = telemetry.tracer
+        self._clock_ns = clock_ns
+
+    async def route_batch(self, jobs: Sequence[Job], received_ns: int = 0) -> list[Outcome]:
+        """Each job placed on its stream, or refused: one outcome per job, in order."""
+        received_ns = received_ns or self._clock_ns()
+        work = [_Work(job) for job in jobs]
+        for w in work:
+            if is_sampled(w.job.trace_context):
+                w.span = self._tracer.start_span(
+                    "route",
+                    context=extract(w.job.trace_context),
+                    kind=SpanKind.SERVER,
+                    start_time=received_ns,
+                    attributes={"tiermesh.request_id": w.job.request_id},
+                )
+        try:
+            await self._configs(work)
+            self._check_deadlines(work, received_ns)
+            await self._input_processing(work)
+            await self._versions(work)
+            await self._tiers(work, received_ns)
+            await self._admit(work, received_ns)
+        except (aioredis.RedisError, OSError) as exc:
+            log.warning("redis unavailable", error=repr(exc))
+            for w in work:
+                if w.outcome is None:
+                    w.outcome = unavailable(REDIS_DOWN)
+        finally:
+            for w in work:
+                if w.span is not None:
+                    if isinstance(w.outcome, MeshError):
+                        w.span.set_attribute("rpc.grpc.status_code", code_to_int(w.outcome.code))
+                    w.span.end()
+        return [w.outcome if w.outcome is not None else _lost() for w in work]
+
+    # --- the steps, each over the jobs still without an outcome ---------------------------
+
+    async def _configs(self, work: list[_Work]) -> None:
+        missing = False
+        for w in work:
+            w.cfg = self._repo.get(w.job.model)
+            missing = missing or w.cfg is None
+        if missing and self._control is not None:
+            await self._control.catch_up()  # loaded into the repository just now?
+        for w in work:
+            if w.cfg is None:
+                w.cfg = self._repo.get(w.job.model)
+            if w.cfg is None:
+                w.outcome = unknown_model(w.job.model)
+
+    def _check_deadlines(self, work: list[_Work], now: int) -> None:
+        for w in _open(work):
+            if w.job.deadline_ns and now >= w.job.deadline_ns:
+                w.outcome = deadline_exceeded("deadline passed before the request was queued")
+
+    async def _input_processing(self, work: list[_Work]) -> None:
+        """Text to token ids (one encode_batch per model), prompts through their template."""
+        texts: dict[str, list[_Work]] = collections.defaultdict(list)
+        for w in _open(work):
+            cfg = w.cfg
+            assert cfg is not None
+            if cfg.tokenize is not None:
+                texts[cfg.name].append(w)
+            elif cfg.generation is not None:
+                self._prompt(cfg.name, w)
+        for model, group in texts.items():
+            encoder = self._encoders.get(model)
+            if encoder is None:
+                for w in group:
+                    w.outcome = unavailable(f"model '{model}': its tokenizer is not loaded")
+                continue
+            tensors = [w.job.inputs[0] for w in group]
+            if len(tensors) >= TOKENIZE_IN_THREAD:  # encode_batch runs without the GIL
+                encoded = await asyncio.to_thread(encoder.encode_many, tensors)
+            else:
+                encoded = encoder.encode_many(tensors)
+            for w, ((ids, mask), truncated) in zip(group, encoded, strict=True):
+                annotations = {**w.job.annotations, "truncated": "true" if truncated else "false"}
+                w.job = dataclasses.replace(w.job, inputs=(ids, mask), annotations=annotations)
+                if w.span is not None:
+                    w.span.set_attribute("tiermesh.tokens", ids.shape[1])
+                    w.span.set_attribute("tiermesh.truncated", truncated)
+
+    def _prompt(self, model: str, w: _Work) -> None:
+        """A generative request's prompt, templated and tokenized; INVALID_ARGUMENT when it
+        does not fit the context."""
+        encoder = self._prompts.get(model)
+        job = w.job
+        if encoder is None or job.generation is None:
+            w.outcome = unavailable(f"model '{model}': its tokenizer is not loaded on this router")
+            return
+        try:
+            ids = encoder.encode(prompt_of(job.inputs), job.generation.max_new_tokens)
+        except GenerationInputError as exc:
+            w.outcome = invalid(str(exc))
+            return
+        annotations = {**job.annotations, "prompt_tokens": str(ids.shape[1])}
+        w.job = dataclasses.replace(job, inputs=(ids,), annotations=annotations)
+
+    async def _versions(self, work: list[_Work]) -> None:
+        """The version that serves each job: its own, or the rollout's choice (from the
+        cached rollout state); UNAVAILABLE for one unloaded through model control (as last
+        read by the control watch: no Redis call unless it says unloaded)."""
+        unloaded = []
+        for w in _open(work):
+            cfg = w.cfg
+            assert cfg is not None
+            state = self._rollouts.get(cfg.queue_model) if self._rollouts is not None else None
+            placement = place(cfg.stable.version, state, w.job)
+            annotations = w.job.annotations
+            if placement.arm in ("stable", "canary"):
+                annotations = {**annotations, ROLLOUT_ARM: placement.arm}
+            w.job = dataclasses.replace(w.job, version=placement.version, annotations=annotations)
+            w.placement = placement
+            if self._control is not None and not self._control.state.served(cfg, w.job.version):
+                unloaded.append(w)
+        if not unloaded:
+            return
+        assert self._control is not None
+        await self._control.catch_up()  # loaded again just now?
+        for w in unloaded:
+            cfg = w.cfg
+            assert cfg is not None
+            if not self._control.state.served(cfg, w.job.version):
+                w.outcome = unavailable(
+                    f"model '{cfg.name}' version {w.job.version} is not loaded (unloaded "
+                    "through model control); load it again to serve it"
+                )
+
+    async def _tiers(self, work: list[_Work], now: int) -> None:
+        """The tier (and, unless the caller named one, the variant) of every job, from one
+        read of the states of every candidate stream of the batch. A job placed counts in
+        its stream's backlog for the jobs after it."""
+        tiered = []
+        for w in _open(work):
+            cfg = w.cfg
+            assert cfg is not None
+            if not cfg.tiers:
+                variant = w.job.variant or cfg.default_variant
+                w.job = dataclasses.replace(w.job, variant=variant)
+                w.tier = DEFAULT_TIER
+            else:
+                tiered.append(w)
+        if not tiered:
+            return
+        candidates: dict[str, StreamKey] = {}
+        for w in tiered:
+            assert w.cfg is not None
+            w.candidates = {t.name: tier_stream(w.cfg, w.job, t) for t in w.cfg.tiers}
+            candidates.update((s.name, s) for s in w.candidates.values())
+        states = await self._admitter.stream_states(list(candidates.values()))
+        for w in tiered:
+            cfg = w.cfg
+            assert cfg is not None
+            mine = w.candidates
+            seen = {name: states[s.name] for name, s in mine.items()}
+            ms_left = (w.job.deadline_ns - now) / 1e6 if w.job.deadline_ns else None
+            tier = choose_tier(cfg.tiers, job_cost(cfg, w.job), ms_left, seen)
+            if tier is None:
+                tiers = ", ".join(t.name for t in cfg.tiers)
+                w.outcome = unavailable(
+                    f"no live worker for model '{cfg.name}' on any tier ({tiers})"
+                )
+                continue
+            chosen = states[mine[tier.name].name]
+            states[mine[tier.name].name] = dataclasses.replace(chosen, backlog=chosen.backlog + 1)
+            variant = w.job.variant or tier.variant or cfg.default_variant
+            w.job = dataclasses.replace(w.job, variant=variant)
+            w.tier = tier.name
+            if w.span is not None:
+                w.span.set_attribute("tiermesh.tier", tier.name)
+
+    async def _admit(self, work: list[_Work], now: int) -> None:
+        """Every job's entry written (or refused) in one pipeline; then the canary copies."""
+        items: list[Enqueue] = []
+        admitted: list[_Work] = []
+        enqueued_ns = self._clock_ns()
+        for w in _open(work):
+            cfg = w.cfg
+            assert cfg is not None
+            stream = choose_stream(cfg, w.job, w.tier)
+            w.stream = stream
+            carrier = dict(w.job.trace_context)
+            if w.span is not None:
+                carrier = self._producer_context(w, stream)
+            w.job = dataclasses.replace(
+                w.job,
+                priority=stream.priority,
+                bucket=stream.bucket,
+                tier=stream.tier,
+                timing=w.job.timing.with_(routed_ns=now, enqueued_ns=enqueued_ns),
+                trace_context=carrier,
+            )
+            w.carrier = carrier
+            items.append(
+                Enqueue(
+                    stream,
+                    cfg.queue_bound,
+                    encode_job(w.job),
+                    carrier,
+                    w.job.request_id,
+                    model_streams(cfg, stream),
+                    cfg.model_queue_bound,
+                    _ms_left(w.job, now),
+                )
+            )
+            admitted.append(w)
+        if not items:
+            return
+        admissions = await self._admitter.admit_many(items)
+        counts: collections.Counter[tuple[str, str]] = collections.Counter()
+        shadows: list[_Work] = []
+        for w, admission in zip(admitted, admissions, strict=True):
+            cfg, placed_on = w.cfg, w.stream
+            assert cfg is not None and placed_on is not None
+            counts[(cfg.name, admission.outcome)] += 1
+            if w.span is not None:
+                w.span.set_attribute("tiermesh.admission", admission.outcome)
+            if admission.outcome == "dup":  # a retry of a request already queued
+                log.info("request already queued", request_id=w.job.request_id)
+            elif admission.outcome == "noworker":
+                w.outcome = unavailable(
+                    f"no live worker for model '{cfg.name}' on tier '{placed_on.tier}'"
+                )
+                continue
+            elif admission.outcome != "ok":
+                w.outcome = refusal(cfg, admission, self._settings.retry_after_ms)
+                continue
+            w.outcome = Placed(placed_on.name, admission.detail, w.job.version)
+            placement = w.placement
+            if (
+                admission.outcome == "ok"
+                and placement is not None
+                and placement.shadow_version
+                and (
+                    self._control is None
+                    or self._control.state.served(cfg, placement.shadow_version)
+                )
+            ):
+                shadows.append(w)
+        for (model, outcome), n in counts.items():
+            self._metrics.admissions.labels(model, outcome).inc(n)
+        if shadows:
+            await self._mirror(shadows, now)
+
+    def _producer_context(self, w: _Work, stream: StreamKey) -> dict[str, str]:
+        """The PRODUCER span of a traced job's XADD (ended at once: the entry is written
+        within this batch's round trip), and the context its consumers continue from."""
+        assert w.span is not None
+        producer = self._tracer.start_span(
+            f"{stream.name} publish",
+            context=set_span_in_context(w.span),
+            kind=SpanKind.PRODUCER,
+            attributes={
+                "messaging.system": "redis",
+                "messaging.operation.type": "send",
+                "messaging.destination.name": stream.name,
+                "tiermesh.request_id": w.job.request_id,
+            },
+        )
+        carrier = inject_into(producer)
+        producer.end()
+        return carrier
+
+    async def _mirror(self, shadows: list[_Work], now: int) -> None:
+        """A copy of each (queued) job for the canary, to compare outputs; its answer goes
+        to the same gateway, marked. Best effort: a copy not queued is left out."""
+        items = []
+        for w in shadows:
+            cfg, placement = w.cfg, w.placement
+            assert cfg is not None and placement is not None
+            shadow = dataclasses.replace(
+                w.job,
+                request_id=f"{w.job.request_id}-shadow",
+                version=placement.shadow_version,
+                annotations={
+                    **w.job.annotations,
+                    SHADOW_OF: w.job.request_id,
+                    ROLLOUT_ARM: "shadow",
+                },
+            )
+            stream = choose_stream(cfg, shadow, w.tier)
+            items.append(
+                Enqueue(
+                    stream,
+                    cfg.queue_bound,
+                    encode_job(shadow),
+                    w.carrier,
+                    shadow.request_id,
+                    ms_left=_ms_left(w.job, now),
+                )
+            )
+        try:
+            admissions = await self._admitter.admit_many(items)
+        except (aioredis.RedisError, OSError):
+            return
+        for w, item, admission in zip(shadows, items, admissions, strict=True):
+            assert w.cfg is not None and isinstance(w.outcome, Placed)
+            self._metrics.admissions.labels(w.cfg.name, f"shadow_{admission.outcome}").inc()
+            if admission.outcome == "ok":
+                w.outcome = dataclasses.replace(w.outcome, shadow_request_id=item.request_id)
+
+
+def _open(work: list[_Work]) -> list[_Work]:
+    """The jobs not decided yet."""
+    return [w for w in work if w.outcome is None]
+
+
+def _lost() -> MeshError:
+    return MeshError(grpc.StatusCode.INTERNAL, "the router lost track of this request")
+
+
+def _ms_left(job: Job, now: int) -> int:
+    return (job.deadline_ns - now) // 1_000_000 if job.deadline_ns else -1
+
+
+def model_streams(cfg: ModelConfig, stream: StreamKey) -> list[StreamKey]:
+    """Every stream of the stream's compute unit on its tier (for the model-wide bound)."""
+    if cfg.model_queue_bound <= 0:
+        return []
+    return stream_keys(stream.model, stream.tier, cfg.priority_levels, cfg.bucket_count)
+
+
+def refusal(cfg: ModelConfig, admission: Admission, retry_after_ms: int) -> MeshError:
+    """The status a refused admission answers with (DESIGN.md's table)."""
+    if admission.outcome == "noworker":
+        return unavailable(f"no live worker for model '{cfg.name}'")
+    if admission.outcome == "late":
+        return MeshError(
+            grpc.StatusCode.DEADLINE_EXCEEDED,
+            f"the queue ahead needs ~{admission.detail} ms, more than the request's deadline "
+            "leaves",
+            retry_after_ms=int(admission.detail),
+        )
+    what = "queue" if admission.outcome == "full" else "model's queues"
+    bound = cfg.queue_bound if admission.outcome == "full" else cfg.model_queue_bound
+    return exhausted(
+        f"{what} for model '{cfg.name}' full ({admission.detail} waiting, bound {bound}); "
+        "retry later",
+        retry_after_ms,
+    )
+
+
+def job_cost(cfg: ModelConfig, job: Job) -> int:
+    """What a request costs to compute, for tier choice: rows x length (tokens for text)."""
+    return job.rows * job_length(job, batched=cfg.max_batch_size > 0)
+
+
+def tier_stream(cfg: ModelConfig, job: Job, tier: TierSpec) -> StreamKey:
+    """The stream the job would join on `tier`."""
+    variant = job.variant or tier.variant or cfg.default_variant
+    return choose_stream(cfg, dataclasses.replace(job, variant=variant), tier.name)

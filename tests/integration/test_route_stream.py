@@ -1,0 +1,114 @@
+"""The gateway's jobs reach the router in batches over one long-lived stream (a real router,
+a real Redis, a real worker behind it): jobs queued together go out as one message, every job
+gets its own outcome, and a router restarted under the stream is reached again."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import grpc
+import numpy as np
+import pytest
+
+from tests.integration.conftest import InProcessMesh, start_mesh
+from tests.polling import until
+from tiermesh.core.errors import MeshError
+from tiermesh.core.jobs import Job, Timing
+from tiermesh.core.server import make_channel
+from tiermesh.core.settings import RouterSettings
+from tiermesh.core.telemetry import Telemetry
+from tiermesh.core.tensors import from_numpy
+from tiermesh.gateway.upstream import RouterClient
+from tiermesh.router.__main__ import serve as serve_router
+from tiermesh.up.processes import free_port
+
+pytestmark = pytest.mark.integration
+
+
+def job(model: str = "mlp", **fields: Any) -> Job:
+    x = from_numpy("INPUT0", np.ones((1, 4), np.float32), "FP32")
+    now = time.time_ns()
+    base = Job(
+        request_id=uuid.uuid4().hex,
+        model=model,
+        inputs=(x,),
+        gateway="127.0.0.1:1",  # nobody waits for the results: only placement is tested
+        deadline_ns=now + 10 * 10**9,
+        timing=Timing(received_ns=now),
+    )
+    return dataclasses.replace(base, **fields)
+
+
+async def test_jobs_queued_together_travel_as_one_batch_each_with_its_outcome(
+    mesh: InProcessMesh,
+) -> None:
+    channel = make_channel(mesh.router, Telemetry("test"))
+    client = RouterClient(channel)
+    try:
+        jobs = [job() for _ in range(12)] + [job("no-such-model"), job(deadline_ns=1)]
+        outcomes = await asyncio.gather(
+            *(client.route(j, 10) for j in jobs), return_exceptions=True
+        )
+        # All fourteen were queued before the pump ran: one message carried them.
+        assert (client.batches, client.jobs) == (1, 14)
+        assert all(getattr(o, "version", None) == "1" for o in outcomes[:12]), outcomes
+        unknown, late = outcomes[12:]
+        assert isinstance(unknown, MeshError) and unknown.code == grpc.StatusCode.NOT_FOUND
+        assert "Request for unknown model: 'no-such-model'" in unknown.message
+        assert isinstance(late, MeshError) and late.code == grpc.StatusCode.DEADLINE_EXCEEDED
+        # One job after another: each goes out as soon as the previous write is done.
+        for _ in range(3):
+            await client.route(job(), 10)
+        assert (client.batches, client.jobs) == (4, 17)
+    finally:
+        await client.close()
+        await channel.close()
+
+
+async def test_a_restarted_router_is_reached_on_a_new_stream(
+    redis_url: str, model_repo: Path
+) -> None:
+    mesh = await start_mesh(redis_url, model_repo)
+    port = free_port()
+    settings = RouterSettings(
+        redis_url=redis_url, model_repository=model_repo, router_port=port, metrics_port=0
+    )
+
+    async def start() -> tuple[asyncio.Event, asyncio.Task[None]]:
+        stop, ready = asyncio.Event(), asyncio.Event()
+        task = asyncio.create_task(serve_router(settings, stop, None, lambda _: ready.set()))
+        await asyncio.wait_for(ready.wait(), 30)
+        return stop, task
+
+    stop, task = await start()
+    channel = make_channel(f"127.0.0.1:{port}", Telemetry("test"))
+    client = RouterClient(channel)
+    try:
+        assert (await client.route(job(), 10)).version == "1"
+        stop.set()
+        await asyncio.wait_for(task, 30)
+        with pytest.raises(MeshError) as refused:
+            await client.route(job(), 10)
+        assert refused.value.code == grpc.StatusCode.UNAVAILABLE
+        stop, task = await start()
+
+        async def placed() -> bool:
+            # The channel redials with gRPC's backoff: until then a job fails fast.
+            try:
+                return (await client.route(job(), 10)).version == "1"
+            except MeshError as err:
+                assert err.code == grpc.StatusCode.UNAVAILABLE
+                return False
+
+        await until(placed, "a job placed by the restarted router", 30, 0.2)
+    finally:
+        await client.close()
+        await channel.close()
+        stop.set()
+        await asyncio.wait_for(task, 30)
+        await mesh.close()
