@@ -1,12 +1,19 @@
-"""Pure routing decisions: which stream a job goes to. No gRPC, no Redis, no clock."""
+"""Pure routing decisions: which stream a job goes to, what a refusal says. No gRPC, no
+Redis, no clock."""
 
 from __future__ import annotations
 
 import bisect
+import dataclasses
 
+import grpc
+
+from tiermesh.core.errors import MeshError, exhausted, unavailable
 from tiermesh.core.jobs import Job
-from tiermesh.core.keys import StreamKey, compute_unit
+from tiermesh.core.keys import StreamKey, compute_unit, stream_keys
 from tiermesh.core.repository import ModelConfig
+from tiermesh.core.tier_spec import TierSpec
+from tiermesh.router.admission import Admission
 
 DEFAULT_TIER = "center"
 
@@ -35,3 +42,41 @@ def choose_stream(cfg: ModelConfig, job: Job, tier: str = DEFAULT_TIER) -> Strea
         cfg.queue_model, job.variant or cfg.default_variant, job.version or cfg.stable.version
     )
     return StreamKey(unit, tier, priority, bucket_for(length, cfg.length_buckets))
+
+
+def model_streams(cfg: ModelConfig, stream: StreamKey) -> list[StreamKey]:
+    """Every stream of the stream's compute unit on its tier (for the model-wide bound)."""
+    if cfg.model_queue_bound <= 0:
+        return []
+    return stream_keys(stream.model, stream.tier, cfg.priority_levels, cfg.bucket_count)
+
+
+def refusal(cfg: ModelConfig, admission: Admission, retry_after_ms: int) -> MeshError:
+    """The status a refused admission answers with (DESIGN.md's table)."""
+    if admission.outcome == "noworker":
+        return unavailable(f"no live worker for model '{cfg.name}'")
+    if admission.outcome == "late":
+        return MeshError(
+            grpc.StatusCode.DEADLINE_EXCEEDED,
+            f"the queue ahead needs ~{admission.detail} ms, more than the request's deadline "
+            "leaves",
+            retry_after_ms=int(admission.detail),
+        )
+    what = "queue" if admission.outcome == "full" else "model's queues"
+    bound = cfg.queue_bound if admission.outcome == "full" else cfg.model_queue_bound
+    return exhausted(
+        f"{what} for model '{cfg.name}' full ({admission.detail} waiting, bound {bound}); "
+        "retry later",
+        retry_after_ms,
+    )
+
+
+def job_cost(cfg: ModelConfig, job: Job) -> int:
+    """What a request costs to compute, for tier choice: rows x length (tokens for text)."""
+    return job.rows * job_length(job, batched=cfg.max_batch_size > 0)
+
+
+def tier_stream(cfg: ModelConfig, job: Job, tier: TierSpec) -> StreamKey:
+    """The stream the job would join on `tier`."""
+    variant = job.variant or tier.variant or cfg.default_variant
+    return choose_stream(cfg, dataclasses.replace(job, variant=variant), tier.name)

@@ -8,7 +8,6 @@ No gRPC here: the servicer (servicer.py) converts messages at the edge.
 
 from __future__ import annotations
 
-import asyncio
 import collections
 import dataclasses
 import time
@@ -25,35 +24,35 @@ from tiermesh.core.errors import (
     MeshError,
     code_to_int,
     deadline_exceeded,
-    exhausted,
-    invalid,
     unavailable,
     unknown_model,
 )
 from tiermesh.core.jobs import Job
-from tiermesh.core.keys import StreamKey, stream_keys
+from tiermesh.core.keys import StreamKey
 from tiermesh.core.model_config import ModelConfig
 from tiermesh.core.repository import ModelRepository
 from tiermesh.core.settings import RouterSettings
 from tiermesh.core.telemetry import Telemetry, extract, inject_into, is_sampled
-from tiermesh.core.tier_spec import TierSpec
 from tiermesh.core.wire import encode_job
-from tiermesh.generate.inputs import GenerationInputError
-from tiermesh.generate.tensors import prompt_of
 from tiermesh.rollout.cache import RolloutStates
 from tiermesh.rollout.split import ROLLOUT_ARM, SHADOW_OF, Placement, place
-from tiermesh.router.admission import Admission, Admitter, Enqueue
+from tiermesh.router.admission import Admitter, Enqueue
+from tiermesh.router.inputs import prompted, tokenized
 from tiermesh.router.metrics import RouterMetrics
-from tiermesh.router.policy import DEFAULT_TIER, choose_stream, job_length
+from tiermesh.router.policy import (
+    DEFAULT_TIER,
+    choose_stream,
+    job_cost,
+    model_streams,
+    refusal,
+    tier_stream,
+)
 from tiermesh.router.prompt import PromptEncoder
 from tiermesh.router.text import TextEncoder
 from tiermesh.router.tiers import choose_tier
 
 log = structlog.get_logger("tiermesh.router")
 REDIS_DOWN = "queue unavailable (redis down or loading)"
-# From this many texts in a batch the tokenizer runs on a thread, the event loop meanwhile
-# serving other streams; below it the hop to the thread costs more than it frees.
-TOKENIZE_IN_THREAD = 8
 
 
 @dataclass(frozen=True, slots=True)
@@ -174,40 +173,23 @@ class BatchRouter:
             if cfg.tokenize is not None:
                 texts[cfg.name].append(w)
             elif cfg.generation is not None:
-                self._prompt(cfg.name, w)
+                done = prompted(self._prompts.get(cfg.name), cfg.name, w.job)
+                if isinstance(done, MeshError):
+                    w.outcome = done
+                else:
+                    w.job = done
         for model, group in texts.items():
             encoder = self._encoders.get(model)
             if encoder is None:
                 for w in group:
                     w.outcome = unavailable(f"model '{model}': its tokenizer is not loaded")
                 continue
-            tensors = [w.job.inputs[0] for w in group]
-            if len(tensors) >= TOKENIZE_IN_THREAD:  # encode_batch runs without the GIL
-                encoded = await asyncio.to_thread(encoder.encode_many, tensors)
-            else:
-                encoded = encoder.encode_many(tensors)
-            for w, ((ids, mask), truncated) in zip(group, encoded, strict=True):
-                annotations = {**w.job.annotations, "truncated": "true" if truncated else "false"}
-                w.job = dataclasses.replace(w.job, inputs=(ids, mask), annotations=annotations)
+            for w, job in zip(group, await tokenized(encoder, [w.job for w in group]), strict=True):
+                w.job = job
                 if w.span is not None:
-                    w.span.set_attribute("tiermesh.tokens", ids.shape[1])
+                    w.span.set_attribute("tiermesh.tokens", job.inputs[0].shape[1])
+                    truncated = job.annotations["truncated"] == "true"
                     w.span.set_attribute("tiermesh.truncated", truncated)
-
-    def _prompt(self, model: str, w: _Work) -> None:
-        """A generative request's prompt, templated and tokenized; INVALID_ARGUMENT when it
-        does not fit the context."""
-        encoder = self._prompts.get(model)
-        job = w.job
-        if encoder is None or job.generation is None:
-            w.outcome = unavailable(f"model '{model}': its tokenizer is not loaded on this router")
-            return
-        try:
-            ids = encoder.encode(prompt_of(job.inputs), job.generation.max_new_tokens)
-        except GenerationInputError as exc:
-            w.outcome = invalid(str(exc))
-            return
-        annotations = {**job.annotations, "prompt_tokens": str(ids.shape[1])}
-        w.job = dataclasses.replace(job, inputs=(ids,), annotations=annotations)
 
     async def _versions(self, work: list[_Work]) -> None:
         """The version that serves each job: its own, or the rollout's choice (from the
@@ -424,41 +406,3 @@ def _lost() -> MeshError:
 
 def _ms_left(job: Job, now: int) -> int:
     return (job.deadline_ns - now) // 1_000_000 if job.deadline_ns else -1
-
-
-def model_streams(cfg: ModelConfig, stream: StreamKey) -> list[StreamKey]:
-    """Every stream of the stream's compute unit on its tier (for the model-wide bound)."""
-    if cfg.model_queue_bound <= 0:
-        return []
-    return stream_keys(stream.model, stream.tier, cfg.priority_levels, cfg.bucket_count)
-
-
-def refusal(cfg: ModelConfig, admission: Admission, retry_after_ms: int) -> MeshError:
-    """The status a refused admission answers with (DESIGN.md's table)."""
-    if admission.outcome == "noworker":
-        return unavailable(f"no live worker for model '{cfg.name}'")
-    if admission.outcome == "late":
-        return MeshError(
-            grpc.StatusCode.DEADLINE_EXCEEDED,
-            f"the queue ahead needs ~{admission.detail} ms, more than the request's deadline "
-            "leaves",
-            retry_after_ms=int(admission.detail),
-        )
-    what = "queue" if admission.outcome == "full" else "model's queues"
-    bound = cfg.queue_bound if admission.outcome == "full" else cfg.model_queue_bound
-    return exhausted(
-        f"{what} for model '{cfg.name}' full ({admission.detail} waiting, bound {bound}); "
-        "retry later",
-        retry_after_ms,
-    )
-
-
-def job_cost(cfg: ModelConfig, job: Job) -> int:
-    """What a request costs to compute, for tier choice: rows x length (tokens for text)."""
-    return job.rows * job_length(job, batched=cfg.max_batch_size > 0)
-
-
-def tier_stream(cfg: ModelConfig, job: Job, tier: TierSpec) -> StreamKey:
-    """The stream the job would join on `tier`."""
-    variant = job.variant or tier.variant or cfg.default_variant
-    return choose_stream(cfg, dataclasses.replace(job, variant=variant), tier.name)

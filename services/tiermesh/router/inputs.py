@@ -1,0 +1,46 @@
+"""Input processing of a batch of jobs: texts to token ids, prompts through their template."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from collections.abc import Sequence
+
+from tiermesh.core.errors import MeshError, invalid, unavailable
+from tiermesh.core.jobs import Job
+from tiermesh.generate.inputs import GenerationInputError
+from tiermesh.generate.tensors import prompt_of
+from tiermesh.router.prompt import PromptEncoder
+from tiermesh.router.text import TextEncoder
+
+# From this many texts in a batch the tokenizer runs on a thread, the event loop meanwhile
+# serving other streams; below it the hop to the thread costs more than it frees.
+TOKENIZE_IN_THREAD = 8
+
+
+async def tokenized(encoder: TextEncoder, jobs: Sequence[Job]) -> list[Job]:
+    """Each job's text as token ids and attention mask, `truncated` told to the caller: one
+    encode_batch call for all of them (it runs without the GIL)."""
+    tensors = [job.inputs[0] for job in jobs]
+    if len(tensors) >= TOKENIZE_IN_THREAD:
+        encoded = await asyncio.to_thread(encoder.encode_many, tensors)
+    else:
+        encoded = encoder.encode_many(tensors)
+    out = []
+    for job, ((ids, mask), truncated) in zip(jobs, encoded, strict=True):
+        annotations = {**job.annotations, "truncated": "true" if truncated else "false"}
+        out.append(dataclasses.replace(job, inputs=(ids, mask), annotations=annotations))
+    return out
+
+
+def prompted(encoder: PromptEncoder | None, model: str, job: Job) -> Job | MeshError:
+    """A generative request's prompt, templated and tokenized; INVALID_ARGUMENT when it does
+    not fit the context."""
+    if encoder is None or job.generation is None:
+        return unavailable(f"model '{model}': its tokenizer is not loaded on this router")
+    try:
+        ids = encoder.encode(prompt_of(job.inputs), job.generation.max_new_tokens)
+    except GenerationInputError as exc:
+        return invalid(str(exc))
+    annotations = {**job.annotations, "prompt_tokens": str(ids.shape[1])}
+    return dataclasses.replace(job, inputs=(ids,), annotations=annotations)
