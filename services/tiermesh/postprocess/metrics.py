@@ -11,7 +11,7 @@ class PostprocessMetrics:
     def __init__(self, registry: CollectorRegistry) -> None:
         self.step = Histogram(
             "tiermesh_postprocess_step_seconds",
-            "Output step time per result",
+            "Output step time per result (a batch's step time shared by its results)",
             ["model"],
             buckets=LATENCY_BUCKETS,
             registry=registry,

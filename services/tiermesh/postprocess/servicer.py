@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Callable
 
 import grpc
@@ -45,8 +45,7 @@ class PostprocessServicer(postprocess_pb2_grpc.PostprocessServicer):
     async def Process(self, request, context):  # type: ignore[no-untyped-def]
         by_gateway: dict[str, list[JobResult]] = defaultdict(list)
         await self._know({msg.model for msg in request.results})
-        for msg in request.results:
-            result = self._postprocess(result_from_proto(msg))
+        for result in self._postprocess([result_from_proto(msg) for msg in request.results]):
             by_gateway[result.gateway].append(result)
         outcomes = await asyncio.gather(
             *(self._gateways.deliver(gw, rs) for gw, rs in by_gateway.items()),
@@ -82,20 +81,25 @@ class PostprocessServicer(postprocess_pb2_grpc.PostprocessServicer):
         self._steps = Steps.for_models(self._repo.configs)
         log.info("model repository re-read", new_models=sorted(new & self._steps.models))
 
-    def _postprocess(self, result: JobResult) -> JobResult:
-        """The model's output step; a span where the request's trace is sampled."""
-        if not is_sampled(result.trace_context):
-            return self._step(result)
-        with self._tracer.start_as_current_span(
-            "postprocess", context=extract(result.trace_context)
-        ) as span:
-            span.set_attribute("tiermesh.request_id", result.request_id)
-            return self._step(result)
-
-    def _step(self, result: JobResult) -> JobResult:
+    def _postprocess(self, results: list[JobResult]) -> list[JobResult]:
+        """Every result's output step, the results of one model together; a span for each
+        request whose trace is sampled."""
         start = self._clock_ns()
-        result = self._steps.apply(result)
+        done = [self._steps.apply(r) for r in results]
         end = self._clock_ns()
-        if self._metrics is not None:
-            self._metrics.step.labels(result.model).observe((end - start) / 1e9)
-        return result.with_(timing=result.timing.with_(postprocessed_ns=end))
+        if self._metrics is not None and done:
+            per_result_s = (end - start) / 1e9 / len(done)
+            for model, n in Counter(r.model for r in done).items():
+                child = self._metrics.step.labels(model)
+                for _ in range(n):
+                    child.observe(per_result_s)
+        for r in done:
+            if is_sampled(r.trace_context):
+                span = self._tracer.start_span(
+                    "postprocess",
+                    context=extract(r.trace_context),
+                    start_time=start,
+                    attributes={"tiermesh.request_id": r.request_id},
+                )
+                span.end(end_time=end)
+        return [r.with_(timing=r.timing.with_(postprocessed_ns=end)) for r in done]

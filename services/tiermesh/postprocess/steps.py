@@ -27,9 +27,11 @@ def mean_pool_l2(spec: PoolSpec) -> Step:
         mask = to_numpy(next(t for t in result.aux if t.name == spec.mask))
         weights = mask.astype(np.float32)[:, :, None]
         summed = (tokens.astype(np.float32) * weights).sum(axis=1)
-        counts = np.clip(weights.sum(axis=1), 1e-9, None)
+        # np.maximum and the norm spelt out compute what np.clip and np.linalg.norm do,
+        # bit for bit, without their Python-level overhead (~12 us a result).
+        counts = np.maximum(weights.sum(axis=1), 1e-9)
         pooled = summed / counts
-        norms = np.clip(np.linalg.norm(pooled, axis=1, keepdims=True), 1e-12, None)
+        norms = np.maximum(np.sqrt(np.add.reduce(pooled * pooled, axis=1, keepdims=True)), 1e-12)
         out = from_numpy(spec.output, (pooled / norms).astype(np.float32), "FP32")
         return result.with_(outputs=(out,), aux=())
 
