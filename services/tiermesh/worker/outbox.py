@@ -1,22 +1,149 @@
-"""Results on their way to postprocess, in order, each stream entry acknowledged after the
-result it stands for was handed off (publish, then ack). Used by the generative loop, whose
-requests post pieces, answers and plain acknowledgements at any time."""
+"""Results on their way to postprocess, each stream entry acknowledged after the result it
+stands for was handed off (publish, then ack). `BatchOutbox`: the batched loop's, one
+hand-off and one acknowledgement per computed batch. `Outbox`: the generative loop's, whose
+requests post pieces, answers and plain acknowledgements at any time, sent in order."""
 
 from __future__ import annotations
 
 import asyncio
 from collections import defaultdict
+from collections.abc import Callable
 
 import grpc
-import redis.asyncio as aioredis
 import structlog
 
 from tiermesh.core.jobs import JobResult
 from tiermesh.core.keys import StreamKey
+from tiermesh.worker.background import BackgroundResults
+from tiermesh.worker.batching import QueuedJob
 from tiermesh.worker.handoff import PostprocessClient, retrying
-from tiermesh.worker.streams import Entry, StreamClient
+from tiermesh.worker.scheduler import Scheduler, is_background
+from tiermesh.worker.streams import STREAM_ERRORS, Entry, WorkStreams
 
 log = structlog.get_logger("tiermesh.worker")
+# Hand-offs in flight: the next batch computes while the last one is delivered.
+MAX_HANDOFFS_IN_FLIGHT = 2
+# Weight of the newest batch in a stream's measured drain rate.
+RATE_ALPHA = 0.3
+
+
+class BatchOutbox:
+    """Owns the hand-off tasks of computed batches: each hands its results to postprocess
+    (batch-job results go into their job instead, worker/background.py), then acknowledges
+    the batch's entries with one `done`, in a task of its own that stopping never cancels
+    (the loop awaits them all in `drain`). A slot is taken per batch before it computes
+    (`reserve`), so at most MAX_HANDOFFS_IN_FLIGHT batches are computed and not yet handed
+    off."""
+
+    def __init__(
+        self,
+        *,
+        streams: WorkStreams,
+        handoff: PostprocessClient,
+        scheduler: Scheduler,
+        clock_ns: Callable[[], int],
+        background: BackgroundResults | None,
+    ) -> None:
+        self._streams = streams
+        self._handoff = handoff
+        self._scheduler = scheduler
+        self._clock_ns = clock_ns
+        self._background = background
+        self._finishing: set[asyncio.Task[None]] = set()
+        self._slots = asyncio.Semaphore(MAX_HANDOFFS_IN_FLIGHT)
+        self._rates: dict[StreamKey, float] = {}
+        self._last_dispatch: dict[StreamKey, int] = {}
+
+    def interval(self, key: StreamKey, batch: list[QueuedJob], started: int) -> int:
+        """Called as a batch is dispatched at `started`: how long it waited for its turn
+        since the stream's previous batch (not counting time the stream sat idle), for the
+        drain rate."""
+        arrived = min(q.job.timing.routed_ns or q.dequeued_ns for q in batch) if batch else started
+        interval = started - max(self._last_dispatch.get(key, started), arrived)
+        self._last_dispatch[key] = started
+        return interval
+
+    async def reserve(self, background: bool) -> None:
+        """Wait for a hand-off slot for the batch about to compute (a background batch
+        counts for pacing from now on). Pair with `release`, or `send`, which releases."""
+        await self._slots.acquire()
+        if background:
+            self._scheduler.background_started()
+
+    def release(self, background: bool, started: int) -> None:
+        """A dispatched batch is done with: its hand-off slot is free, and a background
+        batch's span counts for pacing."""
+        self._slots.release()
+        if background:
+            self._scheduler.background_done(started, self._clock_ns())
+
+    def send(
+        self,
+        key: StreamKey,
+        batch: list[QueuedJob],
+        done: list[JobResult],
+        started: int,
+        interval: int,
+    ) -> None:
+        """Hand off `done` then acknowledge `batch`, in a task; its slot (and, for
+        background work, pacing) is freed once the results are handed off or written (or
+        given up)."""
+        background = is_background(key)
+        task = asyncio.create_task(
+            self._finish(key, batch, done, started, interval), name="worker-handoff"
+        )
+        self._finishing.add(task)
+        task.add_done_callback(lambda t: self._finished(t, background, started))
+
+    async def drain(self) -> None:
+        """Returns once every hand-off sent so far is finished (handed off and acknowledged,
+        or given up)."""
+        await asyncio.gather(*self._finishing, return_exceptions=True)
+
+    def _finished(self, task: asyncio.Task[None], background: bool, started: int) -> None:
+        self._finishing.discard(task)
+        self.release(background, started)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("hand-off task failed", error=repr(task.exception()))
+
+    async def _finish(
+        self,
+        key: StreamKey,
+        batch: list[QueuedJob],
+        done: list[JobResult],
+        started: int,
+        interval: int,
+    ) -> None:
+        """Publish, then ack: entries are deleted only after postprocess took the batch.
+        When the hand-off keeps failing they stay pending for recovery. (With nothing to
+        hand off - every request cascaded to another tier - it only acknowledges.)"""
+        background = self._background
+        if background is not None and is_background(key):
+            # Written once all the same when computed again after Redis stayed away.
+            if not await retrying(
+                lambda: background.write(done), STREAM_ERRORS, "batch results not written"
+            ):
+                log.error("batch results gave up; entries stay pending", stream=key.name)
+                return
+        elif done and not await retrying(
+            lambda: self._handoff.process(done), (grpc.aio.AioRpcError,), "hand-off failed"
+        ):
+            log.error("hand-off gave up; entries stay pending", stream=key.name, n=len(batch))
+            return
+        rate = self._drain_rate(key, len(batch), max(self._clock_ns() - started, interval))
+        try:
+            await self._streams.done(key, [q.entry_id for q in batch], rate)
+        except STREAM_ERRORS:
+            log.error("ack failed; entries will be delivered again", stream=key.name)
+
+    def _drain_rate(self, key: StreamKey, entries: int, period_ns: int) -> float:
+        """Entries per second this stream drains at (EWMA), for admission. The period is the
+        batch's own service time or, when the stream waited its turn behind others, the time
+        since its previous batch: what a newcomer to this queue really sees."""
+        rate = entries / max(period_ns / 1e9, 1e-6)
+        old = self._rates.get(key)
+        self._rates[key] = rate if old is None else RATE_ALPHA * rate + (1 - RATE_ALPHA) * old
+        return self._rates[key]
 
 
 class Outbox:
@@ -24,7 +151,7 @@ class Outbox:
     pieces of a whole engine step travel as one batch). After `close`, `run` returns once
     everything posted is sent."""
 
-    def __init__(self, handoff: PostprocessClient, streams: StreamClient) -> None:
+    def __init__(self, handoff: PostprocessClient, streams: WorkStreams) -> None:
         self._handoff = handoff
         self._streams = streams
         # (result or None, entry to acknowledge after it or None), in posting order
@@ -73,5 +200,5 @@ class Outbox:
         for stream, ids in by_stream.items():
             try:
                 await self._streams.done(stream, ids)
-            except (aioredis.RedisError, OSError):
+            except STREAM_ERRORS:
                 log.error("ack failed; entries will be delivered again", stream=stream.name)

@@ -1,17 +1,24 @@
-"""The worker's Redis side: consumer groups, reads, acknowledgements, heartbeats."""
+"""The worker's Redis side: consumer groups, reads, acknowledgements, heartbeats.
+
+`WorkStreams` is what the batched loop (worker/loop.py and its parts) asks of them;
+`StreamClient` does it over Redis, one round trip per call (a call covers a whole batch).
+"""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any, Protocol, cast
 
 import redis.asyncio as aioredis
 from redis.exceptions import ResponseError
 
 from tiermesh.core import keys
 from tiermesh.core.keys import StreamKey
+
+# What a stream call raises when Redis is away; the loop logs it and goes on.
+STREAM_ERRORS: tuple[type[Exception], ...] = (aioredis.RedisError, OSError)
 
 
 @dataclass(frozen=True, slots=True)
@@ -21,7 +28,46 @@ class Entry:
     fields: dict[bytes, bytes]
 
 
+class WorkStreams(Protocol):
+    """The stream calls of the batched loop, each about many entries at once (see
+    StreamClient for what each guarantees). Failures raise one of STREAM_ERRORS."""
+
+    @property
+    def consumer(self) -> str:
+        """This worker's consumer name in every group (and in the worker sets)."""
+        ...
+
+    async def ensure_groups(self, streams: Iterable[StreamKey]) -> None: ...
+
+    async def read(
+        self, streams: Sequence[StreamKey], count: int, block_ms: int | None, pending: bool = False
+    ) -> list[Entry]: ...
+
+    async def done(
+        self, stream: StreamKey, entry_ids: Sequence[str], drain_rate: float | None = None
+    ) -> None: ...
+
+    async def reclaim(self, stream: StreamKey, min_idle_ms: int, count: int) -> list[Entry]: ...
+
+    async def deliveries(self, stream: StreamKey, entry_ids: Sequence[str]) -> dict[str, int]: ...
+
+    async def dead_letter(self, entry: Entry, reason: str) -> None: ...
+
+    async def requeue(
+        self, stream: StreamKey, job: bytes, trace_context: dict[str, str]
+    ) -> bool: ...
+
+    async def cancelled(self, request_ids: Sequence[str]) -> set[str]: ...
+
+    async def heartbeat(self, models: Iterable[str], tier: str, ttl_ms: int) -> None: ...
+
+    async def leave(self, models: Iterable[str], tier: str) -> None: ...
+
+
 class StreamClient:
+    """WorkStreams over Redis Streams and consumer groups (and `touch`, for the generative
+    loop's long-running entries)."""
+
     def __init__(self, redis: aioredis.Redis, consumer: str) -> None:
         self._redis = redis
         self.consumer = consumer
@@ -164,6 +210,8 @@ class StreamClient:
         return {r for r, flag in zip(request_ids, flags, strict=True) if flag is not None}
 
     async def heartbeat(self, models: Iterable[str], tier: str, ttl_ms: int) -> None:
+        """Register this consumer in the worker set of each model on `tier` for `ttl_ms`
+        (routers admit work while one is live), dropping members whose time is up."""
         now_ms = int(time.time() * 1000)
         async with self._redis.pipeline(transaction=False) as pipe:
             for model in models:
@@ -173,6 +221,7 @@ class StreamClient:
             await pipe.execute()
 
     async def leave(self, models: Iterable[str], tier: str) -> None:
+        """Deregister this consumer from the worker set of each model on `tier`."""
         async with self._redis.pipeline(transaction=False) as pipe:
             for model in models:
                 pipe.zrem(keys.workers_key(model, tier), self.consumer)

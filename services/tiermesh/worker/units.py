@@ -1,7 +1,7 @@
 """How a worker opens a compute unit's session, and what it needs to follow model control.
 
-The decisions (which units to open and close) are core/serving.py's; the loop that applies
-them is worker/loop.py's `Worker.apply`.
+The decisions (which units to open and close) are core/serving.py's; the batched loop
+applies them in worker/control.py (`ModelControl.apply`).
 """
 
 from __future__ import annotations

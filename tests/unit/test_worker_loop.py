@@ -1,0 +1,441 @@
+"""The batched worker's loop, stepped: a real onnxruntime session of the tiny mlp, a real
+postprocess delivering to a real Delivery server, an injected clock, and Redis replaced by
+an in-memory stream client (the only fake: it lets a test step the loop and see each
+stream call it makes). Nothing sleeps: the batch wait passes on the injected clock."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+from collections import defaultdict
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+import grpc
+import numpy as np
+import pytest
+import yaml
+
+from tests.conftest import MODELS
+from tests.integration.conftest import Downstream, downstream  # noqa: F401 (a fixture)
+from tiermesh.core import keys
+from tiermesh.core.builtin_models import build_mlp
+from tiermesh.core.jobs import Job, JobResult
+from tiermesh.core.keys import StreamKey
+from tiermesh.core.model_config import ModelConfig, parse_config
+from tiermesh.core.server import make_channel
+from tiermesh.core.telemetry import Telemetry
+from tiermesh.core.tensors import from_numpy
+from tiermesh.core.wire import decode_job, encode_job
+from tiermesh.worker.handoff import PostprocessClient
+from tiermesh.worker.loop import Worker
+from tiermesh.worker.runner import JobOutputs, ModelRunner
+from tiermesh.worker.streams import Entry
+
+UNIT = keys.compute_unit("mlp", "fp32", "1")
+HIGH = StreamKey(UNIT, "center", 1, 0)
+LOW = StreamKey(UNIT, "center", 2, 0)
+MS = 1_000_000
+
+
+class MemoryStreams:
+    """WorkStreams over dicts and lists, with one consumer group per stream: entries are
+    read once (then pending for their reader until `done` or `dead_letter`), and every
+    call is noted in `calls` as (method, stream or None, entry or request ids)."""
+
+    def __init__(self, consumer: str = "w1") -> None:
+        self.consumer = consumer
+        self._ids = itertools.count(1)
+        # stream -> entry id -> fields, in XADD order; unread ids; pending id -> reader
+        self.entries: dict[StreamKey, dict[str, dict[bytes, bytes]]] = defaultdict(dict)
+        self._unread: dict[StreamKey, list[str]] = defaultdict(list)
+        self.pending: dict[StreamKey, dict[str, str]] = defaultdict(dict)
+        self._deliveries: dict[str, int] = defaultdict(int)
+        self.cancel_flags: set[str] = set()
+        self.workers: dict[tuple[str, str], set[str]] = defaultdict(set)
+        self.dead: list[tuple[Entry, str]] = []
+        self.calls: list[tuple[str, StreamKey | None, tuple[str, ...]]] = []
+        # Called with (stream, acknowledged ids) as `done` starts.
+        self.on_done: Callable[[StreamKey, Sequence[str]], None] = lambda s, ids: None
+
+    def add(self, stream: StreamKey, job: Job) -> str:
+        """XADD: a new entry holding `job`; its id."""
+        entry_id = f"{next(self._ids)}-0"
+        self.entries[stream][entry_id] = {keys.JOB_FIELD.encode(): encode_job(job)}
+        self._unread[stream].append(entry_id)
+        return entry_id
+
+    def named(self, method: str) -> list[tuple[StreamKey | None, tuple[str, ...]]]:
+        return [(s, ids) for m, s, ids in self.calls if m == method]
+
+    def _note(self, method: str, stream: StreamKey | None = None, ids: Iterable[str] = ()) -> None:
+        self.calls.append((method, stream, tuple(ids)))
+
+    def _remove(self, stream: StreamKey, entry_id: str) -> None:
+        self.pending[stream].pop(entry_id, None)
+        self.entries[stream].pop(entry_id, None)
+
+    async def ensure_groups(self, streams: Iterable[StreamKey]) -> None:
+        self._note("ensure_groups")
+
+    async def read(
+        self, streams: Sequence[StreamKey], count: int, block_ms: int | None, pending: bool = False
+    ) -> list[Entry]:
+        out = []
+        for stream in streams:
+            if pending:
+                mine = [i for i, c in self.pending[stream].items() if c == self.consumer]
+                ids = mine[:count]
+            else:
+                ids, self._unread[stream] = (
+                    self._unread[stream][:count],
+                    self._unread[stream][count:],
+                )
+            for entry_id in ids:
+                self.pending[stream][entry_id] = self.consumer
+                self._deliveries[entry_id] += 1
+                out.append(Entry(stream, entry_id, self.entries[stream][entry_id]))
+        self._note("read", None, [e.entry_id for e in out])
+        return out
+
+    async def done(
+        self, stream: StreamKey, entry_ids: Sequence[str], drain_rate: float | None = None
+    ) -> None:
+        self.on_done(stream, entry_ids)
+        self._note("done", stream, entry_ids)
+        for entry_id in entry_ids:
+            self._remove(stream, entry_id)
+
+    async def reclaim(self, stream: StreamKey, min_idle_ms: int, count: int) -> list[Entry]:
+        """Every entry other consumers hold counts as idle long enough."""
+        theirs = [i for i, c in self.pending[stream].items() if c != self.consumer][:count]
+        for entry_id in theirs:
+            self.pending[stream][entry_id] = self.consumer
+            self._deliveries[entry_id] += 1
+        self._note("reclaim", stream, theirs)
+        return [Entry(stream, i, self.entries[stream][i]) for i in theirs]
+
+    async def deliveries(self, stream: StreamKey, entry_ids: Sequence[str]) -> dict[str, int]:
+        self._note("deliveries", stream, entry_ids)
+        return {i: self._deliveries[i] for i in entry_ids if i in self.pending[stream]}
+
+    async def dead_letter(self, entry: Entry, reason: str) -> None:
+        self._note("dead_letter", entry.stream, [entry.entry_id])
+        self.dead.append((entry, reason))
+        self._remove(entry.stream, entry.entry_id)
+
+    async def requeue(self, stream: StreamKey, job: bytes, trace_context: dict[str, str]) -> bool:
+        self._note("requeue", stream)
+        if not self.workers[(stream.model, stream.tier)]:
+            return False
+        self.add(stream, decode_job(job))
+        return True
+
+    async def cancelled(self, request_ids: Sequence[str]) -> set[str]:
+        self._note("cancelled", None, request_ids)
+        return self.cancel_flags & set(request_ids)
+
+    async def heartbeat(self, models: Iterable[str], tier: str, ttl_ms: int) -> None:
+        self._note("heartbeat")
+        for model in models:
+            self.workers[(model, tier)].add(self.consumer)
+
+    async def leave(self, models: Iterable[str], tier: str) -> None:
+        self._note("leave")
+        for model in models:
+            self.workers[(model, tier)].discard(self.consumer)
+
+
+class Clock:
+    """The worker's clock: ns that only move when the worker pauses (`sleep`)."""
+
+    def __init__(self) -> None:
+        self.now = time.time_ns()
+        self.slept: list[float] = []
+        # Called before each pause with the clock as it is (a test adds entries in it).
+        self.on_sleep: Callable[[], None] = lambda: None
+
+    def ns(self) -> int:
+        return self.now
+
+    async def sleep(self, seconds: float) -> None:
+        self.on_sleep()
+        self.slept.append(seconds)
+        self.now += round(seconds * 1e9)
+
+
+class CountingRunner(ModelRunner):
+    """The real runner, noting the request ids of every run it is asked for."""
+
+    def __init__(self, cfg: ModelConfig, path: Path) -> None:
+        super().__init__(cfg, path)
+        self.runs: list[list[str]] = []
+
+    def run(self, jobs: Sequence[Job]) -> list[JobOutputs]:
+        self.runs.append([j.request_id for j in jobs])
+        return super().run(jobs)
+
+
+def mlp_config(**changes: Any) -> ModelConfig:
+    """The committed mlp config with top-level keys (and batching keys) replaced."""
+    raw = yaml.safe_load((MODELS / "mlp" / "config.yaml").read_text())
+    raw["batching"] = {**raw.get("batching", {}), **changes.pop("batching", {})}
+    return parse_config({**raw, **changes}, "test")
+
+
+class Harness:
+    """One worker over its in-memory streams and clock, with the callers of its requests."""
+
+    def __init__(
+        self,
+        worker: Worker,
+        streams: MemoryStreams,
+        clock: Clock,
+        runner: CountingRunner,
+        down: Downstream,
+    ) -> None:
+        self.worker, self.streams, self.clock, self.runner = worker, streams, clock, runner
+        self._down = down
+        self.answers: dict[str, asyncio.Future[JobResult]] = {}
+        self.entry_ids: dict[str, str] = {}
+
+    def add(
+        self,
+        request_id: str,
+        stream: StreamKey,
+        *,
+        width: int = 4,
+        deadline_ms: int | None = 60_000,
+    ) -> str:
+        """Route a request to `stream` (its caller waits at the Delivery server); its entry.
+        Its deadline is `deadline_ms` from now on the worker's clock (None: no deadline)."""
+        self.answers[request_id] = self._down.pending.register(request_id)
+        entry_id = self.streams.add(
+            stream,
+            Job(
+                request_id=request_id,
+                model=keys.split_unit(stream.model)[0],
+                inputs=(from_numpy("INPUT0", np.ones((1, width), np.float32), "FP32"),),
+                gateway=self._down.delivery_address,
+                deadline_ns=0 if deadline_ms is None else self.clock.now + deadline_ms * MS,
+                priority=stream.priority,
+                tier=stream.tier,
+            ),
+        )
+        self.entry_ids[request_id] = entry_id
+        return entry_id
+
+    async def steps(self, n: int = 1) -> None:
+        """`n` turns of the loop, then every hand-off they started finished."""
+        for _ in range(n):
+            await self.worker.step()
+        await self.worker.drain()
+
+    def acked(self) -> list[tuple[StreamKey | None, tuple[str, ...]]]:
+        return self.streams.named("done")
+
+    def result(self, request_id: str) -> JobResult:
+        return self.answers[request_id].result()
+
+
+@pytest.fixture
+async def make(
+    tmp_path: Path,
+    downstream: Downstream,  # noqa: F811
+) -> AsyncIterator[Callable[..., Awaitable[Harness]]]:
+    """Builds an opened worker (groups made, first heartbeat out) for a config of the mlp."""
+    model = tmp_path / "mlp.onnx"
+    model.write_bytes(build_mlp())
+    telemetry = Telemetry("worker-loop-test")
+    channel = make_channel(downstream.postprocess_address, telemetry)
+
+    async def build(cfg: ModelConfig | None = None, tier: str = "center") -> Harness:
+        cfg = cfg or mlp_config()
+        streams, clock = MemoryStreams(), Clock()
+        runner = CountingRunner(cfg, model)
+        worker = Worker(
+            tier=tier,
+            configs={UNIT: cfg},
+            runners={UNIT: runner},
+            streams=streams,
+            handoff=PostprocessClient(channel, timeout_s=5),
+            telemetry=telemetry,
+            clock_ns=clock.ns,
+            sleep=clock.sleep,
+        )
+        await worker.open()
+        return Harness(worker, streams, clock, runner, downstream)
+
+    try:
+        yield build
+    finally:
+        await channel.close()
+
+
+async def test_a_streams_entries_compute_in_one_run_and_are_acked_in_one_done(
+    make: Callable[..., Awaitable[Harness]],
+) -> None:
+    h = await make()
+    ids = [h.add(f"r{i}", LOW) for i in range(5)]
+    h.streams.calls.clear()
+    await h.steps()
+    assert h.runner.runs == [[f"r{i}" for i in range(5)]]
+    assert h.acked() == [(LOW, tuple(ids))]
+    # One read, one look at the cancel flags, one ack: per batch, not per request.
+    assert [m for m, _, _ in h.streams.calls] == ["read", "cancelled", "done"]
+    for i in range(5):
+        result = h.result(f"r{i}")
+        assert result.code == grpc.StatusCode.OK and result.batch_size == 5
+        assert result.outputs[0].shape == (1, 3)
+    assert h.worker.computed_rows == 5
+    assert not h.streams.entries[LOW] and not h.streams.pending[LOW]
+
+
+async def test_a_batch_never_exceeds_the_max_batch_size(
+    make: Callable[..., Awaitable[Harness]],
+) -> None:
+    h = await make()
+    ids = [h.add(f"r{i}", LOW) for i in range(40)]  # the mlp batches at most 32
+    await h.steps(2)
+    assert [len(run) for run in h.runner.runs] == [32, 8]
+    # Two hand-offs in flight at once: either may be acknowledged first.
+    assert sorted(h.acked(), key=lambda a: a[1][0]) == [
+        (LOW, tuple(ids[:32])),
+        (LOW, tuple(ids[32:])),
+    ]
+    assert {h.result(f"r{i}").batch_size for i in range(40)} == {32, 8}
+
+
+async def test_the_hand_off_comes_before_the_ack(make: Callable[..., Awaitable[Harness]]) -> None:
+    h = await make()
+    for i in range(3):
+        h.add(f"r{i}", LOW)
+    by_entry = {e: r for r, e in h.entry_ids.items()}
+    answered_at_ack: list[bool] = []
+    h.streams.on_done = lambda stream, ids: answered_at_ack.extend(
+        h.answers[by_entry[i]].done() for i in ids
+    )
+    await h.steps()
+    assert answered_at_ack == [True, True, True]
+
+
+async def test_a_cancelled_request_is_skipped_and_acked(
+    make: Callable[..., Awaitable[Harness]],
+) -> None:
+    h = await make()
+    gone = h.add("gone", LOW)
+    kept = h.add("kept", LOW)
+    h.streams.cancel_flags.add("gone")
+    await h.steps()
+    assert h.runner.runs == [["kept"]]
+    assert h.acked() == [(LOW, (gone,)), (LOW, (kept,))]  # at once, then after the hand-off
+    assert not h.answers["gone"].done()  # its caller left: nothing handed off
+    assert h.result("kept").code == grpc.StatusCode.OK
+    assert h.worker.cancelled == 1 and h.worker.computed_rows == 1
+
+
+async def test_an_expired_request_is_dropped_before_compute(
+    make: Callable[..., Awaitable[Harness]],
+) -> None:
+    """Dropped as soon as it is read, before the pick: the more urgent stream it sits on
+    does not take the turn of the live request on the other."""
+    h = await make()
+    late = h.add("late", HIGH, deadline_ms=5)
+    h.clock.now += 10 * MS  # it waited in the stream past its deadline
+    fresh = h.add("fresh", LOW)
+    await h.steps()
+    assert h.runner.runs == [["fresh"]]
+    assert h.acked() == [(HIGH, (late,)), (LOW, (fresh,))]
+    assert not h.answers["late"].done()  # its gateway answered DEADLINE_EXCEEDED itself
+    assert h.worker.expired == 1 and h.worker.computed_rows == 1
+
+
+async def test_a_poison_request_is_dead_lettered_and_spares_its_batch(
+    make: Callable[..., Awaitable[Harness]],
+) -> None:
+    """The mlp takes 4 values per row: a 5-wide request makes onnxruntime raise."""
+    h = await make()
+    bad = h.add("bad", LOW, width=5)
+    good = h.add("good", LOW)
+    await h.steps()
+    assert h.runner.runs == [["bad", "good"], ["bad"], ["good"]]  # the batch, then alone
+    assert [(e.entry_id, reason) for e, reason in h.streams.dead] == [
+        (bad, "model execution failed on this request")
+    ]
+    assert h.acked() == [(LOW, (good,))]
+    assert h.result("good").code == grpc.StatusCode.OK
+    assert h.result("bad").code == grpc.StatusCode.ABORTED
+    assert h.worker.dead_lettered == 1 and h.worker.computed_rows == 1
+    assert not h.streams.entries[LOW]
+
+
+async def test_the_higher_priority_stream_is_dispatched_first(
+    make: Callable[..., Awaitable[Harness]],
+) -> None:
+    h = await make()
+    low = h.add("low", LOW)  # queued first, read in the same read
+    high = h.add("high", HIGH)
+    await h.steps()
+    assert h.runner.runs == [["high"]]
+    assert h.acked() == [(HIGH, (high,))]
+    await h.steps()
+    assert h.runner.runs == [["high"], ["low"]]
+    assert h.acked()[1] == (LOW, (low,))
+
+
+async def test_a_batch_waits_for_company_on_the_injected_clock(
+    make: Callable[..., Awaitable[Harness]],
+) -> None:
+    """Without the adaptive wait a batch waits its whole max_batch_wait_ms (2 ms for the
+    mlp), polling the stream meanwhile: what arrives during the wait joins the batch."""
+    h = await make(mlp_config(batching={"adaptive_wait": False}))
+    h.add("first", LOW, deadline_ms=None)
+    started = h.clock.now
+
+    def arrive() -> None:  # during the first pause of the wait
+        if "second" not in h.answers:
+            h.add("second", LOW, deadline_ms=None)
+
+    h.clock.on_sleep = arrive
+    await h.steps()
+    assert h.runner.runs == [["first", "second"]]
+    assert h.clock.now - started == 2 * MS  # the wait, on the clock
+    assert all(s <= 0.0005 for s in h.clock.slept)
+
+
+async def test_an_unsure_edge_answer_cascades_to_center(
+    make: Callable[..., Awaitable[Harness]],
+) -> None:
+    cfg = mlp_config(
+        tiers={"edge": {"max_cost": 0}, "center": {}},
+        cascade={"output": "OUTPUT0", "threshold": 1.0},  # no answer is that sure
+    )
+    h = await make(cfg, tier="edge")
+    edge = StreamKey(UNIT, "edge", 2, 0)
+    center = StreamKey(UNIT, "center", 2, 0)
+    h.streams.workers[(UNIT, "center")].add("center-worker")
+    entry = h.add("unsure", edge)
+    await h.steps()
+    assert h.runner.runs == [["unsure"]]
+    assert h.acked() == [(edge, (entry,))]  # acknowledged here ...
+    assert not h.answers["unsure"].done()  # ... and answered by center
+    (moved,) = h.streams.entries[center].values()
+    job = decode_job(moved[keys.JOB_FIELD.encode()])
+    assert job.tier == "center" and job.annotations["cascaded"] == "true"
+    assert h.worker.cascaded == 1
+
+
+async def test_a_dead_workers_entries_are_reclaimed_and_served(
+    make: Callable[..., Awaitable[Harness]],
+) -> None:
+    h = await make()
+    entry = h.add("orphan", LOW)
+    assert len(await h.streams.read([LOW], 10, None)) == 1  # as another consumer ...
+    h.streams.pending[LOW][entry] = "dead-worker"  # ... that died with it
+    await h.worker.reclaim()
+    await h.steps()
+    assert h.runner.runs == [["orphan"]]
+    assert h.acked() == [(LOW, (entry,))]
+    assert h.result("orphan").code == grpc.StatusCode.OK and h.worker.reclaimed == 1
