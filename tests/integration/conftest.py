@@ -22,8 +22,8 @@ from tiermesh.core.settings import (
 )
 from tiermesh.core.telemetry import Telemetry
 from tiermesh.gateway.__main__ import serve as serve_gateway
+from tiermesh.gateway.delivery import DeliveryServicer
 from tiermesh.gateway.pending import PendingRequests
-from tiermesh.gateway.servicer import DeliveryServicer
 from tiermesh.postprocess.__main__ import serve as serve_postprocess
 from tiermesh.postprocess.gateways import GatewayClients
 from tiermesh.postprocess.servicer import PostprocessServicer

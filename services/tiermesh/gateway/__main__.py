@@ -41,13 +41,14 @@ from tiermesh.gateway.cache import ResponseCache
 from tiermesh.gateway.capture import Capture, CaptureMetrics, initial_state
 from tiermesh.gateway.control import ModelControl
 from tiermesh.gateway.decoding import add_inference_servicer
-from tiermesh.gateway.extensions import TritonServicer
+from tiermesh.gateway.delivery import DeliveryServicer
 from tiermesh.gateway.metrics import GatewayMetrics
 from tiermesh.gateway.pending import PendingRequests
+from tiermesh.gateway.plane import DataPlane
 from tiermesh.gateway.quota import Quota
 from tiermesh.gateway.rest import RestDoor
 from tiermesh.gateway.security import Gate, Security
-from tiermesh.gateway.servicer import DeliveryServicer
+from tiermesh.gateway.servicer import InferenceServicer
 from tiermesh.gateway.statistics import InferenceStatistics
 from tiermesh.gateway.statistics_store import StatisticsStore
 from tiermesh.gateway.tenants import TenantsFileError, load_tenants
@@ -124,7 +125,8 @@ async def serve(
         await control.refresh()  # what is unloaded is refused from the first request
     except (aioredis.RedisError, OSError):
         log.warning("model control state unreadable at start; retrying in the background")
-    inference = TritonServicer(
+    # The one data plane every door below uses.
+    plane = DataPlane(
         settings,
         repo,
         upstream,
@@ -137,17 +139,14 @@ async def serve(
         stats=stats,
     )
     export_prices(registry, load_prices(settings.prices_file))
-    inference.capture = capture = _capture(settings, redis, tenants, registry)
-    # The KServe v2 REST door: the same servicer behind JSON and binary-data bodies.
-    rest = RestDoor(inference, settings, telemetry.tracer) if settings.http_port >= 0 else None
+    plane.capture = capture = _capture(settings, redis, tenants, registry)
+    # The KServe v2 REST door: the same plane behind JSON and binary-data bodies.
+    rest = RestDoor(plane, settings, telemetry.tracer) if settings.http_port >= 0 else None
     public = make_server(telemetry, settings.max_message_bytes, settings.max_metadata_bytes)
     # Like tritonclient's add_..._to_server; unparseable requests get INVALID_ARGUMENT.
-    add_inference_servicer(inference, public)
+    add_inference_servicer(InferenceServicer(plane), public)
     batch_pb2_grpc.add_BatchJobsServicer_to_server(
-        BatchJobsServicer(
-            repo, BatchStore(redis, settings.batch_retention_s), Gate(security, metrics)
-        ),
-        public,
+        BatchJobsServicer(plane, BatchStore(redis, settings.batch_retention_s)), public
     )
     health = add_health(public)
     port = bind(
@@ -193,7 +192,7 @@ async def serve(
         await stop.wait()
     finally:
         log.info("gateway draining", pending=len(pending))
-        inference.draining = True
+        plane.draining = True
         await set_serving(health, False)
         try:
             await asyncio.wait_for(pending.wait_empty(), settings.shutdown_grace_s)
@@ -220,14 +219,15 @@ async def serve(
         stats_task.cancel()
         await asyncio.gather(stats_task, return_exceptions=True)
         await stats.flush()  # the figures of the last calls
+        await upstream.router.close()  # its stream's pump and reader, then the channel
         await router_channel.close()
         await redis.aclose()
         metrics_server.close()
         telemetry.shutdown()
         log.info(
             "gateway stopped",
-            accepted=inference.accepted,
-            answered=inference.answered,
+            accepted=plane.accepted,
+            answered=plane.answered,
             late_results=pending.late,
         )
 

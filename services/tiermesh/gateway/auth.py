@@ -1,6 +1,6 @@
 """Who is calling and may they use that model: API key -> tenant -> allowed models.
 
-Pure and synchronous: the servicer hands over the call's metadata as (key, value) pairs and
+Pure and synchronous: the data plane hands over the call's metadata as (key, value) pairs and
 the model name; refusals are MeshErrors carrying a `reason` for the metrics. Nothing here
 logs, and no message repeats a credential.
 """

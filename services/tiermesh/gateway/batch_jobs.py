@@ -1,6 +1,7 @@
-"""The BatchJobs servicer on the public port: submit a job's inputs, follow it, read its
-results, cancel it. Authenticated like ModelInfer; a tenant sees only its own jobs (another
-tenant's job id answers NOT_FOUND, as an unknown one does)."""
+"""The BatchJobs servicer on the public port (the batch-jobs door of the data plane):
+submit a job's inputs, follow it, read its results, cancel it. Authenticated and validated
+by the data plane like ModelInfer; a tenant sees only its own jobs (another tenant's job id
+answers NOT_FOUND, as an unknown one does)."""
 
 from __future__ import annotations
 
@@ -11,14 +12,15 @@ import grpc
 
 from tiermesh.batch.plan import FINISHED, JobRecord, job_streams
 from tiermesh.batch.store import BatchStore
-from tiermesh.core.errors import MeshError, invalid, not_found, shown, unknown_model
+from tiermesh.core.errors import MeshError, invalid, not_found, shown
 from tiermesh.core.grpc_errors import fail_call, grpc_method
 from tiermesh.core.jobs import Job
-from tiermesh.core.repository import ModelConfig, ModelRepository
+from tiermesh.core.repository import ModelConfig
 from tiermesh.core.tensors import BYTES, TensorData
 from tiermesh.core.wire import encode_job, tensor_from_proto
+from tiermesh.gateway.plane import DataPlane
 from tiermesh.gateway.requests import InferRequest, validate, variant_of
-from tiermesh.gateway.security import Gate
+from tiermesh.gateway.servicer import caller_of
 from tiermesh.v1 import batch_pb2, batch_pb2_grpc
 
 # Results sent per Redis read while streaming them back.
@@ -52,10 +54,9 @@ def to_proto(job: JobRecord) -> batch_pb2.BatchJob:
 
 
 class BatchJobsServicer(batch_pb2_grpc.BatchJobsServicer):
-    def __init__(self, repo: ModelRepository, store: BatchStore, gate: Gate) -> None:
-        self._repo = repo
+    def __init__(self, plane: DataPlane, store: BatchStore) -> None:
+        self._plane = plane
         self._store = store
-        self._gate = gate
 
     @grpc_method
     async def Submit(self, request_iterator, context):  # type: ignore[no-untyped-def]
@@ -64,10 +65,8 @@ class BatchJobsServicer(batch_pb2_grpc.BatchJobsServicer):
             first = await chunks.__anext__()
         except StopAsyncIteration:
             raise invalid("a job needs at least one chunk naming its model") from None
-        tenant = self._gate.authorize(context.invocation_metadata(), first.model)
-        cfg = self._repo.get(first.model)
-        if cfg is None:
-            raise unknown_model(first.model)
+        tenant = self._plane.authorize(caller_of(context), first.model)
+        cfg = self._plane.find(first.model)
         if cfg.generation is not None:
             raise invalid(
                 f"model '{cfg.name}' generates text: batch jobs take models that answer in one "
@@ -98,7 +97,7 @@ class BatchJobsServicer(batch_pb2_grpc.BatchJobsServicer):
 
     async def _own(self, context: grpc.aio.ServicerContext, job_id: str) -> JobRecord:
         """The caller's job, or NOT_FOUND (unknown, or another tenant's)."""
-        tenant = self._gate.authenticate(context.invocation_metadata())
+        tenant = self._plane.authenticate(caller_of(context))
         job = await self._store.get(job_id) if job_id else None
         if job is None or (tenant is not None and job.tenant != tenant.name):
             raise not_found(f"no batch job '{shown(job_id)}'")
@@ -113,7 +112,7 @@ class BatchJobsServicer(batch_pb2_grpc.BatchJobsServicer):
         job = await self._own(context, request.job_id)
         if job.status in FINISHED:
             return to_proto(job)
-        cfg = self._repo.get(job.model)
+        cfg = self._plane.config(job.model)
         streams = job_streams(cfg, job) if cfg is not None else []
         done = await self._store.cancel(job.job_id, streams)
         if done is None:

@@ -74,7 +74,7 @@ def state_from_control(fields: Mapping[bytes | str, bytes | str]) -> CaptureStat
 
 @dataclass(frozen=True, slots=True)
 class Observed:
-    """One finished request as the servicer saw it (built on the request path, no I/O)."""
+    """One finished request as the data plane saw it (built on the request path, no I/O)."""
 
     request_id: str
     model: str
@@ -174,8 +174,9 @@ class CaptureMetrics:
 
 
 class Capture:
-    """Built in the gateway's __main__; `observe` is called by the servicer as each request
-    ends, `run` is the one writer task (owned and cancelled by __main__, then `flush`)."""
+    """Built in the gateway's __main__. As each request ends the data plane asks `sampled`
+    and hands a sampled request to `keep` (`observe` does both); `run` is the one writer
+    task (owned and cancelled by __main__, then `flush`)."""
 
     def __init__(
         self,
@@ -211,8 +212,19 @@ class Capture:
 
     def observe(self, obs: Observed) -> None:
         """Called once per finished request, on the request path: no I/O."""
-        if not self.state.sampling(self._clock_ms()) or self._sample() >= self.state.rate:
-            return
+        if self.sampled():
+            self.keep(obs)
+
+    def sampled(self) -> bool:
+        """Whether the request ending now is captured: asked first, so that a request that
+        is not costs no record (none while capture is off)."""
+        state = self.state
+        if state.rate <= 0:
+            return False
+        return state.sampling(self._clock_ms()) and self._sample() < state.rate
+
+    def keep(self, obs: Observed) -> None:
+        """Queue a sampled request for the writer."""
         if len(self._queue) >= MAX_QUEUED:
             self._lose(1)
             return

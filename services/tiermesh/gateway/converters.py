@@ -11,7 +11,9 @@ from tiermesh.core.errors import invalid, shown
 from tiermesh.core.jobs import JobResult
 from tiermesh.core.repository import ModelConfig, TensorSpec
 from tiermesh.core.tensors import BYTES, TensorData, join_bytes
+from tiermesh.gateway.facts import response_facts
 from tiermesh.gateway.generation import PARAMETERS as GENERATION_PARAMETERS
+from tiermesh.gateway.plane import ServerInfo
 from tiermesh.gateway.requests import InferRequest
 
 # InferTensorContents field and numpy dtype for each datatype a client may send typed.
@@ -167,61 +169,15 @@ def piece_response(result: JobResult, piece: TensorData) -> service_pb2.ModelInf
     return resp
 
 
-# Every response parameter the mesh adds is named `tiermesh.<fact>`, so none can collide with
-# a parameter of the caller's own (or Triton's, like `triton_final_response`). The same names
-# are the request span's attributes.
-RESPONSE_PREFIX = "tiermesh."
-
-
-def response_facts(
-    result: JobResult, responded_ns: int, cache_hit: bool = False
-) -> dict[str, float | int | str | bool]:
-    """What a caller learns about how its request was served, by response parameter name
-    (`tiermesh.queue_ms`, ...; also the request span's attributes)."""
-    return {RESPONSE_PREFIX + k: v for k, v in _facts(result, responded_ns, cache_hit).items()}
-
-
-def _facts(
-    result: JobResult, responded_ns: int, cache_hit: bool
-) -> dict[str, float | int | str | bool]:
-    facts: dict[str, float | int | str | bool] = dict(result.timing.breakdown_ms(responded_ns))
-    if cache_hit:
-        facts["cache_hit"] = True
-    else:
-        facts.update(
-            batch_size=result.batch_size,
-            bucket=result.bucket,
-            tier=result.tier,
-            worker=result.worker,
-        )
-    if result.variant:
-        facts["variant"] = result.variant
-    for key in ("tokens", "padded_tokens"):
-        if key in result.annotations:
-            facts[key] = int(result.annotations[key])
-    for key, kind in GENERATION_FACTS.items():
-        if key in result.annotations:
-            facts[key] = kind(result.annotations[key])
-    if "truncated" in result.annotations:
-        facts["truncated"] = result.annotations["truncated"] == "true"
-    if result.annotations.get("cascaded") == "true":
-        facts["cascaded"] = True
-        facts["edge_confidence"] = float(result.annotations.get("edge_confidence", "nan"))
-    return facts
-
-
-# What a generative answer tells its caller (worker annotations -> response parameters).
-GENERATION_FACTS: dict[str, type[int] | type[float] | type[str]] = {
-    "prompt_tokens": int,
-    "generated_tokens": int,
-    "ttft_ms": float,
-    "tpot_ms": float,
-    "finish_reason": str,
-}
-
-
-def _shape(cfg: ModelConfig, spec: TensorSpec) -> list[int]:
+def tensor_shape(cfg: ModelConfig, spec: TensorSpec) -> list[int]:
+    """A tensor's shape in the model's metadata: -1 first for the batch dimension."""
     return [-1, *spec.dims] if cfg.max_batch_size > 0 else list(spec.dims)
+
+
+def server_metadata(info: ServerInfo) -> service_pb2.ServerMetadataResponse:
+    return service_pb2.ServerMetadataResponse(
+        name=info.name, version=info.version, extensions=info.extensions
+    )
 
 
 def model_metadata(cfg: ModelConfig) -> service_pb2.ModelMetadataResponse:
@@ -229,9 +185,9 @@ def model_metadata(cfg: ModelConfig) -> service_pb2.ModelMetadataResponse:
         name=cfg.name, versions=[v.version for v in cfg.versions], platform=cfg.platform
     )
     for spec in cfg.inputs:
-        resp.inputs.add(name=spec.name, datatype=spec.datatype, shape=_shape(cfg, spec))
+        resp.inputs.add(name=spec.name, datatype=spec.datatype, shape=tensor_shape(cfg, spec))
     for spec in cfg.outputs:
-        resp.outputs.add(name=spec.name, datatype=spec.datatype, shape=_shape(cfg, spec))
+        resp.outputs.add(name=spec.name, datatype=spec.datatype, shape=tensor_shape(cfg, spec))
     return resp
 
 

@@ -10,6 +10,9 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from tiermesh.core.jobs import JobResult
 from tiermesh.core.metrics import LATENCY_BUCKETS, REQUEST_LABELS
 
+# model, tier, priority, bucket, variant (REQUEST_LABELS)
+SeriesKey = tuple[str, str, int, int, str]
+
 
 class GatewayMetrics:
     def __init__(self, registry: CollectorRegistry) -> None:
@@ -76,25 +79,58 @@ class GatewayMetrics:
             "Audit entries that could not be written (Redis trouble or a full queue)",
             registry=registry,
         )
+        # Children of the labelled metrics by their labels, looked up once (all bounded: the
+        # repository's models, the status codes, the tiers, buckets and variants).
+        self._answered: dict[tuple[str, grpc.StatusCode], Counter] = {}
+        self._lookups: dict[tuple[str, bool], Counter] = {}
+        self._series: dict[SeriesKey, _Series] = {}
 
     def answered(self, model: str, code: grpc.StatusCode) -> None:
-        self.requests.labels(model=model, code=code.name).inc()
+        """Called once as each ModelInfer ends (`model` is a known name or "unknown")."""
+        child = self._answered.get((model, code))
+        if child is None:
+            child = self._answered[(model, code)] = self.requests.labels(model, code.name)
+        child.inc()
+
+    def cache_lookup(self, model: str, hit: bool) -> None:
+        child = self._lookups.get((model, hit))
+        if child is None:
+            child = self.cache.labels(model, "hit" if hit else "miss")
+            self._lookups[(model, hit)] = child
+        child.inc()
 
     def timeline(self, result: JobResult, priority: int, breakdown_ms: dict[str, float]) -> None:
         """Called once per computed answer with its breakdown (milliseconds)."""
-        labels = {
-            "model": result.model,
-            "tier": result.tier,
-            "priority": str(priority),
-            "bucket": str(result.bucket),
-            "variant": result.variant,
+        key = (result.model, result.tier, priority, result.bucket, result.variant)
+        series = self._series.get(key)
+        if series is None:
+            series = self._series[key] = _Series(self, key)
+        series.observe(breakdown_ms)
+
+
+class _Series:
+    """The histograms of one label set (model, tier, priority, bucket, variant), their
+    children looked up once: `labels()` checks and hashes its arguments on every call, which
+    cost more than the observations themselves."""
+
+    def __init__(self, metrics: GatewayMetrics, key: SeriesKey) -> None:
+        model, tier, priority, bucket, variant = key
+        self._labels = (model, tier, str(priority), str(bucket), variant)
+        self._stages_metric = metrics.stages
+        self._stages: dict[str, Histogram] = {}
+        self._main = {
+            "total_ms": metrics.total.labels(*self._labels),
+            "queue_ms": metrics.queue.labels(*self._labels),
+            "compute_ms": metrics.compute.labels(*self._labels),
         }
+
+    def observe(self, breakdown_ms: dict[str, float]) -> None:
         for stage, ms in breakdown_ms.items():
-            name = stage.removesuffix("_ms")
-            self.stages.labels(**labels, stage=name).observe(ms / 1000)
-        if "total_ms" in breakdown_ms:
-            self.total.labels(**labels).observe(breakdown_ms["total_ms"] / 1000)
-        if "queue_ms" in breakdown_ms:
-            self.queue.labels(**labels).observe(breakdown_ms["queue_ms"] / 1000)
-        if "compute_ms" in breakdown_ms:
-            self.compute.labels(**labels).observe(breakdown_ms["compute_ms"] / 1000)
+            child = self._stages.get(stage)
+            if child is None:
+                name = stage.removesuffix("_ms")
+                child = self._stages[stage] = self._stages_metric.labels(*self._labels, name)
+            child.observe(ms / 1000)
+        for stage, child in self._main.items():
+            if stage in breakdown_ms:
+                child.observe(breakdown_ms[stage] / 1000)

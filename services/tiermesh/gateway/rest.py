@@ -1,12 +1,13 @@
 """The KServe v2 REST door of the gateway (aiohttp, in the gateway's process and event loop).
 
-Handlers are transport only: HTTP <-> the values the public servicer works with. Inference
-goes through the very path gRPC ModelInfer takes (TritonServicer.infer: auth, tenant
-limits, validation, cache, routing, metrics, statistics, audit); the other methods call the
-servicer's own methods, so both doors answer alike. A refusal carries the gRPC table's code
-as an HTTP status (rest_codec.http_status) and `{"error": message}`; RESOURCE_EXHAUSTED adds
-Retry-After. Credentials: `Authorization: Bearer <key>` (or `x-api-key`), as on gRPC.
-Each request gets a SERVER span, continuing the caller's W3C `traceparent` when it sends one.
+Handlers are transport only: HTTP <-> the domain values of the gateway's data plane
+(plane.py). Inference goes through the very path gRPC ModelInfer takes (DataPlane.infer:
+auth, tenant limits, validation, cache, routing, metrics, statistics, audit), and every
+other method calls the plane's operation the gRPC door calls, so both doors answer alike.
+A refusal carries the gRPC table's code as an HTTP status (rest_codec.http_status) and
+`{"error": message}`; RESOURCE_EXHAUSTED adds Retry-After. Credentials:
+`Authorization: Bearer <key>` (or `x-api-key`), as on gRPC. Each request gets a SERVER
+span, continuing the caller's W3C `traceparent` when it sends one.
 """
 
 from __future__ import annotations
@@ -17,18 +18,16 @@ import ssl
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-import grpc
 import structlog
 from aiohttp import web
-from google.protobuf import json_format  # type: ignore[import-untyped]
 from opentelemetry import propagate, trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
-from tritonclient.grpc import service_pb2
 
 from tiermesh.core.errors import INTERNAL_MESSAGE, RETRY_AFTER_KEY, MeshError, invalid
 from tiermesh.core.grpc_errors import REDIS_OUTAGE, REDIS_OUTAGE_MESSAGE
 from tiermesh.core.settings import GatewaySettings
-from tiermesh.gateway.extensions import EXTENSIONS, TritonServicer
+from tiermesh.gateway.plane import Caller, DataPlane
+from tiermesh.gateway.requests import InferRequest
 from tiermesh.gateway.rest_codec import (
     HEADER_LENGTH,
     OutputChoice,
@@ -38,21 +37,18 @@ from tiermesh.gateway.rest_codec import (
     metadata_doc,
     parse_infer,
     retry_after_s,
+    server_doc,
 )
-from tiermesh.gateway.servicer import Caller
 
 log = structlog.get_logger("tiermesh.gateway.rest")
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
-def _metadata(request: web.Request) -> tuple[tuple[str, str | bytes], ...]:
-    return tuple((k.lower(), v) for k, v in request.headers.items())
-
-
 def _caller(request: web.Request) -> Caller:
-    peer = request.remote or ""
-    return Caller(_metadata(request), None, f"http:{peer}")
+    """The caller of a REST request: its headers (the credentials), no transport deadline."""
+    metadata = tuple((k.lower(), v) for k, v in request.headers.items())
+    return Caller(metadata, None, f"http:{request.remote or ''}")
 
 
 def _json(doc: Any, status: int = 200) -> web.Response:
@@ -65,53 +61,6 @@ def _error(status: int, message: str, retry_after_ms: int | None = None) -> web.
         response.headers["Retry-After"] = str(retry_after_s(retry_after_ms))
         response.headers[RETRY_AFTER_KEY] = str(retry_after_ms)
     return response
-
-
-class _Context:
-    """What the servicer's unary methods use of a grpc.aio ServicerContext, for a REST call:
-    the caller's headers in, the status they set out."""
-
-    def __init__(self, request: web.Request) -> None:
-        self._metadata = _metadata(request)
-        self._peer = f"http:{request.remote or ''}"
-        self.code: grpc.StatusCode = grpc.StatusCode.OK
-        self.details = ""
-        self.trailers: tuple[tuple[str, str], ...] = ()
-
-    def invocation_metadata(self) -> tuple[tuple[str, str | bytes], ...]:
-        return self._metadata
-
-    def time_remaining(self) -> float | None:
-        return None
-
-    def peer(self) -> str:
-        return self._peer
-
-    def set_code(self, code: grpc.StatusCode) -> None:
-        self.code = code
-
-    def set_details(self, details: str) -> None:
-        self.details = details
-
-    def set_trailing_metadata(self, trailers: tuple[tuple[str, str], ...]) -> None:
-        self.trailers = trailers
-
-
-async def _unary(
-    method: Callable[[Any, Any], Awaitable[Any]], message: Any, request: web.Request
-) -> Any:
-    """Call a servicer method as gRPC would; its refusal as a MeshError."""
-    context = _Context(request)
-    response = await method(message, context)
-    if context.code != grpc.StatusCode.OK:
-        retry = dict(context.trailers).get(RETRY_AFTER_KEY)
-        raise MeshError(context.code, context.details, retry_after_ms=int(retry) if retry else None)
-    return response
-
-
-def _to_dict(message: Any) -> dict[str, Any]:
-    doc: dict[str, Any] = json_format.MessageToDict(message, preserving_proto_field_name=True)
-    return doc
 
 
 def _header_length(request: web.Request) -> int | None:
@@ -127,8 +76,8 @@ def _header_length(request: web.Request) -> int | None:
 class RestDoor:
     """The REST endpoint; `start` binds it, `stop` closes it after the gateway drained."""
 
-    def __init__(self, servicer: TritonServicer, settings: GatewaySettings, tracer: trace.Tracer):
-        self._servicer = servicer
+    def __init__(self, plane: DataPlane, settings: GatewaySettings, tracer: trace.Tracer):
+        self._plane = plane
         self._settings = settings
         self._tracer = tracer
         self._runner: web.AppRunner | None = None
@@ -185,6 +134,8 @@ class RestDoor:
         name = f"{request.method} {route.canonical if route else request.path}"
         parent = propagate.extract(dict(request.headers))
         with self._tracer.start_as_current_span(name, context=parent, kind=SpanKind.SERVER) as span:
+            if not span.is_recording():  # not traced: nothing to build for the span
+                return await self._answer(request, handler)
             span.set_attribute("http.request.method", request.method)
             span.set_attribute("url.path", request.path)
             response = await self._answer(request, handler)
@@ -214,46 +165,34 @@ class RestDoor:
         return web.Response(status=200)
 
     async def ready(self, request: web.Request) -> web.StreamResponse:
-        msg = await _unary(self._servicer.ServerReady, service_pb2.ServerReadyRequest(), request)
-        return web.Response(status=200 if msg.ready else 503)
+        return web.Response(status=200 if await self._plane.server_ready() else 503)
 
     async def server_metadata(self, request: web.Request) -> web.StreamResponse:
-        msg = await _unary(
-            self._servicer.ServerMetadata, service_pb2.ServerMetadataRequest(), request
-        )
-        doc = _to_dict(msg)
-        doc["extensions"] = list(EXTENSIONS)
-        return _json(doc)
+        return _json(server_doc(self._plane.server_metadata()))
 
     async def model_metadata(self, request: web.Request) -> web.StreamResponse:
-        msg = await _unary(
-            self._servicer.ModelMetadata,
-            service_pb2.ModelMetadataRequest(**_model(request)),
-            request,
-        )
-        return _json(metadata_doc(_to_dict(msg)))
+        name, version = _model(request)
+        return _json(metadata_doc(self._plane.model(_caller(request), name, version)))
 
     async def model_ready(self, request: web.Request) -> web.StreamResponse:
-        m = _model(request)
-        ready = await self._servicer.model_ready(_metadata(request), m["name"], m["version"])
+        name, version = _model(request)
+        ready = await self._plane.model_ready(_caller(request), name, version)
         return web.Response(status=200 if ready else 400)
 
     async def model_config(self, request: web.Request) -> web.StreamResponse:
-        msg = await _unary(
-            self._servicer.ModelConfig, service_pb2.ModelConfigRequest(**_model(request)), request
-        )
-        return _json(config_doc(_to_dict(msg.config)))
+        name, version = _model(request)
+        return _json(config_doc(self._plane.model(_caller(request), name, version)))
 
     async def stats(self, request: web.Request) -> web.StreamResponse:
-        m = _model(request)
-        docs = await self._servicer.statistics_docs(_metadata(request), m["name"], m["version"])
+        name, version = _model(request)
+        docs = await self._plane.statistics_docs(_caller(request), name, version)
         return _json({"model_stats": docs})
 
     async def index(self, request: web.Request) -> web.StreamResponse:
         doc = await _optional_json(request)
         if doc.get("repository_name"):
             raise invalid("this server has one model repository, named ''")
-        return _json(await self._servicer.index_docs(_metadata(request), doc.get("ready") is True))
+        return _json(await self._plane.index_docs(_caller(request), doc.get("ready") is True))
 
     async def load(self, request: web.Request) -> web.StreamResponse:
         doc = await _optional_json(request)
@@ -264,28 +203,28 @@ class RestDoor:
                 "committed (only 'version' may be given)"
             )
         version = params.get("version", "")
-        await self._servicer.load(_metadata(request), request.match_info["model"], str(version))
+        await self._plane.load(_caller(request), request.match_info["model"], str(version))
         return web.Response(status=200)
 
     async def unload(self, request: web.Request) -> web.StreamResponse:
         doc = await _optional_json(request)
         params = doc.get("parameters") or {}
         version = str(params.get("version", "")) if isinstance(params, dict) else ""
-        await self._servicer.unload(_metadata(request), request.match_info["model"], version)
+        await self._plane.unload(_caller(request), request.match_info["model"], version)
         return web.Response(status=200)
 
     async def infer(self, request: web.Request) -> web.StreamResponse:
-        m = _model(request)
+        name, version = _model(request)
         header_length = _header_length(request)
         body = await request.read()
         chosen: list[OutputChoice] = []
 
-        def parse() -> Any:
-            req, choice = parse_infer(body, header_length, m["name"], m["version"])
+        def parse() -> InferRequest:
+            req, choice = parse_infer(body, header_length, name, version)
             chosen.append(choice)
             return req
 
-        answer = await self._servicer.infer(m["name"], parse, _caller(request))
+        answer = await self._plane.infer(name, parse, _caller(request))
         data, json_length = infer_body(
             answer.result, answer.responded_ns, answer.cache_hit, chosen[0]
         )
@@ -299,11 +238,9 @@ class RestDoor:
         return response
 
 
-def _model(request: web.Request) -> dict[str, str]:
-    return {
-        "name": request.match_info.get("model", ""),
-        "version": request.match_info.get("version", ""),
-    }
+def _model(request: web.Request) -> tuple[str, str]:
+    """The model's name and version in the path ("" where the route has none)."""
+    return request.match_info.get("model", ""), request.match_info.get("version", "")
 
 
 async def _optional_json(request: web.Request) -> dict[str, Any]:

@@ -18,12 +18,17 @@ from typing import Any
 
 import grpc
 import numpy as np
+from google.protobuf import json_format  # type: ignore[import-untyped]
 
 from tiermesh.core.errors import MeshError, invalid, shown
 from tiermesh.core.jobs import JobResult
+from tiermesh.core.repository import ModelConfig, TensorSpec
 from tiermesh.core.tensors import BYTES, DATATYPES, TensorData, join_bytes, split_bytes
-from tiermesh.gateway.converters import MAX_INPUTS, MAX_RANK, response_facts
+from tiermesh.gateway import converters
+from tiermesh.gateway.converters import MAX_INPUTS, MAX_RANK, tensor_shape
+from tiermesh.gateway.facts import response_facts
 from tiermesh.gateway.generation import PARAMETERS as GENERATION_PARAMETERS
+from tiermesh.gateway.plane import ServerInfo
 from tiermesh.gateway.requests import InferRequest
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
@@ -292,21 +297,32 @@ def infer_body(
     return head + b"".join(blobs), len(head)
 
 
-def _int_dims(tensors: list[dict[str, Any]], key: str) -> list[dict[str, Any]]:
-    return [{**t, key: [int(d) for d in t.get(key, [])]} for t in tensors]
+def server_doc(info: ServerInfo) -> dict[str, Any]:
+    return {"name": info.name, "version": info.version, "extensions": list(info.extensions)}
 
 
-def metadata_doc(proto_doc: dict[str, Any]) -> dict[str, Any]:
-    """ModelMetadataResponse as protobuf's JSON mapping gives it, with numeric shapes."""
-    doc = dict(proto_doc)
-    for key in ("inputs", "outputs"):
-        doc[key] = _int_dims(doc.get(key, []), "shape")
+def _tensor_doc(cfg: ModelConfig, spec: TensorSpec) -> dict[str, Any]:
+    return {"name": spec.name, "datatype": spec.datatype, "shape": tensor_shape(cfg, spec)}
+
+
+def metadata_doc(cfg: ModelConfig) -> dict[str, Any]:
+    """The model's metadata as the v2 REST protocol gives it: the JSON mapping of gRPC's
+    ModelMetadataResponse (empty fields left out), with numeric shapes."""
+    doc: dict[str, Any] = {"name": cfg.name}
+    if cfg.versions:
+        doc["versions"] = [v.version for v in cfg.versions]
+    if cfg.platform:
+        doc["platform"] = cfg.platform
+    doc["inputs"] = [_tensor_doc(cfg, spec) for spec in cfg.inputs]
+    doc["outputs"] = [_tensor_doc(cfg, spec) for spec in cfg.outputs]
     return doc
 
 
-def config_doc(proto_doc: dict[str, Any]) -> dict[str, Any]:
-    """ModelConfig as protobuf's JSON mapping gives it, with numeric dims."""
-    doc = dict(proto_doc)
+def config_doc(cfg: ModelConfig) -> dict[str, Any]:
+    """The model's configuration as Triton's REST endpoint gives it: the JSON mapping of
+    Triton's ModelConfig message (model_config.proto is its schema), with numeric dims."""
+    config = converters.model_config(cfg).config
+    doc: dict[str, Any] = json_format.MessageToDict(config, preserving_proto_field_name=True)
     for key in ("input", "output"):
-        doc[key] = _int_dims(doc.get(key, []), "dims")
+        doc[key] = [{**t, "dims": [int(d) for d in t.get("dims", [])]} for t in doc.get(key, [])]
     return doc

@@ -1,4 +1,4 @@
-"""What the public servicer asks about a call's caller: who it is and whether it may use the
+"""What the data plane asks about a call's caller: who it is and whether it may use the
 model (auth.py), whether its tenant has room (quota.py), and the audit entry it leaves
 (audit.py), each refusal counted in the gateway's metrics.
 
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Iterable
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager, asynccontextmanager, nullcontext
 from dataclasses import dataclass
 
 from tiermesh.gateway.audit import NO_TENANT, AuditEntry, AuditLog
@@ -20,6 +20,8 @@ from tiermesh.gateway.tenants import Tenant
 
 # Model names in audit entries are what the caller sent: bounded, it is a record not a dump.
 MAX_AUDITED_NAME = 256
+# What `hold` returns when there is nothing to count (reusable: it holds no state).
+_NOT_HELD: AbstractAsyncContextManager[None] = nullcontext()
 
 
 @dataclass(frozen=True)
@@ -67,17 +69,21 @@ class Gate:
             self._metrics.auth_refusals.labels(reason=err.reason).inc()
             raise
 
-    @asynccontextmanager
-    async def hold(
+    def hold(
         self, tenant: Tenant | None, request_id: str, deadline_ns: int
-    ) -> AsyncIterator[None]:
+    ) -> AbstractAsyncContextManager[None]:
         """Count the request against its tenant's limits for the body's duration. Refuses
         with RESOURCE_EXHAUSTED (over a limit) or UNAVAILABLE (Redis away) before the body;
-        the release runs on every exit and a cancellation cannot interrupt it."""
+        the release runs on every exit and a cancellation cannot interrupt it. Without a
+        tenant (auth off) nothing is counted, and nothing is built per request either."""
         if self._security is None or tenant is None:
-            yield
-            return
-        quota = self._security.quota
+            return _NOT_HELD
+        return self._held(self._security.quota, tenant, request_id, deadline_ns)
+
+    @asynccontextmanager
+    async def _held(
+        self, quota: Quota, tenant: Tenant, request_id: str, deadline_ns: int
+    ) -> AsyncIterator[None]:
         try:
             held = await quota.acquire(tenant, request_id, deadline_ns // 1_000_000)
         except QuotaRefused as err:
@@ -100,7 +106,8 @@ class Gate:
         peer: str,
         duration_ms: float,
     ) -> None:
-        """Called once as each ModelInfer ends, whatever the outcome; queues its entry."""
+        """Called once as each ModelInfer ends, whatever the outcome; queues its entry.
+        Callers check `enabled` first: with auth off there is no entry to build."""
         if self._security is None:
             return
         self._security.audit.record(

@@ -1,7 +1,8 @@
 """ModelStreamInfer: each request on the bidirectional stream is one ModelInfer through the
-same inference path, answered with one response carrying the request's id, as soon as it is
-ready (so not necessarily in the order sent: a client matches answers by id, as with
-Triton). A request that fails gets its error in `error_message` and does not end the stream.
+data plane's one inference path (plane.py), answered with one response carrying the
+request's id, as soon as it is ready (so not necessarily in the order sent: a client
+matches answers by id, as with Triton). A request that fails gets its error in
+`error_message` and does not end the stream.
 
 A request to a generative model is answered with several responses (a decoupled model, in
 Triton's words): one per piece of text as the worker produces it, then a last one with the
@@ -30,7 +31,7 @@ from tiermesh.gateway.generation import TextCursor
 from tiermesh.generate.tensors import output_text, text_tensor
 
 if TYPE_CHECKING:
-    from tiermesh.gateway.servicer import Caller, InferenceServicer
+    from tiermesh.gateway.plane import Caller, DataPlane
 
 log = structlog.get_logger("tiermesh.gateway.stream")
 
@@ -47,9 +48,7 @@ def _error(request: Any, message: str) -> service_pb2.ModelStreamInferResponse:
     )
 
 
-async def _answer(
-    servicer: InferenceServicer, request: Any, caller: Caller, out: asyncio.Queue[Any]
-) -> Any:
+async def _answer(plane: DataPlane, request: Any, caller: Caller, out: asyncio.Queue[Any]) -> Any:
     """The (last) stream response for one request; pieces of a generative answer go to
     `out` before it. Never raises but for cancellation."""
     cursor = TextCursor()
@@ -61,7 +60,7 @@ async def _answer(
             out.put_nowait(service_pb2.ModelStreamInferResponse(infer_response=response))
 
     try:
-        answer = await servicer.infer(
+        answer = await plane.infer(
             request.model_name, lambda: converters.infer_request(request), caller, piece
         )
     except MeshError as err:
@@ -74,7 +73,7 @@ async def _answer(
         log.exception("unexpected error on a stream request")
         return _error(request, INTERNAL_MESSAGE)
     result = answer.result
-    generative = servicer.is_generative(result.model)
+    generative = plane.is_generative(result.model)
     if generative:
         result = result.with_(outputs=(text_tensor(cursor.rest(output_text(result.outputs))),))
     response = converters.infer_response(result, answer.responded_ns, answer.cache_hit)
@@ -84,7 +83,7 @@ async def _answer(
 
 
 async def stream_infer(
-    servicer: InferenceServicer,
+    plane: DataPlane,
     requests: AsyncIterator[Any],
     caller: Callable[[], Caller],
 ) -> AsyncIterator[Any]:
@@ -96,7 +95,7 @@ async def stream_infer(
 
     async def one(request: Any) -> None:
         try:
-            await out.put(await _answer(servicer, request, caller(), out))
+            await out.put(await _answer(plane, request, caller(), out))
         finally:
             slots.release()
 

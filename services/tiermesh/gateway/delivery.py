@@ -1,0 +1,59 @@
+"""The internal Delivery servicer of the gateway: postprocess hands over finished results,
+the waiting calls (pending.py) are resolved. A result gets a `deliver` span only where its
+request's trace is sampled, as on the other hops."""
+
+from __future__ import annotations
+
+import structlog
+
+from tiermesh.core.grpc_errors import grpc_method
+from tiermesh.core.jobs import JobResult
+from tiermesh.core.telemetry import Telemetry, extract, is_sampled
+from tiermesh.core.wire import result_from_proto
+from tiermesh.gateway.pending import PendingRequests
+from tiermesh.rollout.recorder import Recorder, is_shadow
+from tiermesh.v1 import delivery_pb2, delivery_pb2_grpc
+
+log = structlog.get_logger("tiermesh.gateway")
+
+
+class DeliveryServicer(delivery_pb2_grpc.DeliveryServicer):
+    """Postprocess calls Deliver with the finished results for this gateway's requests."""
+
+    def __init__(
+        self, pending: PendingRequests, telemetry: Telemetry, recorder: Recorder | None = None
+    ) -> None:
+        self._pending = pending
+        self._tracer = telemetry.tracer
+        self._recorder = recorder
+
+    @grpc_method
+    async def Deliver(self, request, context):  # type: ignore[no-untyped-def]
+        resolved = late = 0
+        for msg in request.results:
+            result = result_from_proto(msg)
+            if result.partial:  # a piece of a streamed answer: no span per token
+                if self._pending.resolve(result):
+                    resolved += 1
+                else:
+                    late += 1
+                continue
+            if is_shadow(result):  # a canary's answer to a mirrored copy: nobody waits
+                if self._recorder is not None:
+                    self._recorder.shadow(result)
+                continue
+            if not is_sampled(result.trace_context):  # an untraced request: no span
+                resolved, late = self._resolve(result, resolved, late)
+                continue
+            with self._tracer.start_as_current_span(
+                "deliver", context=extract(result.trace_context)
+            ) as span:
+                span.set_attribute("tiermesh.request_id", result.request_id)
+                resolved, late = self._resolve(result, resolved, late)
+        return delivery_pb2.DeliverReply(resolved=resolved, late=late)
+
+    def _resolve(self, result: JobResult, resolved: int, late: int) -> tuple[int, int]:
+        if self._pending.resolve(result):
+            return resolved + 1, late
+        log.info("late result dropped", request_id=result.request_id)
+        return resolved, late + 1

@@ -1,0 +1,367 @@
+"""The gateway's one data plane: what every door (gRPC unary and stream, REST, batch jobs)
+asks of the gateway, over domain values; the doors only convert their transport's messages.
+
+`infer` is the one inference path: model control, draining and in-flight limits, the
+caller's credentials, validation against the model's metadata, the job, then the response
+cache or the router and the wait for the result (dispatch.py). Around it every call is
+counted by model and status code, failed calls in Triton's statistics, and, only when they
+are on, audited (an authenticated port), captured (a sampled request) and traced (a recorded
+span): what is off builds nothing per request.
+
+The other operations are the metadata the doors serve: readiness, server and model
+metadata (the model's config; each door renders it), statistics, the repository index and
+model control. No proto types here (DESIGN.md, Style).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+import redis.asyncio as aioredis
+import structlog
+from opentelemetry import trace
+
+from tiermesh.core.errors import MeshError, exhausted, invalid, unavailable
+from tiermesh.core.jobs import Job, Timing
+from tiermesh.core.repository import ModelConfig, ModelRepository
+from tiermesh.core.settings import GatewaySettings
+from tiermesh.core.telemetry import inject_current
+from tiermesh.gateway.capture import Capture
+from tiermesh.gateway.control import ModelControl, check_allowed
+from tiermesh.gateway.dispatch import Answer, Call, Dispatcher
+from tiermesh.gateway.generation import generation_of
+from tiermesh.gateway.metrics import GatewayMetrics
+from tiermesh.gateway.pending import PartialCallback, PendingRequests
+from tiermesh.gateway.requests import (
+    InferRequest,
+    effective_deadline_ns,
+    find_model,
+    priority_level,
+    validate,
+    variant_of,
+)
+from tiermesh.gateway.security import Gate
+from tiermesh.gateway.statistics import InferenceStatistics, model_stats_doc
+from tiermesh.gateway.statistics_store import StatisticsStore
+from tiermesh.gateway.tenants import Tenant
+from tiermesh.gateway.upstream import Upstream
+from tiermesh.rollout.split import STICKY_KEY
+
+__all__ = ["SERVER", "Answer", "Caller", "DataPlane", "ServerInfo"]
+
+
+@dataclass(frozen=True, slots=True)
+class Caller:
+    """What the data plane needs to know about a call, whatever its door."""
+
+    # Request headers as (lower-case name, value) pairs: the credentials are among them.
+    metadata: Sequence[tuple[str, str | bytes]]
+    # Seconds until the transport's own deadline (a gRPC deadline); None when it has none.
+    time_remaining_s: float | None
+    peer: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class ServerInfo:
+    name: str
+    version: str
+    # Triton's names of the protocol extensions this server has.
+    extensions: tuple[str, ...]
+
+
+SERVER = ServerInfo(
+    "tiermesh",
+    "0.1.0",
+    ("binary_tensor_data", "model_configuration", "model_repository", "parameters", "statistics"),
+)
+
+
+class DataPlane:
+    """One per gateway, built by its __main__ and shared by every door."""
+
+    def __init__(
+        self,
+        settings: GatewaySettings,
+        repo: ModelRepository,
+        upstream: Upstream,
+        pending: PendingRequests,
+        delivery_address: str,
+        metrics: GatewayMetrics,
+        gate: Gate,
+        *,
+        control: ModelControl,
+        control_enabled: bool,
+        stats: StatisticsStore | None = None,
+        clock_ns: Callable[[], int] = time.time_ns,
+    ) -> None:
+        self._settings = settings
+        self._repo = repo
+        self._up = upstream
+        self._pending = pending
+        self._delivery_address = delivery_address
+        self._metrics = metrics
+        self._gate = gate
+        self._clock_ns = clock_ns
+        self.control = control
+        self._control_enabled = control_enabled
+        # The mesh's statistics (every gateway's, through Redis); None: this gateway's only.
+        self._stats = stats
+        # Triton's per-model statistics of this gateway's answers (ModelStatistics, REST).
+        self.statistics = stats.statistics if stats is not None else InferenceStatistics()
+        self._dispatch = Dispatcher(upstream, pending, metrics, self.statistics, clock_ns)
+        # Traffic capture (gateway/capture.py), set by __main__ when configured.
+        self.capture: Capture | None = None
+
+    @property
+    def draining(self) -> bool:
+        """Set by __main__ as the drain begins: new requests are refused UNAVAILABLE."""
+        return self._dispatch.draining
+
+    @draining.setter
+    def draining(self, value: bool) -> None:
+        self._dispatch.draining = value
+
+    @property
+    def accepted(self) -> int:
+        """Requests placed on a queue."""
+        return self._dispatch.accepted
+
+    @property
+    def answered(self) -> int:
+        """Requests placed on a queue whose result reached the caller."""
+        return self._dispatch.answered
+
+    # -- inference ----------------------------------------------------------------------
+
+    async def infer(
+        self,
+        model_name: str,
+        parse: Callable[[], InferRequest],
+        caller: Caller,
+        on_partial: PartialCallback | None = None,
+    ) -> Answer:
+        """The inference path of every door: `parse` turns the door's message into the
+        domain request, after the caller's credentials were checked. `on_partial` (a
+        streaming caller) gets the pieces of a generative model's answer as they come,
+        before the final answer is returned. Raises MeshError for every refusal; whatever
+        the outcome, the call is counted once."""
+        known = self._repo.get(model_name)
+        if known is None or not self.control.is_served(known):
+            # Another gateway may have loaded it just now: look (one GET) before refusing.
+            await self.control.watch.catch_up()
+        call = Call(request_id=uuid.uuid4().hex, received_ns=self._clock_ns(), model=model_name)
+        model = model_name if self._repo.get(model_name) else "unknown"
+        code = grpc.StatusCode.OK
+        try:
+            answer = await self._infer(parse, caller, call, on_partial)
+            call.result, call.cache_hit = answer.result, answer.cache_hit
+            return answer
+        except MeshError as err:
+            code = err.code
+            raise
+        except asyncio.CancelledError:
+            code = grpc.StatusCode.CANCELLED
+            raise
+        except Exception:
+            code = grpc.StatusCode.INTERNAL
+            raise
+        finally:
+            self._ended(call, caller, model, code)
+
+    def _ended(self, call: Call, caller: Caller, model: str, code: grpc.StatusCode) -> None:
+        """The call's counts, its audit entry (an authenticated port) and its capture (a
+        sampled request)."""
+        self._metrics.answered(model, code)
+        ok = code == grpc.StatusCode.OK
+        capture = self.capture
+        sampled = capture is not None and capture.sampled()
+        if ok and not sampled and not self._gate.enabled:
+            return
+        ended_ns = self._clock_ns()
+        cfg = self._repo.get(call.model)
+        if not ok and cfg is not None:
+            version = call.version or cfg.stable.version
+            self.statistics.failed(cfg.name, version, call.received_ns, ended_ns)
+        if self._gate.enabled:
+            self._gate.audit(
+                time_ms=ended_ns // 1_000_000,
+                tenant=call.tenant,
+                model=call.model,
+                variant=call.variant,
+                outcome=code.name,
+                request_id=call.request_id,
+                peer=caller.peer,
+                duration_ms=(ended_ns - call.received_ns) / 1e6,
+            )
+        if sampled and capture is not None:
+            capture.keep(call.observed(code.name, ended_ns))
+
+    async def _infer(
+        self,
+        parse: Callable[[], InferRequest],
+        caller: Caller,
+        call: Call,
+        on_partial: PartialCallback | None,
+    ) -> Answer:
+        if self.draining:
+            raise unavailable("gateway is draining; retry on another replica")
+        if len(self._pending) >= self._settings.max_in_flight:
+            raise exhausted(
+                f"too many requests in flight at this gateway ({self._settings.max_in_flight})",
+                self._settings.retry_after_ms,
+            )
+        # Credentials and the model's name first: a caller without them learns nothing more.
+        tenant = self._gate.authenticate(caller.metadata)
+        call.tenant = tenant.name if tenant else ""
+        self._gate.check_model(tenant, call.model)
+        req = parse()
+        named = self._repo.get(req.model)
+        if named is not None:  # unloaded through model control: UNAVAILABLE
+            self.control.check_served(named, req.version)
+        cfg = find_model(self._repo, req.model, req.version)
+        call.version = req.version
+        validate(cfg, req)
+        job = self._job(cfg, req, call, caller, on_partial is not None)
+        if cfg.generation is None:
+            on_partial = None
+        call.variant = job.variant
+        call.job = job
+        structlog.contextvars.bind_contextvars(request_id=job.request_id, model=job.model)
+        span = trace.get_current_span()
+        if span.is_recording():
+            span.set_attribute("tiermesh.request_id", job.request_id)
+            span.set_attribute("tiermesh.client_request_id", job.client_request_id)
+            if tenant is not None:
+                span.set_attribute("tiermesh.tenant", tenant.name)
+        async with self._gate.hold(tenant, job.request_id, job.deadline_ns):
+            return await self._dispatch.answer(cfg, job, call, on_partial)
+
+    def _job(
+        self, cfg: ModelConfig, req: InferRequest, call: Call, caller: Caller, stream: bool
+    ) -> Job:
+        """The internal job of a validated request."""
+        generation = None
+        if cfg.generation is not None:
+            params = dict(req.parameters)
+            generation = generation_of(cfg.generation, req.inputs, params, call.request_id, stream)
+        received_ns = call.received_ns
+        return Job(
+            request_id=call.request_id,
+            client_request_id=req.client_request_id,
+            tenant=call.tenant,
+            model=cfg.name,
+            # "" = the router picks (the default version, or a rollout's choice).
+            version=req.version,
+            inputs=req.inputs,
+            gateway=self._delivery_address,
+            priority=priority_level(cfg, req.priority),
+            # The router picks the variant of the tier it chooses unless the caller named one.
+            variant=req.variant and variant_of(cfg, req.variant),
+            deadline_ns=effective_deadline_ns(
+                received_ns,
+                caller.time_remaining_s,
+                req.timeout_us,
+                cfg.generation.default_timeout_ms
+                if cfg.generation
+                else self._settings.default_timeout_ms,
+            ),
+            requested_outputs=req.requested_outputs,
+            timing=Timing(received_ns=received_ns),
+            trace_context=inject_current(),
+            annotations={STICKY_KEY: req.sticky_key} if req.sticky_key else {},
+            generation=generation,
+        )
+
+    def is_generative(self, model_name: str) -> bool:
+        cfg = self._repo.get(model_name)
+        return cfg is not None and cfg.generation is not None
+
+    # -- metadata -----------------------------------------------------------------------
+
+    async def server_ready(self) -> bool:
+        return not self.draining and await self._up.liveness.redis_ok()
+
+    def server_metadata(self) -> ServerInfo:
+        return SERVER
+
+    def authenticate(self, caller: Caller) -> Tenant | None:
+        """The caller's tenant (None when auth is off), or UNAUTHENTICATED."""
+        return self._gate.authenticate(caller.metadata)
+
+    def authorize(self, caller: Caller, model: str) -> Tenant | None:
+        """The caller's tenant, or UNAUTHENTICATED / PERMISSION_DENIED for `model`."""
+        return self._gate.authorize(caller.metadata, model)
+
+    def find(self, name: str, version: str = "") -> ModelConfig:
+        """The model's config; NOT_FOUND for an unknown model or version."""
+        return find_model(self._repo, name, version)
+
+    def config(self, name: str) -> ModelConfig | None:
+        return self._repo.get(name)
+
+    def model(self, caller: Caller, name: str, version: str) -> ModelConfig:
+        """ModelMetadata and ModelConfig: the config of a model the caller may use."""
+        self.authorize(caller, name)
+        return self.find(name, version)
+
+    async def model_ready(self, caller: Caller, name: str, version: str) -> bool:
+        """ModelReady: loaded (model control) and served by a live worker."""
+        self.authorize(caller, name)
+        cfg = self._repo.get(name)
+        if cfg is None or self.draining:
+            return False
+        return await self.control.ready(cfg, version)
+
+    def _visible(self, caller: Caller) -> list[ModelConfig]:
+        """The models the caller may use (all of them when the port is unauthenticated)."""
+        tenant = self.authenticate(caller)
+        models = list(self._repo.configs.values())
+        if tenant is None or tenant.models is None:
+            return models
+        return [cfg for cfg in models if cfg.name in tenant.models]
+
+    async def statistics_docs(
+        self, caller: Caller, name: str, version: str
+    ) -> list[dict[str, Any]]:
+        """Triton's model_stats entries: of every model the caller may use ("" name), or of
+        one model (every version, or the named one)."""
+        if name:
+            models = [self.model(caller, name, version)]
+        else:
+            if version:
+                raise invalid("a version needs a model name")
+            models = sorted(self._visible(caller), key=lambda c: c.name)
+        wanted = [
+            (cfg.name, v)
+            for cfg in models
+            for v in ([version] if version else [ver.version for ver in cfg.versions])
+        ]
+        if self._stats is None:
+            figures = {key: self.statistics.of(*key) for key in wanted}
+        else:
+            try:
+                figures = await self._stats.read(wanted)
+            except (aioredis.RedisError, OSError):
+                raise unavailable("statistics unavailable (redis down or loading)") from None
+        return [model_stats_doc(m, v, figures[(m, v)]) for m, v in wanted]
+
+    async def index_docs(self, caller: Caller, ready_only: bool) -> list[dict[str, str]]:
+        """Triton's repository index of the models the caller may use."""
+        return await self.control.index(self._visible(caller), ready_only)
+
+    async def load(self, caller: Caller, name: str, version: str = "") -> None:
+        self._check_control(caller)
+        await self.control.load(name, version)
+
+    async def unload(self, caller: Caller, name: str, version: str = "") -> None:
+        self._check_control(caller)
+        await self.control.unload(name, version)
+
+    def _check_control(self, caller: Caller) -> None:
+        check_allowed(self._control_enabled, self._gate.enabled, self.authenticate(caller))

@@ -1,0 +1,222 @@
+"""The gateway's data plane over domain values, with a router that answers at once (the one
+fake: nothing else of the mesh runs here). Every door calls this path; what is off (audit,
+capture, tracing) builds nothing per request."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import grpc
+import numpy as np
+import pytest
+from google.protobuf import json_format
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from prometheus_client import CollectorRegistry
+from redis.exceptions import ConnectionError as RedisConnectionError
+
+from tests.conftest import MODELS
+from tiermesh.core.errors import MeshError
+from tiermesh.core.jobs import Job, JobResult, Timing
+from tiermesh.core.repository import ModelRepository
+from tiermesh.core.settings import GatewaySettings
+from tiermesh.core.telemetry import Telemetry
+from tiermesh.core.tensors import TensorData
+from tiermesh.gateway import converters
+from tiermesh.gateway.capture import Capture, CaptureState
+from tiermesh.gateway.control import ModelControl
+from tiermesh.gateway.dispatch import Call
+from tiermesh.gateway.metrics import GatewayMetrics
+from tiermesh.gateway.pending import PendingRequests
+from tiermesh.gateway.plane import SERVER, Caller, DataPlane
+from tiermesh.gateway.requests import InferRequest
+from tiermesh.gateway.rest_codec import config_doc, metadata_doc, server_doc
+from tiermesh.gateway.security import Gate
+from tiermesh.gateway.upstream import Routed, Upstream
+
+RAW = np.arange(16, dtype="<i4").reshape(1, 16).tobytes()
+INPUTS = tuple(TensorData(f"INPUT{i}", "INT32", (1, 16), RAW) for i in (0, 1))
+OUTPUTS = tuple(TensorData(f"OUTPUT{i}", "INT32", (1, 16), RAW) for i in (0, 1))
+CALLER = Caller((), None, "ipv4:127.0.0.1:1")
+
+
+class AnsweringRouter:
+    """Resolves each job's future as it is routed, as a result delivered at once would."""
+
+    def __init__(self, pending: PendingRequests) -> None:
+        self._pending = pending
+        self.jobs: list[Job] = []
+
+    async def route(self, job: Job, timeout_s: float) -> Routed:
+        self.jobs.append(job)
+        t = job.timing.received_ns
+        timing = Timing(t, t + 1, t + 3, t + 4, t + 5, t + 6, 0, t + 2)
+        result = JobResult.for_job(
+            job, outputs=OUTPUTS, version="1", tier="edge", worker="w", batch_size=1, timing=timing
+        )
+        self._pending.resolve(result)
+        return Routed("1")
+
+
+class Liveness:
+    async def redis_ok(self) -> bool:
+        return True
+
+
+class RedisAway:
+    """Model control's Redis, not reachable: the last state read stays in force."""
+
+    async def get(self, key: str) -> bytes:
+        raise RedisConnectionError("redis away")
+
+
+def _plane(**settings: Any) -> tuple[DataPlane, AnsweringRouter, CollectorRegistry]:
+    repo = ModelRepository(MODELS)
+    repo.load()
+    pending = PendingRequests()
+    router = AnsweringRouter(pending)
+    upstream = Upstream(router, Liveness(), None)  # type: ignore[arg-type]
+    registry = CollectorRegistry()
+    metrics = GatewayMetrics(registry)
+    plane = DataPlane(
+        GatewaySettings(model_repository=MODELS, **settings),
+        repo,
+        upstream,
+        pending,
+        "127.0.0.1:1",
+        metrics,
+        Gate(None, metrics),
+        control=ModelControl(RedisAway(), repo, None),  # type: ignore[arg-type]
+        control_enabled=False,
+    )
+    return plane, router, registry
+
+
+def _parse(model: str = "simple") -> InferRequest:
+    return InferRequest(model, "", INPUTS)
+
+
+def _count(registry: CollectorRegistry, model: str, code: str) -> float | None:
+    labels = {"model": model, "code": code}
+    return registry.get_sample_value("tiermesh_requests_total", labels)
+
+
+async def test_an_answer_is_counted_once_in_metrics_and_statistics() -> None:
+    plane, router, registry = _plane()
+    answer = await plane.infer("simple", _parse, CALLER)
+    assert answer.result.outputs == OUTPUTS and not answer.cache_hit
+    assert [job.model for job in router.jobs] == ["simple"]
+    assert _count(registry, "simple", "OK") == 1
+    assert plane.accepted == plane.answered == 1
+    stats = plane.statistics.of("simple", "1")
+    assert stats.success.count == 1 and stats.inference_count == 1
+    assert stats.execution_count == 1
+    labels = {"model": "simple", "tier": "edge", "priority": "2", "bucket": "0", "variant": ""}
+    for stage in ("queue", "compute", "total"):
+        name = "tiermesh_stage_duration_seconds_count"
+        assert registry.get_sample_value(name, {**labels, "stage": stage}) == 1
+    assert registry.get_sample_value("tiermesh_request_duration_seconds_count", labels) == 1
+
+
+async def test_refusals_are_counted_by_code_and_in_the_failed_statistics() -> None:
+    plane, router, registry = _plane()
+    plane.draining = True
+    with pytest.raises(MeshError) as err:
+        await plane.infer("simple", _parse, CALLER)
+    assert err.value.code == grpc.StatusCode.UNAVAILABLE
+    with pytest.raises(MeshError) as err:
+        await plane.infer("no-such-model", lambda: _parse("no-such-model"), CALLER)
+    assert _count(registry, "simple", "UNAVAILABLE") == 1
+    assert _count(registry, "unknown", "UNAVAILABLE") == 1
+    assert plane.statistics.of("simple", "1").fail.count == 1
+    assert router.jobs == []
+
+
+async def test_what_is_off_builds_nothing_per_request(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No audit entry (auth off), no capture record (not sampling), no span attributes (the
+    span is not recorded: no processor, as in production without tracing)."""
+    plane, _, _ = _plane()
+
+    def never(*args: Any, **kw: Any) -> Any:
+        raise AssertionError("built while off")
+
+    monkeypatch.setattr(Gate, "audit", never)
+    monkeypatch.setattr(Call, "observed", never)
+    plane.capture = Capture(None, CaptureState(rate=0.0), max_len=10)  # type: ignore[arg-type]
+    telemetry = Telemetry("gateway")
+    with telemetry.tracer.start_as_current_span("ModelInfer") as span:
+        assert not span.is_recording()
+        monkeypatch.setattr(type(span), "set_attribute", never)
+        monkeypatch.setattr(type(span), "set_attributes", never)
+        await plane.infer("simple", _parse, CALLER)
+
+
+async def test_a_sampled_request_is_captured_and_a_traced_one_carries_its_facts() -> None:
+    plane, _, _ = _plane()
+    plane.capture = capture = Capture(None, CaptureState(rate=1.0), max_len=10)  # type: ignore[arg-type]
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    with provider.get_tracer("test").start_as_current_span("ModelInfer"):
+        answer = await plane.infer("simple", _parse, CALLER)
+    (span,) = exporter.get_finished_spans()
+    assert span.attributes is not None
+    assert span.attributes["tiermesh.request_id"] == answer.result.request_id
+    assert span.attributes["tiermesh.tier"] == "edge"
+    assert span.attributes["tiermesh.compute_ms"] == pytest.approx(1e-6)
+    (observed,) = capture._queue
+    assert observed.code == "OK" and observed.result == answer.result
+
+
+async def test_in_flight_beyond_the_limit_is_refused() -> None:
+    plane, _, registry = _plane(max_in_flight=1)
+    plane._pending.register("someone-else")
+    with pytest.raises(MeshError) as err:
+        await plane.infer("simple", _parse, CALLER)
+    assert err.value.code == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert _count(registry, "simple", "RESOURCE_EXHAUSTED") == 1
+
+
+async def test_metadata_operations_answer_in_domain_values() -> None:
+    plane, _, _ = _plane()
+    assert await plane.server_ready()
+    assert plane.server_metadata() == SERVER
+    assert plane.model(CALLER, "simple", "").name == "simple"
+    with pytest.raises(MeshError) as err:
+        plane.model(CALLER, "simple", "9")
+    assert err.value.code == grpc.StatusCode.NOT_FOUND
+    (doc,) = await plane.statistics_docs(CALLER, "simple", "1")
+    assert doc["name"] == "simple" and doc["inference_count"] == 0
+    plane.draining = True
+    assert not await plane.server_ready()
+    assert not await plane.model_ready(CALLER, "simple", "")
+
+
+def _proto_doc(message: Any, key: str) -> dict[str, Any]:
+    """What the REST door answered when it rendered the gRPC responses as JSON."""
+    doc: dict[str, Any] = json_format.MessageToDict(message, preserving_proto_field_name=True)
+    for name in ("inputs", "outputs") if key == "shape" else ("input", "output"):
+        doc[name] = [{**t, key: [int(d) for d in t.get(key, [])]} for t in doc.get(name, [])]
+    return doc
+
+
+@pytest.mark.parametrize("model", sorted(ModelRepository(MODELS).load()))
+def test_rest_documents_are_the_json_mapping_of_the_grpc_responses(model: str) -> None:
+    cfg = ModelRepository(MODELS).load()[model]
+    assert metadata_doc(cfg) == _proto_doc(converters.model_metadata(cfg), "shape")
+    assert config_doc(cfg) == _proto_doc(converters.model_config(cfg).config, "dims")
+
+
+def test_server_metadata_lists_the_extensions_on_both_doors() -> None:
+    message = converters.server_metadata(SERVER)
+    assert server_doc(SERVER) == json_format.MessageToDict(message)
+    assert "statistics" in message.extensions
+
+
+@pytest.mark.parametrize("module", ["plane", "dispatch", "facts"])
+def test_the_data_plane_holds_no_proto_types(module: str) -> None:
+    source = (Path(__file__).parents[2] / f"services/tiermesh/gateway/{module}.py").read_text()
+    for proto in ("_pb2", "tritonclient", "grpc.aio", "ServicerContext"):
+        assert proto not in source, f"{module}.py mentions {proto}"
