@@ -1,4 +1,4 @@
-"""A caller who leaves while its Route call is still out is marked as gone: the router may
+"""A caller who leaves while its job is still on the router stream is marked as gone: the router may
 already have queued the job (it XADDs before it replies), so workers must skip it. (A race
 seen in CI: the caller cancelled between the XADD and the gateway reading the reply, no mark
 was set, and the worker computed the request.)"""

@@ -98,7 +98,7 @@ class Feeder:
             for i, r in enumerate(raw):
                 entries.append(self._entry(cfg, job, job.fed + i, r))
                 if i % ENTRIES_PER_YIELD == ENTRIES_PER_YIELD - 1:
-                    # Online Route calls share this event loop: let them in between.
+                    # Online batches share this event loop: let them in between.
                     await asyncio.sleep(0)
             if entries and await self._store.feed(job_id, job.fed, entries) >= 0:
                 queued += len(entries)

@@ -166,8 +166,9 @@ class Dispatcher:
         """Route the job and wait for its result until its deadline; exactly one answer
         (and, for `on_partial`, the pieces before it)."""
         future = self._pending.register(job.request_id, on_partial)
-        # From the moment the Route call is out the job may sit in a stream, even before the
-        # router's reply is back: a caller who leaves from then on is marked as gone.
+        # From the moment the job is queued for the router stream it may sit in a work
+        # stream, even before the router's outcome is back: a caller who leaves from then on
+        # is marked as gone.
         queued = False
         recorder = self._up.recorder
         try:

@@ -143,7 +143,7 @@ async def serve(
         await stop.wait()
     finally:
         await set_serving(health, False)
-        # In-flight Route calls finish within the grace; gateways stop before routers.
+        # Batches being routed finish within the grace; gateways stop before routers.
         await server.stop(grace=settings.shutdown_grace_s)
         for task in loops:
             task.cancel()

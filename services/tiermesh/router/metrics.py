@@ -21,7 +21,7 @@ class RouterMetrics:
     def __init__(self, registry: CollectorRegistry) -> None:
         self.admissions = Counter(
             "tiermesh_admissions",
-            "Route calls, by model and admission outcome",
+            "Jobs routed (on the gateways' RouteStream), by model and admission outcome",
             ["model", "outcome"],
             registry=registry,
         )
