@@ -430,12 +430,14 @@ async def run(args: argparse.Namespace) -> int:
     c1_text = [spec_text(i, n, t) for i, (n, t, _) in enumerate(short)]
     raw = Raw(REPO_ROOT / "models" / MODEL / "1" / "model.onnx", seqs)
     raw.calibrate([int(b) for b in args.raw_batches.split(",")])
-    sink = await OtlpSink.start()
+    wanted = args.variant or ["default"]
+    # The OTLP receiver runs only for a variant that exports to it.
+    sink = await OtlpSink.start() if any("{otlp}" in item for item in wanted) else None
     variants: dict[str, dict[str, str]] = {}
-    for item in args.variant or ["default"]:
+    for item in wanted:
         name, _, pairs = item.partition(":")
         variants[name] = {
-            k: v.replace("{otlp}", sink.endpoint)
+            k: v.replace("{otlp}", sink.endpoint if sink is not None else "")
             for k, _, v in (kv.partition("=") for kv in pairs.split(",") if kv)
         }
     with tempfile.TemporaryDirectory(prefix="tiermesh-raw-") as tmp:
@@ -488,8 +490,10 @@ async def run(args: argparse.Namespace) -> int:
                 await client.close()
             for mesh in started:
                 mesh.stop()
-            await sink.stop()
-    log(f"OTLP sink received {sink.spans} spans")
+            if sink is not None:
+                await sink.stop()
+    if sink is not None:
+        log(f"OTLP sink received {sink.spans} spans")
     commit = git_commit()
     print(f"mesh_vs_raw {time.strftime('%Y-%m-%d %H:%M')} commit {commit} (+ working tree)")
     print(report(rounds, list(variants), concurrency, raw.best))

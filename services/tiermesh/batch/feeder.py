@@ -30,6 +30,7 @@ from tiermesh.core.loops import raise_if_cancelling
 from tiermesh.core.model_config import ModelConfig
 from tiermesh.core.repository import ModelRepository
 from tiermesh.core.wire import decode_job, encode_job
+from tiermesh.router.inputs import with_tokens
 from tiermesh.router.policy import choose_stream
 from tiermesh.router.text import TextEncoder
 
@@ -127,10 +128,8 @@ class Feeder:
             annotations={JOB_ANNOTATION: rec.job_id, INDEX_ANNOTATION: str(index)},
         )
         if cfg.tokenize is not None:
-            # The same input processing as the router's Route for the online path.
-            (ids, mask), truncated = self._encoders[cfg.name].encode_tensor(job.inputs[0])
-            annotations = {**job.annotations, "truncated": "true" if truncated else "false"}
-            job = dataclasses.replace(job, inputs=(ids, mask), annotations=annotations)
+            # The same input processing as the router's for the online path.
+            job = with_tokens(job, self._encoders[cfg.name].encode_tensor(job.inputs[0]))
         online = choose_stream(cfg, job, tier)
         stream = StreamKey(online.model, tier, BACKGROUND_PRIORITY, online.bucket)
         job = dataclasses.replace(

@@ -111,12 +111,16 @@ def validate_raw(name: str, datatype: str, shape: Sequence[int], raw: bytes) -> 
         )
 
 
+def strings(tensor: TensorData) -> list[str]:
+    """The elements of a BYTES tensor as str, in row-major order."""
+    items = split_bytes(tensor.raw, element_count(tensor.shape), tensor.name)
+    return [i.decode("utf-8") for i in items]
+
+
 def to_numpy(tensor: TensorData) -> npt.NDArray[np.generic]:
     """The tensor as a numpy array; BYTES become an object array of str (what ONNX wants)."""
     if tensor.datatype == BYTES:
-        items = split_bytes(tensor.raw, element_count(tensor.shape), tensor.name)
-        arr = np.array([i.decode("utf-8") for i in items], dtype=object)
-        return arr.reshape(tensor.shape)
+        return np.array(strings(tensor), dtype=object).reshape(tensor.shape)
     return np.frombuffer(tensor.raw, dtype=_FIXED[tensor.datatype]).reshape(tensor.shape)
 
 

@@ -8,6 +8,7 @@ from collections.abc import Sequence
 
 from tiermesh.core.errors import MeshError, invalid, unavailable
 from tiermesh.core.jobs import Job
+from tiermesh.core.tensors import TensorData
 from tiermesh.generate.inputs import GenerationInputError
 from tiermesh.generate.tensors import prompt_of
 from tiermesh.router.prompt import PromptEncoder
@@ -26,11 +27,15 @@ async def tokenized(encoder: TextEncoder, jobs: Sequence[Job]) -> list[Job]:
         encoded = await asyncio.to_thread(encoder.encode_many, tensors)
     else:
         encoded = encoder.encode_many(tensors)
-    out = []
-    for job, ((ids, mask), truncated) in zip(jobs, encoded, strict=True):
-        annotations = {**job.annotations, "truncated": "true" if truncated else "false"}
-        out.append(dataclasses.replace(job, inputs=(ids, mask), annotations=annotations))
-    return out
+    return [with_tokens(job, e) for job, e in zip(jobs, encoded, strict=True)]
+
+
+def with_tokens(job: Job, encoded: tuple[tuple[TensorData, TensorData], bool]) -> Job:
+    """The job with its text replaced by (input_ids, attention_mask), `truncated` told to
+    the caller (the online path and the batch feeder alike)."""
+    (ids, mask), truncated = encoded
+    annotations = {**job.annotations, "truncated": "true" if truncated else "false"}
+    return dataclasses.replace(job, inputs=(ids, mask), annotations=annotations)
 
 
 def prompted(encoder: PromptEncoder | None, model: str, job: Job) -> Job | MeshError:

@@ -80,7 +80,6 @@ class _Work:
     stream: StreamKey | None = None
     span: Span | None = None  # the job's route span, when its trace is sampled
     outcome: Outcome | None = None
-    carrier: dict[str, str] = field(default_factory=dict)
     # The stream the job would join on each of its model's tiers (tiered models only).
     candidates: dict[str, StreamKey] = field(default_factory=dict)
 
@@ -285,7 +284,6 @@ class BatchRouter:
                 timing=w.job.timing.with_(routed_ns=now, enqueued_ns=enqueued_ns),
                 trace_context=carrier,
             )
-            w.carrier = carrier
             items.append(
                 Enqueue(
                     stream,
@@ -379,7 +377,7 @@ class BatchRouter:
                     stream,
                     cfg.queue_bound,
                     encode_job(shadow),
-                    w.carrier,
+                    w.job.trace_context,
                     shadow.request_id,
                     ms_left=_ms_left(w.job, now),
                 )

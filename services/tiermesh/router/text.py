@@ -17,9 +17,8 @@ from tokenizers import Encoding, Tokenizer
 from tiermesh.core.tensors import (
     BYTES,
     TensorData,
-    element_count,
     from_numpy,
-    split_bytes,
+    strings,
     to_numpy,
 )
 
@@ -52,13 +51,13 @@ class TextEncoder:
         without the GIL, over all of them at once); each request is padded to its own
         longest text, as `encode_tensor` pads it."""
         per_request = [strings_of(t) for t in texts]
-        flat = [s for strings in per_request for s in strings]
+        flat = [s for texts_of_one in per_request for s in texts_of_one]
         encodings = self._tokenizer.encode_batch(flat) if flat else []
         out = []
         at = 0
-        for strings in per_request:
-            mine = encodings[at : at + len(strings)]
-            at += len(strings)
+        for texts_of_one in per_request:
+            mine = encodings[at : at + len(texts_of_one)]
+            at += len(texts_of_one)
             if len(mine) == 1:  # the common case: one text per request, no padding
                 row = np.asarray([mine[0].ids], dtype=np.int64)
                 tensors = (
@@ -92,11 +91,10 @@ def _padded(encodings: Sequence[Encoding]) -> Encoded:
 
 
 def strings_of(text: TensorData) -> list[str]:
-    """The strings of a BYTES tensor (UTF-8 checked by the gateway), in row-major order."""
-    if text.datatype != BYTES:
-        return [str(s) for s in to_numpy(text).reshape(-1)]
-    items = split_bytes(text.raw, element_count(text.shape), text.name)
-    return [i.decode("utf-8") for i in items]
+    """The strings of a text tensor (UTF-8 checked by the gateway), in row-major order."""
+    if text.datatype == BYTES:
+        return strings(text)
+    return [str(s) for s in to_numpy(text).reshape(-1)]
 
 
 _ONES: dict[int, bytes] = {}
