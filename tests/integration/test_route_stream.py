@@ -75,8 +75,14 @@ async def test_a_restarted_router_is_reached_on_a_new_stream(
 ) -> None:
     mesh = await start_mesh(redis_url, model_repo)
     port = free_port()
+    # A grace longer than the waits below: the router stops once its streams are answered
+    # and ended (RouterServicer.drain), not when the grace runs out.
     settings = RouterSettings(
-        redis_url=redis_url, model_repository=model_repo, router_port=port, metrics_port=0
+        redis_url=redis_url,
+        model_repository=model_repo,
+        router_port=port,
+        metrics_port=0,
+        shutdown_grace_s=120,
     )
 
     async def start() -> tuple[asyncio.Event, asyncio.Task[None]]:

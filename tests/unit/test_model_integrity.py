@@ -191,6 +191,14 @@ def test_session_is_built_from_the_bytes_that_were_checked(
     np.testing.assert_allclose(_run(runner), _mlp_reference(), rtol=1e-6)
 
 
+def test_a_verified_model_is_shown_by_its_path_never_its_bytes(tmp_path: Path) -> None:
+    """Its repr (in logs, errors, str()) names the file; a model's bytes escaped cost seconds
+    and gigabytes: building sessions from str(model) once made smollm2 load in 15 s, not 2."""
+    _mlp_repo(tmp_path)
+    verified = _loaded(tmp_path).verified_model("mlp")
+    assert str(verified) == f"VerifiedModel(path={verified.path!r})"
+
+
 def test_verified_model_checks_every_file_of_the_version(tmp_path: Path) -> None:
     _mlp_repo(tmp_path)
     config = yaml.safe_load((tmp_path / "mlp" / "config.yaml").read_text())

@@ -32,9 +32,10 @@ class VerifiedModel:
     """A model file's bytes after every check passed; what a session is built from."""
 
     path: Path
-    data: bytes
+    # Not in the repr: escaping a large model's bytes takes seconds and gigabytes.
+    data: bytes = field(repr=False)
     # ONNX external data: location exactly as the model names it -> its verified bytes.
-    external: Mapping[str, bytes] = field(default_factory=dict)
+    external: Mapping[str, bytes] = field(default_factory=dict, repr=False)
 
 
 def sha256_bytes(data: bytes) -> str:

@@ -64,6 +64,16 @@ def make_server(
     )
 
 
+# A restarted peer (a pod rescheduled, a process `tiermesh up` restarts) is dialled again
+# within 2 s: gRPC's default backoff grows to 120 s, and every request in between fails fast
+# with UNAVAILABLE. Internal peers are few and near, so redialling often costs nothing.
+RECONNECT_BACKOFF = (
+    ("grpc.initial_reconnect_backoff_ms", 250),
+    ("grpc.min_reconnect_backoff_ms", 250),
+    ("grpc.max_reconnect_backoff_ms", 2000),
+)
+
+
 def make_channel(
     address: str,
     telemetry: Telemetry,
@@ -76,6 +86,7 @@ def make_channel(
     options = [
         ("grpc.max_receive_message_length", max_message_bytes),
         ("grpc.max_send_message_length", max_message_bytes),
+        *RECONNECT_BACKOFF,
     ]
     if credentials is None:
         return grpc.aio.insecure_channel(address, options=options, interceptors=interceptors)

@@ -90,7 +90,8 @@ async def serve(
         control=control,
         prompts=prompts,
     )
-    router_pb2_grpc.add_RouterServicer_to_server(RouterServicer(router), server)
+    servicer = RouterServicer(router)
+    router_pb2_grpc.add_RouterServicer_to_server(servicer, server)
     health = add_health(server)
     port = bind(
         server, settings.router_host, settings.router_port, internal_server_credentials(settings)
@@ -143,7 +144,8 @@ async def serve(
         await stop.wait()
     finally:
         await set_serving(health, False)
-        # Batches being routed finish within the grace; gateways stop before routers.
+        # Batches being routed finish within the grace; the streams end once answered.
+        servicer.drain()
         await server.stop(grace=settings.shutdown_grace_s)
         for task in loops:
             task.cancel()

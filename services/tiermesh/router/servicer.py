@@ -25,6 +25,16 @@ log = structlog.get_logger("tiermesh.router")
 class RouterServicer(router_pb2_grpc.RouterServicer):
     def __init__(self, router: BatchRouter) -> None:
         self._router = router
+        self._draining = False
+        self._wakes: set[asyncio.Event] = set()
+
+    def drain(self) -> None:
+        """At stop: each stream answers the jobs it has read, then ends. A gateway sends what
+        it had on that stream again on a new one (to another router, or to this one once it
+        is back), so a router stops in a moment, not after the whole grace period."""
+        self._draining = True
+        for wake in self._wakes:
+            wake.set()
 
     async def RouteStream(
         self,
@@ -46,6 +56,7 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
                 more.set()
 
         reader = asyncio.create_task(read(), name="route-stream-reader")  # owned: this call
+        self._wakes.add(more)
         try:
             while True:
                 await more.wait()
@@ -53,9 +64,10 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
                 if arrived:
                     messages, arrived[:] = list(arrived), []
                     yield await self._route(messages)
-                elif ended:
+                elif ended or self._draining:
                     break
         finally:
+            self._wakes.discard(more)
             reader.cancel()
             await asyncio.gather(reader, return_exceptions=True)
 

@@ -39,16 +39,15 @@ def new_session(
     opts = session_options(intra_op_threads)
     if preoptimized:
         opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    source: bytes | str = str(model)
-    if isinstance(model, VerifiedModel):
-        source = model.data
-        if model.external:
-            names = list(model.external)
-            buffers = [model.external[n] for n in names]
-            opts.add_external_initializers_from_files_in_memory(
-                names, buffers, [len(b) for b in buffers]
-            )
-    return ort.InferenceSession(source, opts, providers=["CPUExecutionProvider"])
+    if not isinstance(model, VerifiedModel):
+        return ort.InferenceSession(str(model), opts, providers=["CPUExecutionProvider"])
+    if model.external:
+        names = list(model.external)
+        buffers = [model.external[n] for n in names]
+        opts.add_external_initializers_from_files_in_memory(
+            names, buffers, [len(b) for b in buffers]
+        )
+    return ort.InferenceSession(model.data, opts, providers=["CPUExecutionProvider"])
 
 
 class ComputeTime:
