@@ -170,6 +170,32 @@ async def test_a_sampled_request_is_captured_and_a_traced_one_carries_its_facts(
     assert observed.code == "OK" and observed.result == answer.result
 
 
+TRACEPARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+PARENT = ("traceparent", TRACEPARENT)
+STATE = ("tracestate", "vendor=value")
+
+
+@pytest.mark.parametrize(
+    ("headers", "carried"),
+    [
+        ((PARENT, STATE), (PARENT, STATE)),
+        ((("traceparent", TRACEPARENT.upper()),), ()),  # not W3C: lower-case hex only
+        ((("traceparent", "00-zz"), STATE), ()),
+        ((PARENT, ("tracestate", "k=" + "v" * 600)), (PARENT,)),  # over W3C's 512
+        ((), ()),
+    ],
+)
+async def test_a_gateway_that_records_no_span_passes_the_callers_context_on(
+    headers: tuple[tuple[str, str], ...], carried: tuple[tuple[str, str], ...]
+) -> None:
+    """No interceptor, no span (tracing off): the job still continues the caller's trace,
+    for a downstream service that exports; a malformed or oversized header is dropped."""
+    plane, router, _ = _plane()
+    await plane.infer("simple", _parse, Caller((("x-other", "1"), *headers), None, ""))
+    (job,) = router.jobs
+    assert job.trace_context == dict(carried)
+
+
 async def test_in_flight_beyond_the_limit_is_refused() -> None:
     plane, _, registry = _plane(max_in_flight=1)
     plane._pending.register("someone-else")

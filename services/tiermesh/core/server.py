@@ -43,7 +43,8 @@ def make_server(
     max_message_bytes: int = 64 * 1024 * 1024,
     max_metadata_bytes: int | None = None,
 ) -> grpc.aio.Server:
-    """A grpc.aio server with the OpenTelemetry server interceptor. `max_metadata_bytes`
+    """A grpc.aio server, with the OpenTelemetry server interceptor where `telemetry`
+    exports. `max_metadata_bytes`
     bounds the request headers of a call (gRPC's own default when None)."""
     options: list[tuple[str, int]] = [
         ("grpc.max_receive_message_length", max_message_bytes),
@@ -56,12 +57,14 @@ def make_server(
             ("grpc.max_metadata_size", max_metadata_bytes),
             ("grpc.absolute_max_metadata_size", max_metadata_bytes),
         ]
-    return grpc.aio.server(
-        interceptors=[
-            aio_server_interceptor(tracer_provider=telemetry.provider, filter_=_traced())
-        ],
-        options=options,
+    # The interceptor costs ~0.2 ms of CPU per call even when no span is recorded: only
+    # where spans go somewhere (benchmarks: a bare ModelInfer servicer, 390 vs 590 us).
+    interceptors = (
+        [aio_server_interceptor(tracer_provider=telemetry.provider, filter_=_traced())]
+        if telemetry.exporting
+        else []
     )
+    return grpc.aio.server(interceptors=interceptors, options=options)
 
 
 # A restarted peer (a pod rescheduled, a process `tiermesh up` restarts) is dialled again
@@ -80,9 +83,13 @@ def make_channel(
     max_message_bytes: int = 64 * 1024 * 1024,
     credentials: grpc.ChannelCredentials | None = None,
 ) -> grpc.aio.Channel:
-    """An internal channel that propagates trace context: TLS with `credentials` (see
-    core/tls.py), plaintext when None."""
-    interceptors = aio_client_interceptors(tracer_provider=telemetry.provider, filter_=_traced())
+    """An internal channel, propagating trace context where `telemetry` exports: TLS with
+    `credentials` (see core/tls.py), plaintext when None."""
+    interceptors = (
+        aio_client_interceptors(tracer_provider=telemetry.provider, filter_=_traced())
+        if telemetry.exporting
+        else None
+    )
     options = [
         ("grpc.max_receive_message_length", max_message_bytes),
         ("grpc.max_send_message_length", max_message_bytes),

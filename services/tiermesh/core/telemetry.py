@@ -15,7 +15,8 @@ traced as before. Once a processor is added, the sampler of OTEL_TRACES_SAMPLER 
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping, Sequence
+import re
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import IO
 
@@ -56,6 +57,18 @@ class Telemetry:
 
             self.provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
         self.tracer = self.provider.get_tracer(f"tiermesh.{service}")
+
+    @property
+    def exporting(self) -> bool:
+        """Whether spans go anywhere (a span file, an OTLP exporter, a test's processor).
+        When not, nothing here records or intercepts: tracing off costs nothing."""
+        return self.provider.exporting
+
+    def traces(self, carrier: Mapping[str, str]) -> bool:
+        """Whether this process records spans on the trace `carrier` continues: it exports,
+        and the trace is sampled. A hop that handles many requests at once starts a
+        request's spans only where this holds."""
+        return self.provider.exporting and is_sampled(carrier)
 
     def shutdown(self) -> None:
         """Called last at service stop: flush pending spans, close the span file."""
@@ -104,6 +117,10 @@ class _Provider(TracerProvider):
         super().add_span_processor(span_processor)
         self._gate.exporting = True
 
+    @property
+    def exporting(self) -> bool:
+        return self._gate.exporting
+
 
 def _one_line(span: ReadableSpan) -> str:
     return str(span.to_json(indent=None)) + "\n"
@@ -127,9 +144,7 @@ def inject_current() -> dict[str, str]:
 
 
 def is_sampled(carrier: Mapping[str, str]) -> bool:
-    """Whether a W3C traceparent says its trace is recorded (the sampled flag). A hop that
-    handles many requests at once starts a request's spans only where this holds, so an
-    unsampled request costs no span there."""
+    """Whether a W3C traceparent says its trace is recorded (the sampled flag)."""
     parts = carrier.get("traceparent", "").split("-")
     if len(parts) < 4 or len(parts[3]) != 2:
         return False
@@ -137,6 +152,28 @@ def is_sampled(carrier: Mapping[str, str]) -> bool:
         return bool(int(parts[3], 16) & 1)
     except ValueError:
         return False
+
+
+TRACEPARENT = re.compile(r"[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}")
+TRACESTATE_MAX = 512  # W3C: a vendor may drop a longer tracestate
+
+
+def w3c_context(metadata: Iterable[tuple[str, str | bytes]]) -> dict[str, str]:
+    """A caller's W3C trace context from its request headers: what a gateway that records no
+    span of its own passes on, so the request stays on its caller's trace downstream. Only
+    a well-formed traceparent (and a tracestate with it, within the W3C bound) is kept: the
+    headers are the caller's, and they travel in every queue entry."""
+    parent = state = None
+    for key, value in metadata:
+        if key == "traceparent" and isinstance(value, str):
+            parent = value
+        elif key == "tracestate" and isinstance(value, str):
+            state = value
+    if parent is None or not TRACEPARENT.fullmatch(parent):
+        return {}
+    if state is None or len(state) > TRACESTATE_MAX:
+        return {"traceparent": parent}
+    return {"traceparent": parent, "tracestate": state}
 
 
 def inject_into(span: trace.Span) -> dict[str, str]:

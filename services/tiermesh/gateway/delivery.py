@@ -8,7 +8,7 @@ import structlog
 
 from tiermesh.core.grpc_errors import grpc_method
 from tiermesh.core.jobs import JobResult
-from tiermesh.core.telemetry import Telemetry, extract, is_sampled
+from tiermesh.core.telemetry import Telemetry, extract
 from tiermesh.core.wire import result_from_proto
 from tiermesh.gateway.pending import PendingRequests
 from tiermesh.rollout.recorder import Recorder, is_shadow
@@ -25,6 +25,7 @@ class DeliveryServicer(delivery_pb2_grpc.DeliveryServicer):
     ) -> None:
         self._pending = pending
         self._tracer = telemetry.tracer
+        self._traces = telemetry.traces
         self._recorder = recorder
 
     @grpc_method
@@ -42,7 +43,7 @@ class DeliveryServicer(delivery_pb2_grpc.DeliveryServicer):
                 if self._recorder is not None:
                     self._recorder.shadow(result)
                 continue
-            if not is_sampled(result.trace_context):  # an untraced request: no span
+            if not self._traces(result.trace_context):  # an untraced request: no span
                 resolved, late = self._resolve(result, resolved, late)
                 continue
             with self._tracer.start_as_current_span(

@@ -31,7 +31,7 @@ from tiermesh.core.errors import MeshError, exhausted, invalid, unavailable
 from tiermesh.core.jobs import Job, Timing
 from tiermesh.core.repository import ModelConfig, ModelRepository
 from tiermesh.core.settings import GatewaySettings
-from tiermesh.core.telemetry import inject_current
+from tiermesh.core.telemetry import inject_current, w3c_context
 from tiermesh.gateway.capture import Capture
 from tiermesh.gateway.control import ModelControl, check_allowed
 from tiermesh.gateway.dispatch import Answer, Call, Dispatcher
@@ -234,6 +234,10 @@ class DataPlane:
         call.job = job
         structlog.contextvars.bind_contextvars(request_id=job.request_id, model=job.model)
         span = trace.get_current_span()
+        if not span.get_span_context().is_valid and "traceparent" in job.trace_context:
+            # No span here (this gateway exports none): its logs still name the caller's trace.
+            trace_id = job.trace_context["traceparent"].split("-")[1:2]
+            structlog.contextvars.bind_contextvars(trace_id=trace_id[0] if trace_id else "")
         if span.is_recording():
             span.set_attribute("tiermesh.request_id", job.request_id)
             span.set_attribute("tiermesh.client_request_id", job.client_request_id)
@@ -273,7 +277,8 @@ class DataPlane:
             ),
             requested_outputs=req.requested_outputs,
             timing=Timing(received_ns=received_ns),
-            trace_context=inject_current(),
+            # This gateway's span where it records one, else the caller's own context.
+            trace_context=inject_current() or w3c_context(caller.metadata),
             annotations={STICKY_KEY: req.sticky_key} if req.sticky_key else {},
             generation=generation,
         )

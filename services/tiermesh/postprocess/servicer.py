@@ -13,7 +13,7 @@ import structlog
 from tiermesh.core.grpc_errors import grpc_method
 from tiermesh.core.jobs import JobResult
 from tiermesh.core.repository import ModelRepository, RepositoryError
-from tiermesh.core.telemetry import Telemetry, extract, is_sampled
+from tiermesh.core.telemetry import Telemetry, extract
 from tiermesh.core.wire import result_from_proto
 from tiermesh.postprocess.gateways import GatewayClients
 from tiermesh.postprocess.metrics import PostprocessMetrics
@@ -39,6 +39,7 @@ class PostprocessServicer(postprocess_pb2_grpc.PostprocessServicer):
         self._steps = steps
         self._gateways = gateways
         self._tracer = telemetry.tracer
+        self._traces = telemetry.traces
         self._clock_ns = clock_ns
 
     @grpc_method
@@ -94,7 +95,7 @@ class PostprocessServicer(postprocess_pb2_grpc.PostprocessServicer):
                 for _ in range(n):
                     child.observe(per_result_s)
         for r in done:
-            if is_sampled(r.trace_context):
+            if self._traces(r.trace_context):
                 span = self._tracer.start_span(
                     "postprocess",
                     context=extract(r.trace_context),

@@ -32,7 +32,7 @@ from tiermesh.core.keys import StreamKey
 from tiermesh.core.model_config import ModelConfig
 from tiermesh.core.repository import ModelRepository
 from tiermesh.core.settings import RouterSettings
-from tiermesh.core.telemetry import Telemetry, extract, inject_into, is_sampled
+from tiermesh.core.telemetry import Telemetry, extract, inject_into
 from tiermesh.core.wire import encode_job
 from tiermesh.rollout.cache import RolloutStates
 from tiermesh.rollout.split import ROLLOUT_ARM, SHADOW_OF, Placement, place
@@ -108,6 +108,7 @@ class BatchRouter:
         self._encoders = encoders
         self._metrics = metrics
         self._tracer: Tracer = telemetry.tracer
+        self._traces = telemetry.traces
         self._clock_ns = clock_ns
 
     async def route_batch(self, jobs: Sequence[Job], received_ns: int = 0) -> list[Outcome]:
@@ -115,7 +116,7 @@ class BatchRouter:
         received_ns = received_ns or self._clock_ns()
         work = [_Work(job) for job in jobs]
         for w in work:
-            if is_sampled(w.job.trace_context):
+            if self._traces(w.job.trace_context):
                 w.span = self._tracer.start_span(
                     "route",
                     context=extract(w.job.trace_context),

@@ -11,13 +11,13 @@ from collections.abc import Callable
 
 import grpc
 import structlog
-from opentelemetry import trace
 from opentelemetry.trace import SpanKind
 
 from tiermesh.core import keys
 from tiermesh.core.jobs import JobResult
 from tiermesh.core.keys import StreamKey
 from tiermesh.core.repository import ModelConfig
+from tiermesh.core.telemetry import Telemetry
 from tiermesh.core.wire import encode_job
 from tiermesh.worker import results
 from tiermesh.worker.batching import QueuedJob
@@ -42,14 +42,15 @@ class Executor:
         units: ServedUnits,
         scheduler: Scheduler,
         clock_ns: Callable[[], int],
-        tracer: trace.Tracer,
+        telemetry: Telemetry,
         metrics: WorkerMetrics | None,
     ) -> None:
         self._streams = streams
         self._units = units
         self._scheduler = scheduler
         self._clock_ns = clock_ns
-        self._tracer = tracer
+        self._telemetry = telemetry
+        self._tracer = telemetry.tracer
         self._metrics = metrics
         self.computed_rows = 0
         self.cascaded = 0
@@ -66,7 +67,7 @@ class Executor:
         if not live:
             return live, done
         rows = sum(q.job.rows for q in live)
-        links = batch_links(live)
+        links = batch_links(self._telemetry, live)
         with self._tracer.start_as_current_span(
             f"{key.name} process", kind=SpanKind.CONSUMER, links=links
         ) as span:
@@ -95,7 +96,7 @@ class Executor:
         self._scheduler.observe(key, rows, end - start)
         cfg = self._units.configs[key.model]
         for q, out in zip(live, outputs, strict=True):
-            request_spans(self._tracer, q, start, end, rows, batch_context)
+            request_spans(self._telemetry, q, start, end, rows, batch_context)
             confidence = escalates(cfg, key.tier, out.outputs)
             if confidence is not None and await self._cascade(cfg, q, confidence):
                 continue

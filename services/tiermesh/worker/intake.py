@@ -12,10 +12,10 @@ from collections import defaultdict
 from collections.abc import Awaitable, Callable, Sequence
 
 import structlog
-from opentelemetry import trace
 
 from tiermesh.core import keys
 from tiermesh.core.keys import StreamKey
+from tiermesh.core.telemetry import Telemetry
 from tiermesh.core.wire import decode_job
 from tiermesh.worker.background import BackgroundResults
 from tiermesh.worker.batching import QueuedJob, split_cancelled, split_expired, take_count, view_of
@@ -46,7 +46,7 @@ class Intake:
         scheduler: Scheduler,
         clock_ns: Callable[[], int],
         sleep: Callable[[float], Awaitable[None]],
-        tracer: trace.Tracer,
+        telemetry: Telemetry,
         metrics: WorkerMetrics | None,
         background: BackgroundResults | None,
         poll_block_ms: int,
@@ -57,7 +57,7 @@ class Intake:
         self._scheduler = scheduler
         self._clock_ns = clock_ns
         self._sleep = sleep
-        self._tracer = tracer
+        self._telemetry = telemetry
         self._metrics = metrics
         self._background = background
         self._poll_block_ms = poll_block_ms
@@ -221,7 +221,7 @@ class Intake:
         if self._metrics is not None:
             self._metrics.skip(key, reason, len(queued))
         for q in queued:
-            skipped_span(self._tracer, q, reason)
+            skipped_span(self._telemetry, q, reason)
         try:
             await self._streams.done(key, [q.entry_id for q in queued])
         except STREAM_ERRORS:

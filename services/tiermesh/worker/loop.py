@@ -78,7 +78,7 @@ class Worker:
             scheduler=scheduler,
             clock_ns=clock_ns,
             sleep=sleep,
-            tracer=telemetry.tracer,
+            telemetry=telemetry,
             metrics=metrics,
             background=background,
             poll_block_ms=poll_block_ms,
@@ -89,7 +89,7 @@ class Worker:
             units=units,
             scheduler=scheduler,
             clock_ns=clock_ns,
-            tracer=telemetry.tracer,
+            telemetry=telemetry,
             metrics=metrics,
         )
         self._outbox = BatchOutbox(

@@ -5,17 +5,23 @@ from __future__ import annotations
 from opentelemetry import trace
 from opentelemetry.trace import Link
 
-from tiermesh.core.telemetry import extract, is_sampled, span_context_of
+from tiermesh.core.telemetry import Telemetry, extract, span_context_of
 from tiermesh.worker.batching import QueuedJob
 
 
 def request_spans(
-    tracer: trace.Tracer, q: QueuedJob, start: int, end: int, rows: int, batch: trace.SpanContext
+    telemetry: Telemetry,
+    q: QueuedJob,
+    start: int,
+    end: int,
+    rows: int,
+    batch: trace.SpanContext,
 ) -> None:
     """The wait in the queue and the request's share of a batch's compute (only where the
-    request's trace is sampled: an unsampled request costs no span)."""
-    if not is_sampled(q.job.trace_context):
+    request's trace is recorded: any other request costs no span)."""
+    if not telemetry.traces(q.job.trace_context):
         return
+    tracer = telemetry.tracer
     ctx = extract(q.job.trace_context)
     if q.job.timing.routed_ns:
         wait = tracer.start_span("queue wait", context=ctx, start_time=q.job.timing.routed_ns)
@@ -34,11 +40,11 @@ def request_spans(
     compute.end(end_time=end)
 
 
-def skipped_span(tracer: trace.Tracer, q: QueuedJob, reason: str) -> None:
+def skipped_span(telemetry: Telemetry, q: QueuedJob, reason: str) -> None:
     """A request dropped before compute ("expired", "cancelled"): the trace says why."""
-    if not is_sampled(q.job.trace_context):
+    if not telemetry.traces(q.job.trace_context):
         return
-    span = tracer.start_span(
+    span = telemetry.tracer.start_span(
         reason,
         context=extract(q.job.trace_context),
         attributes={"tiermesh.request_id": q.job.request_id},
@@ -46,8 +52,10 @@ def skipped_span(tracer: trace.Tracer, q: QueuedJob, reason: str) -> None:
     span.end()
 
 
-def batch_links(batch: list[QueuedJob]) -> list[Link]:
-    """The batch span's links: one per request whose trace is sampled."""
+def batch_links(telemetry: Telemetry, batch: list[QueuedJob]) -> list[Link]:
+    """The batch span's links: one per request whose trace is recorded here."""
     return [
-        Link(span_context_of(q.job.trace_context)) for q in batch if is_sampled(q.job.trace_context)
+        Link(span_context_of(q.job.trace_context))
+        for q in batch
+        if telemetry.traces(q.job.trace_context)
     ]
