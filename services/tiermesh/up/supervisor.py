@@ -233,31 +233,49 @@ class Mesh:
         edge_link: dict[str, str] = {}
         if opts.edge_link_ms > 0 and "edge" in opts.tiers:
             edge_link = self._start_edge_links(env)
-        for name, address in plan:
-            child_env = {**env, "TIERMESH_METRICS_PORT": str(self.metrics_ports[name])}
-            if opts.batch_pool and name in WORKERS.values():
-                child_env["TIERMESH_BATCH_JOBS"] = "false"  # the batch pool takes that work
-            if name == BATCH_WORKER:
-                child_env.update(
-                    TIERMESH_WORKER_TIER="center",
-                    TIERMESH_WORKER_HEALTH_PORT=str(ports[name]),
-                    TIERMESH_WORKER_ONLINE="false",
-                    TIERMESH_BATCH_JOBS="true",
-                    TIERMESH_WORKER_NICE=str(BATCH_POOL_NICE),
-                )
-            if name == WORKERS["edge"]:
-                # The edge tier: its own heartbeats and streams, deliberately less compute,
-                # and (with edge_link_ms) a slow link to the center.
-                child_env.update(
-                    TIERMESH_WORKER_TIER="edge",
-                    TIERMESH_WORKER_HEALTH_PORT=str(ports[name]),
-                    TIERMESH_INTRA_OP_THREADS=str(opts.edge_threads),
-                    **edge_link,
-                )
-            worker = name in WORKERS.values() or name == BATCH_WORKER
-            module = "tiermesh.worker" if worker else f"tiermesh.{name}"
-            svc = self._spawn(name, python_module(module), child_env, address)
-            self._wait_started(svc, tls.internal)
+        # Everything behind the gateway starts at once (each is a Python process importing
+        # for seconds, a worker also loads its models); the gateway starts once they all
+        # serve, so a healthy public port means a mesh that answers.
+        *backends, front = plan
+        for group in (backends, [front]):
+            started = [
+                self._spawn_service(name, address, env, ports, edge_link) for name, address in group
+            ]
+            for svc in started:
+                self._wait_started(svc, tls.internal)
+
+    def _spawn_service(
+        self,
+        name: str,
+        address: str,
+        env: dict[str, str],
+        ports: dict[str, int],
+        link: dict[str, str],
+    ) -> Service:
+        """One service of the plan in its own environment, started (not waited for)."""
+        child_env = {**env, "TIERMESH_METRICS_PORT": str(self.metrics_ports[name])}
+        if self.opts.batch_pool and name in WORKERS.values():
+            child_env["TIERMESH_BATCH_JOBS"] = "false"  # the batch pool takes that work
+        if name == BATCH_WORKER:
+            child_env.update(
+                TIERMESH_WORKER_TIER="center",
+                TIERMESH_WORKER_HEALTH_PORT=str(ports[name]),
+                TIERMESH_WORKER_ONLINE="false",
+                TIERMESH_BATCH_JOBS="true",
+                TIERMESH_WORKER_NICE=str(BATCH_POOL_NICE),
+            )
+        if name == WORKERS["edge"]:
+            # The edge tier: its own heartbeats and streams, deliberately less compute,
+            # and (with edge_link_ms) a slow link to the center.
+            child_env.update(
+                TIERMESH_WORKER_TIER="edge",
+                TIERMESH_WORKER_HEALTH_PORT=str(ports[name]),
+                TIERMESH_INTRA_OP_THREADS=str(self.opts.edge_threads),
+                **link,
+            )
+        worker = name in WORKERS.values() or name == BATCH_WORKER
+        module = "tiermesh.worker" if worker else f"tiermesh.{name}"
+        return self._spawn(name, python_module(module), child_env, address)
 
     def _wait_started(self, svc: Service, credentials: grpc.ChannelCredentials | None) -> None:
         """wait_healthy; a service that dies while starting is started again, as it would be
