@@ -61,8 +61,10 @@ from tiermesh.worker.runner import session_options
 REPO_ROOT = Path(__file__).resolve().parents[1]
 MODEL = "minilm-l3"
 IDS_MODEL = "minilm-l3-ids"
-LENGTHS = (16, 64, 256)
-SHARES = (14, 5, 1)  # per block of 20: 70% / 25% / 5%
+# Requests of each length per block of 20: the 70/25/5 mix, and the short-text mix
+# (75% 16 / 25% 64 tokens) of issue 21's second figure.
+MIXES = {"default": {16: 14, 64: 5, 256: 1}, "short": {16: 15, 64: 5}}
+Shares = dict[int, int]
 TIMEOUT_S = 30.0
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
@@ -84,15 +86,15 @@ def exact_text(tok: Tokenizer, rng: np.random.Generator, n: int) -> tuple[str, l
             return text, tok.encode(text).ids
 
 
-def make_inputs(seed: int, count: int) -> list[tuple[int, str, list[int]]]:
+def make_inputs(seed: int, count: int, shares: Shares) -> list[tuple[int, str, list[int]]]:
     """`count` requests (length, text, ids): the mix in exact proportions per block of 20,
     shuffled; the same every round and for both workloads."""
     tok = Tokenizer.from_file(str(REPO_ROOT / "models" / MODEL / "1" / "tokenizer.json"))
     tok.no_truncation()
     tok.no_padding()
     rng = np.random.default_rng(seed)
-    pool = {n: [exact_text(tok, rng, n) for _ in range(16)] for n in LENGTHS}
-    block = [n for n, k in zip(LENGTHS, SHARES, strict=True) for _ in range(k)]
+    pool = {n: [exact_text(tok, rng, n) for _ in range(16)] for n in shares}
+    block = [n for n, k in shares.items() for _ in range(k)]
     lengths = [block[i % len(block)] for i in range(count)]
     rng.shuffle(lengths)
     out = []
@@ -124,12 +126,13 @@ def spec_text(i: int, n: int, text: str) -> RequestSpec:
 
 
 class Raw:
-    def __init__(self, model_path: Path, seqs: dict[int, list[int]]) -> None:
+    def __init__(self, model_path: Path, seqs: dict[int, list[int]], shares: Shares) -> None:
         threads = WorkerSettings().intra_op_threads
         self.session = ort.InferenceSession(
             str(model_path), session_options(threads), providers=["CPUExecutionProvider"]
         )
         self.seqs = seqs
+        self.shares = shares
         self.best: dict[int, int] = {}
 
     def feeds(self, n: int, batch: int) -> dict[str, Ids]:
@@ -146,17 +149,17 @@ class Raw:
         return (time.perf_counter() - t0) / (calls * batch)
 
     def calibrate(self, batches: Sequence[int]) -> None:
-        for n in LENGTHS:
+        for n in self.shares:
             times = {b: self.seconds_per_seq(n, b, 0.3) for b in batches}
             self.best[n] = min(times, key=lambda b: times[b])
             log(f"raw best batch at {n} tokens: {self.best[n]} ({1 / times[self.best[n]]:.0f}/s)")
 
     def limit(self) -> dict[str, float]:
         """The mix's sequences per second at the best batch per length, and each length's."""
-        per = {n: self.seconds_per_seq(n, self.best[n], 0.6) for n in LENGTHS}
-        total = sum(SHARES)
-        mix_s = sum(per[n] * k / total for n, k in zip(LENGTHS, SHARES, strict=True))
-        return {"mix_rps": 1 / mix_s, **{f"rps_{n}": 1 / per[n] for n in LENGTHS}}
+        per = {n: self.seconds_per_seq(n, self.best[n], 0.6) for n in self.shares}
+        total = sum(self.shares.values())
+        mix_s = sum(per[n] * k / total for n, k in self.shares.items())
+        return {"mix_rps": 1 / mix_s, **{f"rps_{n}": 1 / per[n] for n in self.shares}}
 
     def b1_p50_ms(self, calls: int) -> float:
         feeds = self.feeds(16, 1)
@@ -356,7 +359,7 @@ def report(
     lines = [
         f"rounds: {len(rounds)}; mesh concurrency {concurrency}; raw best batch {best}",
         f"raw limit (mix, best batch per length): {med(rounds, 'raw', 'mix_rps'):8.1f} seq/s"
-        + "".join(f"  [{n}: {med(rounds, 'raw', f'rps_{n}'):.0f}/s]" for n in LENGTHS),
+        + "".join(f"  [{n}: {med(rounds, 'raw', f'rps_{n}'):.0f}/s]" for n in best),
         f"raw batch-1 p50, 16 tokens:             {med(rounds, 'raw_b1_p50_ms'):8.3f} ms",
     ]
     for v in names:
@@ -405,6 +408,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--concurrencies", default="16,32,64")
     p.add_argument("--raw-batches", default="1,2,4,8,16,32,64")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--mix",
+        choices=sorted(MIXES),
+        default="default",
+        help="default: 70/25/5 %% of 16/64/256 tokens; short: 75/25 %% of 16/64",
+    )
     p.add_argument("--json", type=Path, default=None)
     p.add_argument(
         "--variant",
@@ -421,14 +430,15 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 
 async def run(args: argparse.Namespace) -> int:
-    inputs = make_inputs(args.seed, args.requests)
-    seqs = {n: next(ids for m, _, ids in inputs if m == n) for n in LENGTHS}
+    shares = MIXES[args.mix]
+    inputs = make_inputs(args.seed, args.requests, shares)
+    seqs = {n: next(ids for m, _, ids in inputs if m == n) for n in shares}
     ids_specs = [spec_ids(i, n, ids) for i, (n, _, ids) in enumerate(inputs)]
     text_specs = [spec_text(i, n, t) for i, (n, t, _) in enumerate(inputs)]
     short = [(n, t, ids) for n, t, ids in inputs if n == 16][: args.requests_c1]
     c1_ids = [spec_ids(i, n, ids) for i, (n, _, ids) in enumerate(short)]
     c1_text = [spec_text(i, n, t) for i, (n, t, _) in enumerate(short)]
-    raw = Raw(REPO_ROOT / "models" / MODEL / "1" / "model.onnx", seqs)
+    raw = Raw(REPO_ROOT / "models" / MODEL / "1" / "model.onnx", seqs, shares)
     raw.calibrate([int(b) for b in args.raw_batches.split(",")])
     wanted = args.variant or ["default"]
     # The OTLP receiver runs only for a variant that exports to it.
