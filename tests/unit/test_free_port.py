@@ -29,3 +29,11 @@ def test_without_room_below_the_range_the_kernel_picks(
     squeezed.write_text(f"{LOWEST_PORT + 10}\t60999\n")
     monkeypatch.setattr(processes, "PORT_RANGE_FILE", squeezed)
     assert free_port() >= LOWEST_PORT + 10
+
+
+def test_a_port_is_handed_out_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Equal random picks would give two services of one mesh the same port."""
+    picks = iter([20_000, 20_000, 20_001])
+    monkeypatch.setattr(processes, "_handed_out", set())
+    monkeypatch.setattr(processes._ports, "randint", lambda low, high: next(picks))
+    assert [free_port(), free_port()] == [20_000, 20_001]

@@ -50,6 +50,9 @@ PORT_RANGE_FILE = Path("/proc/sys/net/ipv4/ip_local_port_range")
 LOWEST_PORT = 10_000
 FALLBACK_EPHEMERAL_LOW = 32_768
 _ports = random.Random()
+# Every port handed out by this process: a mesh takes a dozen before any is bound, and two
+# equal random picks (a few in a thousand meshes) would make one service fail to start.
+_handed_out: set[int] = set()
 
 
 def _ephemeral_low() -> int:
@@ -61,16 +64,20 @@ def _ephemeral_low() -> int:
 
 def free_port(host: str = "127.0.0.1") -> int:
     """A port free a moment ago, outside the ephemeral range when there is room below it
-    (else any port the kernel picks). Random, so concurrent callers rarely meet."""
+    (else any port the kernel picks), never one this process handed out before. Random, so
+    concurrent callers rarely meet."""
     high = _ephemeral_low() - 1
     if high - LOWEST_PORT >= 1000:
         for _ in range(50):
             port = _ports.randint(LOWEST_PORT, high)
+            if port in _handed_out:
+                continue
             with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
                 try:
                     s.bind((host, port))
                 except OSError:
                     continue
+                _handed_out.add(port)
                 return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((host, 0))
