@@ -64,7 +64,8 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
                 if arrived:
                     messages, arrived[:] = list(arrived), []
                     yield await self._route(messages)
-                elif ended or self._draining:
+                # Draining: what a busy gateway sent meanwhile goes again on its next stream.
+                if self._draining or (ended and not arrived):
                     break
         finally:
             self._wakes.discard(more)
