@@ -21,11 +21,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import multiprocessing as mp
-import os
 import statistics
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from pathlib import Path
 from typing import Any
 
 import grpc
@@ -34,12 +32,9 @@ import tritonclient.grpc as grpcclient
 import tritonclient.grpc.aio as grpcaio
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
+from tiermesh.bench.cpu import process_cpu_s
+
 HOP = "/bench.Hop/"
-
-
-def cpu_s(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 class Infer(service_pb2_grpc.GRPCInferenceServiceServicer):
@@ -131,10 +126,11 @@ def measure(load: Load, traced: bool) -> tuple[float, float, float]:
     try:
         address = f"127.0.0.1:{ports.get(timeout=60)}"
         asyncio.run(load(address))  # warm-up: the first calls pay for connecting
-        server0, client0, wall0 = cpu_s(proc.pid), time.process_time(), time.perf_counter()
+        server0 = process_cpu_s(proc.pid)
+        client0, wall0 = time.process_time(), time.perf_counter()
         asyncio.run(load(address))
         return (
-            cpu_s(proc.pid) - server0,
+            process_cpu_s(proc.pid) - server0,
             time.process_time() - client0,
             time.perf_counter() - wall0,
         )

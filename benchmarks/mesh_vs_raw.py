@@ -50,6 +50,7 @@ from tokenizers import Tokenizer
 
 from tiermesh.bench import runner
 from tiermesh.bench.calls import Sender
+from tiermesh.bench.cpu import process_cpu_s
 from tiermesh.bench.records import Record
 from tiermesh.bench.workload import RequestSpec, Tensor, text_with_tokens
 from tiermesh.core.model_files import mirror_files
@@ -66,7 +67,6 @@ IDS_MODEL = "minilm-l3-ids"
 MIXES = {"default": {16: 14, 64: 5, 256: 1}, "short": {16: 15, 64: 5}}
 Shares = dict[int, int]
 TIMEOUT_S = 30.0
-CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 Ids = npt.NDArray[np.int64]
 
@@ -193,10 +193,9 @@ def build_repo(root: Path) -> Path:
 
 def proc_cpu(pid: int) -> float:
     try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return process_cpu_s(pid)
     except OSError:
         return 0.0
-    return (int(fields[11]) + int(fields[12])) / CLK_TCK
 
 
 def scrape(port: int, name: str) -> float:

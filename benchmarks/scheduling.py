@@ -54,6 +54,7 @@ from tokenizers import Tokenizer
 from tritonclient.utils import InferenceServerException
 
 from tiermesh.bench.calls import values_of
+from tiermesh.bench.cpu import process_cpu_s
 from tiermesh.bench.workload import TokenText, mixed_texts
 from tiermesh.core.model_config import parse_config
 from tiermesh.core.model_files import mirror_files
@@ -86,7 +87,6 @@ STAGES = (
     "delivery_us",
 )
 OUTSIDE = "outside_us"  # client latency minus the stages: client <-> gateway, tritonclient
-CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 REQUEST_TIMEOUT_S = 10.0  # closed loop and trickle requests
 SETTLE_S = 1.0  # after a flood, before the next measurement
 MESSAGE_CHARS = 90
@@ -160,8 +160,7 @@ def cpu_seconds(pids: dict[str, int]) -> dict[str, float]:
     out = {}
     for name, pid in pids.items():
         try:
-            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-            out[name] = (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+            out[name] = process_cpu_s(pid)
         except (OSError, IndexError, ValueError):
             out[name] = math.nan
     return out

@@ -10,7 +10,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from tiermesh.core import server
-from tiermesh.core.telemetry import Telemetry, extract, inject_current
+from tiermesh.core.telemetry import Telemetry, extract, inject_current, trace_id_of
 
 SAMPLED_PARENT = {"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"}
 UNSAMPLED_PARENT = {"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-00"}
@@ -85,3 +85,8 @@ def test_grpc_interceptors_only_where_spans_go(monkeypatch: pytest.MonkeyPatch) 
         server.make_channel("127.0.0.1:1", t)
     assert built[:2] == [[], None]
     assert len(built[2]) == 1 and len(built[3]) >= 1
+
+
+def test_the_trace_id_of_a_well_formed_traceparent_only() -> None:
+    assert trace_id_of(SAMPLED_PARENT) == "0af7651916cd43dd8448eb211c80319c"
+    assert trace_id_of({"traceparent": "00-zz"}) is None and trace_id_of({}) is None

@@ -158,6 +158,12 @@ TRACEPARENT = re.compile(r"[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}")
 TRACESTATE_MAX = 512  # W3C: a vendor may drop a longer tracestate
 
 
+def trace_id_of(carrier: Mapping[str, str]) -> str | None:
+    """The trace id (32 hex digits) a well-formed W3C traceparent names, else None."""
+    parent = carrier.get("traceparent", "")
+    return parent.split("-")[1] if TRACEPARENT.fullmatch(parent) else None
+
+
 def w3c_context(metadata: Iterable[tuple[str, str | bytes]]) -> dict[str, str]:
     """A caller's W3C trace context from its request headers: what a gateway that records no
     span of its own passes on, so the request stays on its caller's trace downstream. Only

@@ -31,7 +31,7 @@ from tiermesh.core.errors import MeshError, exhausted, invalid, unavailable
 from tiermesh.core.jobs import Job, Timing
 from tiermesh.core.repository import ModelConfig, ModelRepository
 from tiermesh.core.settings import GatewaySettings
-from tiermesh.core.telemetry import inject_current, w3c_context
+from tiermesh.core.telemetry import inject_current, trace_id_of, w3c_context
 from tiermesh.gateway.capture import Capture
 from tiermesh.gateway.control import ModelControl, check_allowed
 from tiermesh.gateway.dispatch import Answer, Call, Dispatcher
@@ -232,12 +232,11 @@ class DataPlane:
             on_partial = None
         call.variant = job.variant
         call.job = job
-        structlog.contextvars.bind_contextvars(request_id=job.request_id, model=job.model)
         span = trace.get_current_span()
-        if not span.get_span_context().is_valid and "traceparent" in job.trace_context:
-            # No span here (this gateway exports none): its logs still name the caller's trace.
-            trace_id = job.trace_context["traceparent"].split("-")[1:2]
-            structlog.contextvars.bind_contextvars(trace_id=trace_id[0] if trace_id else "")
+        bound = {"request_id": job.request_id, "model": job.model}
+        if not span.get_span_context().is_valid and (tid := trace_id_of(job.trace_context)):
+            bound["trace_id"] = tid  # no span here: the logs still name the caller's trace
+        structlog.contextvars.bind_contextvars(**bound)
         if span.is_recording():
             span.set_attribute("tiermesh.request_id", job.request_id)
             span.set_attribute("tiermesh.client_request_id", job.client_request_id)

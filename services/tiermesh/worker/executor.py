@@ -50,7 +50,6 @@ class Executor:
         self._scheduler = scheduler
         self._clock_ns = clock_ns
         self._telemetry = telemetry
-        self._tracer = telemetry.tracer
         self._metrics = metrics
         self.computed_rows = 0
         self.cascaded = 0
@@ -68,7 +67,7 @@ class Executor:
             return live, done
         rows = sum(q.job.rows for q in live)
         links = batch_links(self._telemetry, live)
-        with self._tracer.start_as_current_span(
+        with self._telemetry.tracer.start_as_current_span(
             f"{key.name} process", kind=SpanKind.CONSUMER, links=links
         ) as span:
             # OpenTelemetry messaging conventions for a batch: one span, a link per message.
