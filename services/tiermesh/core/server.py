@@ -21,7 +21,7 @@ from tiermesh.core.telemetry import Telemetry
 # Calls that carry no single request stay out of traces: health checks (frequent, they say
 # nothing about requests) and the long-lived internal streams of batches, whose jobs each
 # get a span of their own where their trace is sampled.
-UNTRACED_METHODS = ("RouteStream",)
+UNTRACED_METHODS = ("RouteStream", "ProcessStream", "DeliverStream")
 
 
 def _traced() -> Any:

@@ -85,9 +85,8 @@ async def serve(
     recorder = Recorder(
         RolloutStore(redis), {name: cfg.queue_model for name, cfg in repo.configs.items()}
     )
-    delivery_pb2_grpc.add_DeliveryServicer_to_server(
-        DeliveryServicer(pending, telemetry, recorder), internal
-    )
+    delivery = DeliveryServicer(pending, telemetry, recorder)
+    delivery_pb2_grpc.add_DeliveryServicer_to_server(delivery, internal)
     internal_health = add_health(internal)
     delivery_port = bind(
         internal,
@@ -205,6 +204,7 @@ async def serve(
             await rest.stop()
         control_task.cancel()
         await asyncio.gather(control_task, return_exceptions=True)
+        delivery.drain()  # postprocess's streams end: nobody here waits any more
         await internal.stop(grace=1.0)
         if audit_task is not None and security is not None:
             audit_task.cancel()

@@ -1,11 +1,16 @@
-"""The internal Delivery servicer of the gateway: postprocess hands over finished results,
-the waiting calls (pending.py) are resolved. A result gets a `deliver` span only where its
+"""The internal Delivery servicer of the gateway: postprocess hands over finished results
+(messages on its DeliverStream, or unary Deliver calls), the waiting calls (pending.py) are
+resolved. A result gets a `deliver` span only where its
 request's trace is sampled, as on the other hops."""
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+
+import grpc
 import structlog
 
+from tiermesh.core.call_stream import StreamServing
 from tiermesh.core.grpc_errors import grpc_method
 from tiermesh.core.jobs import JobResult
 from tiermesh.core.telemetry import Telemetry, extract
@@ -27,9 +32,25 @@ class DeliveryServicer(delivery_pb2_grpc.DeliveryServicer):
         self._tracer = telemetry.tracer
         self._traces = telemetry.traces
         self._recorder = recorder
+        self._streams = StreamServing("delivery")
+
+    def drain(self) -> None:
+        """At stop, once nothing waits here: postprocess's streams end."""
+        self._streams.drain()
+
+    async def DeliverStream(
+        self,
+        request_iterator: AsyncIterator[delivery_pb2.Deliveries],
+        context: grpc.aio.ServicerContext,
+    ) -> AsyncIterator[delivery_pb2.DeliverReply]:
+        async for reply in self._streams.serve(request_iterator, self._deliver, context):
+            yield reply
 
     @grpc_method
     async def Deliver(self, request, context):  # type: ignore[no-untyped-def]
+        return await self._deliver(request)
+
+    async def _deliver(self, request: delivery_pb2.Deliveries) -> delivery_pb2.DeliverReply:
         resolved = late = 0
         for msg in request.results:
             result = result_from_proto(msg)

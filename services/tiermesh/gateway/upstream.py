@@ -5,12 +5,12 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import dataclass, field
-from typing import Any
 
 import grpc
 import redis.asyncio as aioredis
 
 from tiermesh.core import keys
+from tiermesh.core.call_stream import StreamPump
 from tiermesh.core.errors import (
     MeshError,
     code_from_int,
@@ -44,21 +44,26 @@ class Routed:
 
 
 class RouterClient:
-    """Jobs to the router over one long-lived RouteStream: `route` queues a job and awaits
-    its outcome; a pump writes whatever is queued as one batch as soon as its previous
-    write is on the wire (no timer: one job at concurrency 1, many under load), and a
-    reader resolves the outcomes as batches of them come back. A broken stream fails the
-    jobs on it as UNAVAILABLE, which `route` retries on a new stream (enqueues are
-    idempotent by request id). The pump and the reader are owned here: `close` ends them."""
+    """Jobs to the router over one long-lived RouteStream (core/call_stream.StreamPump):
+    `route` queues a job and awaits its outcome; the pump writes whatever is queued as one
+    batch as soon as its previous write is on the wire (no timer: one job at concurrency 1,
+    many under load), and outcomes are resolved as batches of them come back. A broken
+    stream fails the jobs on it as UNAVAILABLE, which `route` retries on a new stream
+    (enqueues are idempotent by request id). `close` ends the stream."""
 
     def __init__(self, channel: grpc.aio.Channel) -> None:
-        self._stub = router_pb2_grpc.RouterStub(channel)
         self._queued: list[job_pb2.Job] = []
         self._waiting: dict[str, asyncio.Future[router_pb2.RouteReply]] = {}
-        self._wake = asyncio.Event()
-        self._pump_task: asyncio.Task[None] | None = None
-        self.batches = 0  # batches written, for tests and statistics
-        self.jobs = 0
+        stub = router_pb2_grpc.RouterStub(channel)
+        self._pump: StreamPump[router_pb2.JobBatch, router_pb2.RouteReplies, str] = StreamPump(
+            stub.RouteStream, "router", self._take, self._answered, self._broken
+        )
+        self.jobs = 0  # jobs written, for tests and statistics
+
+    @property
+    def batches(self) -> int:
+        """Batches written."""
+        return self._pump.messages
 
     async def route(self, job: Job, timeout_s: float) -> Routed:
         """Place the job on its stream; raises the router's refusal as a MeshError."""
@@ -72,9 +77,7 @@ class RouterClient:
             future: asyncio.Future[router_pb2.RouteReply] = loop.create_future()
             self._waiting[job.request_id] = future
             self._queued.append(message)
-            self._wake.set()
-            if self._pump_task is None or self._pump_task.done():
-                self._pump_task = asyncio.create_task(self._pump(), name="router-stream")
+            self._pump.wake()
             try:
                 async with asyncio.timeout(left):
                     reply = await future
@@ -98,63 +101,27 @@ class RouterClient:
 
     async def close(self) -> None:
         """End the stream; jobs still waiting fail as UNAVAILABLE."""
-        task, self._pump_task = self._pump_task, None
-        if task is not None:
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
+        await self._pump.close()
 
-    async def _pump(self) -> None:
-        """One stream at a time, while there is something to send or to wait for."""
-        while True:
-            if not self._queued:
-                self._wake.clear()
-                await self._wake.wait()
-            call = self._stub.RouteStream()
-            sent: set[str] = set()
-            reader = asyncio.create_task(self._read(call, sent), name="router-stream-reader")
-            reader.add_done_callback(lambda _: self._wake.set())
-            problem = "stream ended"
-            try:
-                while not reader.done():
-                    if not self._queued:
-                        self._wake.clear()
-                        await self._wake.wait()
-                        continue
-                    batch, self._queued = self._queued, []
-                    live = [m for m in batch if m.request_id in self._waiting]
-                    if not live:
-                        continue
-                    sent.update(m.request_id for m in live)
-                    await call.write(router_pb2.JobBatch(jobs=live))
-                    self.batches += 1
-                    self.jobs += len(live)
-                problem = await reader
-            except grpc.aio.AioRpcError as err:
-                problem = err.details() or err.code().name
-            except (grpc.aio.UsageError, asyncio.InvalidStateError) as err:
-                problem = str(err) or type(err).__name__
-            finally:
-                if not reader.done():
-                    reader.cancel()
-                call.cancel()
-                self._fail(sent, problem)
+    def _take(self) -> tuple[router_pb2.JobBatch, list[str]] | None:
+        """Everything queued whose caller still waits, as one batch."""
+        batch, self._queued = self._queued, []
+        live = [m for m in batch if m.request_id in self._waiting]
+        if not live:
+            return None
+        self.jobs += len(live)
+        return router_pb2.JobBatch(jobs=live), [m.request_id for m in live]
 
-    async def _read(self, call: Any, sent: set[str]) -> str:
-        """Resolve outcomes until the stream ends; returns why it ended."""
-        try:
-            async for replies in call:
-                for reply in replies.replies:
-                    sent.discard(reply.request_id)
-                    future = self._waiting.get(reply.request_id)
-                    if future is not None and not future.done():
-                        future.set_result(reply)
-        except grpc.aio.AioRpcError as err:
-            return str(err.details() or err.code().name)
-        return "stream ended"
+    def _answered(self, replies: router_pb2.RouteReplies, sent: set[str]) -> None:
+        for reply in replies.replies:
+            sent.discard(reply.request_id)
+            future = self._waiting.get(reply.request_id)
+            if future is not None and not future.done():
+                future.set_result(reply)
 
-    def _fail(self, request_ids: set[str], problem: str) -> None:
+    def _broken(self, request_ids: set[str], error: grpc.aio.AioRpcError) -> None:
         """Jobs that were on a broken stream: `route` sends them again."""
-        lost = router_pb2.RouteReply(code=UNAVAILABLE, message=problem)
+        lost = router_pb2.RouteReply(code=UNAVAILABLE, message=error.details() or error.code().name)
         for request_id in request_ids:
             future = self._waiting.get(request_id)
             if future is not None and not future.done():

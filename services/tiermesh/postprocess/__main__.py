@@ -68,7 +68,9 @@ async def serve(
         await stop.wait()
     finally:
         await set_serving(health, False)
-        # Workers stop before postprocess; batches in flight finish within the grace.
+        # Workers stop before postprocess; batches in flight finish within the grace, and
+        # then each worker's stream ends (a worker sends again what it had not had read).
+        servicer.drain()
         await server.stop(grace=settings.shutdown_grace_s)
         await gateways.close()
         metrics_server.close()

@@ -1,15 +1,17 @@
-"""The Postprocess servicer: a whole batch in, output steps, delivery per gateway."""
+"""The Postprocess servicer: a whole batch in (a message on a worker's ProcessStream, or a
+unary Process call), output steps, delivery per gateway, then the batch's reply."""
 
 from __future__ import annotations
 
 import asyncio
 import time
 from collections import Counter, defaultdict
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 
 import grpc
 import structlog
 
+from tiermesh.core.call_stream import StreamServing
 from tiermesh.core.grpc_errors import grpc_method
 from tiermesh.core.jobs import JobResult
 from tiermesh.core.repository import ModelRepository, RepositoryError
@@ -41,9 +43,25 @@ class PostprocessServicer(postprocess_pb2_grpc.PostprocessServicer):
         self._tracer = telemetry.tracer
         self._traces = telemetry.traces
         self._clock_ns = clock_ns
+        self._streams = StreamServing("postprocess")
+
+    def drain(self) -> None:
+        """At stop: each worker's stream ends once the batches it brought are delivered."""
+        self._streams.drain()
+
+    async def ProcessStream(
+        self,
+        request_iterator: AsyncIterator[postprocess_pb2.ResultBatch],
+        context: grpc.aio.ServicerContext,
+    ) -> AsyncIterator[postprocess_pb2.ProcessReply]:
+        async for reply in self._streams.serve(request_iterator, self._process, context):
+            yield reply
 
     @grpc_method
     async def Process(self, request, context):  # type: ignore[no-untyped-def]
+        return await self._process(request)
+
+    async def _process(self, request: postprocess_pb2.ResultBatch) -> postprocess_pb2.ProcessReply:
         by_gateway: dict[str, list[JobResult]] = defaultdict(list)
         await self._know({msg.model for msg in request.results})
         for result in self._postprocess([result_from_proto(msg) for msg in request.results]):

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from tiermesh.v1 import job_pb2 as tiermesh_dot_v1_dot_job__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1atiermesh/v1/delivery.proto\x12\x0btiermesh.v1\x1a\x15tiermesh/v1/job.proto\"2\n\nDeliveries\x12$\n\x07results\x18\x01 \x03(\x0b\x32\x13.tiermesh.v1.Result\".\n\x0c\x44\x65liverReply\x12\x10\n\x08resolved\x18\x01 \x01(\r\x12\x0c\n\x04late\x18\x02 \x01(\r2I\n\x08\x44\x65livery\x12=\n\x07\x44\x65liver\x12\x17.tiermesh.v1.Deliveries\x1a\x19.tiermesh.v1.DeliverReplyb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1atiermesh/v1/delivery.proto\x12\x0btiermesh.v1\x1a\x15tiermesh/v1/job.proto\"D\n\nDeliveries\x12$\n\x07results\x18\x01 \x03(\x0b\x32\x13.tiermesh.v1.Result\x12\x10\n\x08\x62\x61tch_id\x18\x02 \x01(\x04\"@\n\x0c\x44\x65liverReply\x12\x10\n\x08resolved\x18\x01 \x01(\r\x12\x0c\n\x04late\x18\x02 \x01(\r\x12\x10\n\x08\x62\x61tch_id\x18\x03 \x01(\x04\x32\x92\x01\n\x08\x44\x65livery\x12=\n\x07\x44\x65liver\x12\x17.tiermesh.v1.Deliveries\x1a\x19.tiermesh.v1.DeliverReply\x12G\n\rDeliverStream\x12\x17.tiermesh.v1.Deliveries\x1a\x19.tiermesh.v1.DeliverReply(\x01\x30\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -33,9 +33,9 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'tiermesh.v1.delivery_pb2', 
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_DELIVERIES']._serialized_start=66
-  _globals['_DELIVERIES']._serialized_end=116
-  _globals['_DELIVERREPLY']._serialized_start=118
-  _globals['_DELIVERREPLY']._serialized_end=164
-  _globals['_DELIVERY']._serialized_start=166
-  _globals['_DELIVERY']._serialized_end=239
+  _globals['_DELIVERIES']._serialized_end=134
+  _globals['_DELIVERREPLY']._serialized_start=136
+  _globals['_DELIVERREPLY']._serialized_end=200
+  _globals['_DELIVERY']._serialized_start=203
+  _globals['_DELIVERY']._serialized_end=349
 # @@protoc_insertion_point(module_scope)

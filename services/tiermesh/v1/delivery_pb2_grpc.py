@@ -27,6 +27,10 @@ if _version_not_supported:
 
 class DeliveryStub:
     """Served by each gateway: results for the requests it is waiting on.
+
+    Postprocess uses DeliverStream: one long-lived bidirectional stream per
+    postprocess-gateway pair, one message per batch of results, each reply carrying its
+    message's `batch_id`. Deliver is the same for one message as a unary call.
     """
 
     def __init__(self, channel):
@@ -40,13 +44,28 @@ class DeliveryStub:
                 request_serializer=tiermesh_dot_v1_dot_delivery__pb2.Deliveries.SerializeToString,
                 response_deserializer=tiermesh_dot_v1_dot_delivery__pb2.DeliverReply.FromString,
                 _registered_method=True)
+        self.DeliverStream = channel.stream_stream(
+                '/tiermesh.v1.Delivery/DeliverStream',
+                request_serializer=tiermesh_dot_v1_dot_delivery__pb2.Deliveries.SerializeToString,
+                response_deserializer=tiermesh_dot_v1_dot_delivery__pb2.DeliverReply.FromString,
+                _registered_method=True)
 
 
 class DeliveryServicer:
     """Served by each gateway: results for the requests it is waiting on.
+
+    Postprocess uses DeliverStream: one long-lived bidirectional stream per
+    postprocess-gateway pair, one message per batch of results, each reply carrying its
+    message's `batch_id`. Deliver is the same for one message as a unary call.
     """
 
     def Deliver(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DeliverStream(self, request_iterator, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -60,6 +79,11 @@ def add_DeliveryServicer_to_server(servicer, server):
                     request_deserializer=tiermesh_dot_v1_dot_delivery__pb2.Deliveries.FromString,
                     response_serializer=tiermesh_dot_v1_dot_delivery__pb2.DeliverReply.SerializeToString,
             ),
+            'DeliverStream': grpc.stream_stream_rpc_method_handler(
+                    servicer.DeliverStream,
+                    request_deserializer=tiermesh_dot_v1_dot_delivery__pb2.Deliveries.FromString,
+                    response_serializer=tiermesh_dot_v1_dot_delivery__pb2.DeliverReply.SerializeToString,
+            ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
             'tiermesh.v1.Delivery', rpc_method_handlers)
@@ -70,6 +94,10 @@ def add_DeliveryServicer_to_server(servicer, server):
  # This class is part of an EXPERIMENTAL API.
 class Delivery:
     """Served by each gateway: results for the requests it is waiting on.
+
+    Postprocess uses DeliverStream: one long-lived bidirectional stream per
+    postprocess-gateway pair, one message per batch of results, each reply carrying its
+    message's `batch_id`. Deliver is the same for one message as a unary call.
     """
 
     @staticmethod
@@ -87,6 +115,33 @@ class Delivery:
             request,
             target,
             '/tiermesh.v1.Delivery/Deliver',
+            tiermesh_dot_v1_dot_delivery__pb2.Deliveries.SerializeToString,
+            tiermesh_dot_v1_dot_delivery__pb2.DeliverReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DeliverStream(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/tiermesh.v1.Delivery/DeliverStream',
             tiermesh_dot_v1_dot_delivery__pb2.Deliveries.SerializeToString,
             tiermesh_dot_v1_dot_delivery__pb2.DeliverReply.FromString,
             options,

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from tiermesh.v1 import job_pb2 as tiermesh_dot_v1_dot_job__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1dtiermesh/v1/postprocess.proto\x12\x0btiermesh.v1\x1a\x15tiermesh/v1/job.proto\"3\n\x0bResultBatch\x12$\n\x07results\x18\x01 \x03(\x0b\x32\x13.tiermesh.v1.Result\"8\n\x0cProcessReply\x12\x11\n\tdelivered\x18\x01 \x01(\r\x12\x15\n\rundeliverable\x18\x02 \x01(\r2M\n\x0bPostprocess\x12>\n\x07Process\x12\x18.tiermesh.v1.ResultBatch\x1a\x19.tiermesh.v1.ProcessReplyb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1dtiermesh/v1/postprocess.proto\x12\x0btiermesh.v1\x1a\x15tiermesh/v1/job.proto\"E\n\x0bResultBatch\x12$\n\x07results\x18\x01 \x03(\x0b\x32\x13.tiermesh.v1.Result\x12\x10\n\x08\x62\x61tch_id\x18\x02 \x01(\x04\"J\n\x0cProcessReply\x12\x11\n\tdelivered\x18\x01 \x01(\r\x12\x15\n\rundeliverable\x18\x02 \x01(\r\x12\x10\n\x08\x62\x61tch_id\x18\x03 \x01(\x04\x32\x97\x01\n\x0bPostprocess\x12>\n\x07Process\x12\x18.tiermesh.v1.ResultBatch\x1a\x19.tiermesh.v1.ProcessReply\x12H\n\rProcessStream\x12\x18.tiermesh.v1.ResultBatch\x1a\x19.tiermesh.v1.ProcessReply(\x01\x30\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -33,9 +33,9 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'tiermesh.v1.postprocess_pb2
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_RESULTBATCH']._serialized_start=69
-  _globals['_RESULTBATCH']._serialized_end=120
-  _globals['_PROCESSREPLY']._serialized_start=122
-  _globals['_PROCESSREPLY']._serialized_end=178
-  _globals['_POSTPROCESS']._serialized_start=180
-  _globals['_POSTPROCESS']._serialized_end=257
+  _globals['_RESULTBATCH']._serialized_end=138
+  _globals['_PROCESSREPLY']._serialized_start=140
+  _globals['_PROCESSREPLY']._serialized_end=214
+  _globals['_POSTPROCESS']._serialized_start=217
+  _globals['_POSTPROCESS']._serialized_end=368
 # @@protoc_insertion_point(module_scope)

@@ -26,9 +26,13 @@ if _version_not_supported:
 
 
 class PostprocessStub:
-    """A worker hands one whole batch of results to postprocess. The call returns once
-    every result has been delivered to its gateway (or its gateway is known gone), so a
-    worker may acknowledge the stream entries when it succeeds.
+    """A worker hands one whole batch of results to postprocess. The reply comes once every
+    result has been delivered to its gateway (or its gateway is known gone), so a worker may
+    acknowledge the stream entries when it has it.
+
+    Workers use ProcessStream: one long-lived bidirectional stream per worker-postprocess
+    pair, one message per batch, each reply carrying its batch's `batch_id` (replies come in
+    any order). Process is the same for one batch as a unary call.
     """
 
     def __init__(self, channel):
@@ -42,15 +46,30 @@ class PostprocessStub:
                 request_serializer=tiermesh_dot_v1_dot_postprocess__pb2.ResultBatch.SerializeToString,
                 response_deserializer=tiermesh_dot_v1_dot_postprocess__pb2.ProcessReply.FromString,
                 _registered_method=True)
+        self.ProcessStream = channel.stream_stream(
+                '/tiermesh.v1.Postprocess/ProcessStream',
+                request_serializer=tiermesh_dot_v1_dot_postprocess__pb2.ResultBatch.SerializeToString,
+                response_deserializer=tiermesh_dot_v1_dot_postprocess__pb2.ProcessReply.FromString,
+                _registered_method=True)
 
 
 class PostprocessServicer:
-    """A worker hands one whole batch of results to postprocess. The call returns once
-    every result has been delivered to its gateway (or its gateway is known gone), so a
-    worker may acknowledge the stream entries when it succeeds.
+    """A worker hands one whole batch of results to postprocess. The reply comes once every
+    result has been delivered to its gateway (or its gateway is known gone), so a worker may
+    acknowledge the stream entries when it has it.
+
+    Workers use ProcessStream: one long-lived bidirectional stream per worker-postprocess
+    pair, one message per batch, each reply carrying its batch's `batch_id` (replies come in
+    any order). Process is the same for one batch as a unary call.
     """
 
     def Process(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ProcessStream(self, request_iterator, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -64,6 +83,11 @@ def add_PostprocessServicer_to_server(servicer, server):
                     request_deserializer=tiermesh_dot_v1_dot_postprocess__pb2.ResultBatch.FromString,
                     response_serializer=tiermesh_dot_v1_dot_postprocess__pb2.ProcessReply.SerializeToString,
             ),
+            'ProcessStream': grpc.stream_stream_rpc_method_handler(
+                    servicer.ProcessStream,
+                    request_deserializer=tiermesh_dot_v1_dot_postprocess__pb2.ResultBatch.FromString,
+                    response_serializer=tiermesh_dot_v1_dot_postprocess__pb2.ProcessReply.SerializeToString,
+            ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
             'tiermesh.v1.Postprocess', rpc_method_handlers)
@@ -73,9 +97,13 @@ def add_PostprocessServicer_to_server(servicer, server):
 
  # This class is part of an EXPERIMENTAL API.
 class Postprocess:
-    """A worker hands one whole batch of results to postprocess. The call returns once
-    every result has been delivered to its gateway (or its gateway is known gone), so a
-    worker may acknowledge the stream entries when it succeeds.
+    """A worker hands one whole batch of results to postprocess. The reply comes once every
+    result has been delivered to its gateway (or its gateway is known gone), so a worker may
+    acknowledge the stream entries when it has it.
+
+    Workers use ProcessStream: one long-lived bidirectional stream per worker-postprocess
+    pair, one message per batch, each reply carrying its batch's `batch_id` (replies come in
+    any order). Process is the same for one batch as a unary call.
     """
 
     @staticmethod
@@ -93,6 +121,33 @@ class Postprocess:
             request,
             target,
             '/tiermesh.v1.Postprocess/Process',
+            tiermesh_dot_v1_dot_postprocess__pb2.ResultBatch.SerializeToString,
+            tiermesh_dot_v1_dot_postprocess__pb2.ProcessReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ProcessStream(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/tiermesh.v1.Postprocess/ProcessStream',
             tiermesh_dot_v1_dot_postprocess__pb2.ResultBatch.SerializeToString,
             tiermesh_dot_v1_dot_postprocess__pb2.ProcessReply.FromString,
             options,

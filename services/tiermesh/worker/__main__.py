@@ -201,6 +201,7 @@ async def serve(
         except TimeoutError:
             log.warning("drain grace passed; unfinished entries stay pending")
         await server.stop(grace=1.0)
+        await postprocess.close()
         await channel.close()
         await redis.aclose()
         metrics_server.close()

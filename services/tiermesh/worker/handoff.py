@@ -1,4 +1,5 @@
-"""Hands a finished batch to postprocess."""
+"""Hands a finished batch to postprocess: one message per batch on the worker's one
+ProcessStream (core/call_stream.py)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from collections.abc import Awaitable, Callable, Sequence
 import grpc
 import structlog
 
+from tiermesh.core.call_stream import CallStream
 from tiermesh.core.jobs import JobResult
 from tiermesh.core.wire import result_to_proto
 from tiermesh.v1 import postprocess_pb2, postprocess_pb2_grpc
@@ -17,14 +19,22 @@ HANDOFF_ATTEMPTS = 5
 
 
 class PostprocessClient:
+    """Owns the stream to postprocess: `close` ends it."""
+
     def __init__(self, channel: grpc.aio.Channel, timeout_s: float = 10.0) -> None:
-        self._stub = postprocess_pb2_grpc.PostprocessStub(channel)
+        stub = postprocess_pb2_grpc.PostprocessStub(channel)
+        self._calls: CallStream[postprocess_pb2.ResultBatch, postprocess_pb2.ProcessReply] = (
+            CallStream(stub.ProcessStream, "postprocess")
+        )
         self._timeout_s = timeout_s
 
     async def process(self, results: Sequence[JobResult]) -> None:
         """Returns once postprocess accepted and delivered the batch; raises AioRpcError."""
         batch = postprocess_pb2.ResultBatch(results=[result_to_proto(r) for r in results])
-        await self._stub.Process(batch, timeout=self._timeout_s)
+        await self._calls.call(batch, self._timeout_s)
+
+    async def close(self) -> None:
+        await self._calls.close()
 
 
 async def retrying(

@@ -1,0 +1,274 @@
+"""Request/reply calls carried on one long-lived bidirectional stream per pair of processes
+(DESIGN.md, "Internal hops carry batches"): worker -> postprocess and postprocess ->
+gateway. Each message is a whole batch and carries a `batch_id` that its reply echoes;
+replies come back in any order.
+
+A stream message costs less CPU on both ends than a unary call (no call set-up, no
+metadata, no status) and arrives sooner after idle (benchmarks/grpc_hops.py). The
+guarantees stay those of a unary call: a caller has its reply, or an AioRpcError (the
+stream's own, UNAVAILABLE when the stream ended without one, DEADLINE_EXCEEDED after its
+timeout) and sends again; a message is handled at most once per stream it was written on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import itertools
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from typing import Any, Generic, Protocol, TypeVar
+
+import grpc
+import structlog
+
+from tiermesh.core.errors import INTERNAL_MESSAGE
+
+log = structlog.get_logger("tiermesh.stream")
+
+
+class BatchMessage(Protocol):
+    batch_id: int
+
+
+Req = TypeVar("Req", bound=BatchMessage)
+Rep = TypeVar("Rep", bound=BatchMessage)
+Out = TypeVar("Out")
+In = TypeVar("In")
+K = TypeVar("K")
+
+
+def rpc_error(code: grpc.StatusCode, details: str) -> grpc.aio.AioRpcError:
+    """The error a unary call would have raised."""
+    return grpc.aio.AioRpcError(code, grpc.aio.Metadata(), grpc.aio.Metadata(), details)
+
+
+class StreamPump(Generic[Out, In, K]):
+    """Keeps one long-lived bidirectional stream to one peer while there is something to
+    send or to wait for, and owns its writer and reader tasks (`close` ends them).
+
+    The owner queues its work and calls `wake`; the pump writes what `take` returns (a
+    message and the keys of the work it carries; None: nothing to send), each message as
+    soon as the previous one is on the wire, and hands each message read to `answered`
+    with the keys still unanswered on this stream (it discards those it answers). When the
+    stream breaks or ends, `broken` gets the keys written on it and never answered, with
+    the AioRpcError a unary call would have raised (UNAVAILABLE where the stream ended
+    without one); the next work opens a new stream."""
+
+    def __init__(
+        self,
+        open_stream: Callable[[], Any],
+        name: str,
+        take: Callable[[], tuple[Out, Iterable[K]] | None],
+        answered: Callable[[In, set[K]], None],
+        broken: Callable[[set[K], grpc.aio.AioRpcError], None],
+    ) -> None:
+        # open_stream: the stub's stream-stream method, called with no request iterator.
+        self._open = open_stream
+        self._name = name
+        self._take = take
+        self._answered = answered
+        self._broken = broken
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self.messages = 0  # written, for tests and statistics
+        self.streams = 0  # opened
+
+    def wake(self) -> None:
+        """Something was queued."""
+        self._wake.set()
+        if self._task is None or self._task.done():
+            self._task = asyncio.create_task(self._run(), name=f"{self._name}-stream")
+
+    async def close(self) -> None:
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+
+    async def _next(self) -> tuple[Out, Iterable[K]]:
+        while (taken := self._take()) is None:
+            self._wake.clear()
+            await self._wake.wait()
+        return taken
+
+    async def _run(self) -> None:
+        while True:
+            taken: tuple[Out, Iterable[K]] | None = await self._next()
+            stream = self._open()
+            self.streams += 1
+            sent: set[K] = set()
+            reader = asyncio.create_task(self._read(stream, sent), name=f"{self._name}-reader")
+            reader.add_done_callback(lambda _: self._wake.set())
+            error: grpc.aio.AioRpcError | None = None
+            try:
+                while not reader.done():
+                    if taken is None:
+                        if (taken := self._take()) is None:
+                            self._wake.clear()
+                            await self._wake.wait()
+                            continue
+                    message, keys = taken
+                    taken = None
+                    sent.update(keys)
+                    await stream.write(message)
+                    self.messages += 1
+                error = await reader
+            except grpc.aio.AioRpcError:
+                # A write fails once the stream is over (the peer ended it, or it broke;
+                # grpc says INTERNAL, "error from Core"): the message never reached the
+                # peer. How the stream ended, where the reader saw it, says more.
+                if reader.done() and not reader.cancelled():
+                    error = reader.result()
+            except (grpc.aio.UsageError, asyncio.InvalidStateError) as err:
+                error = rpc_error(grpc.StatusCode.UNAVAILABLE, str(err) or type(err).__name__)
+            finally:
+                if not reader.done():
+                    reader.cancel()
+                stream.cancel()
+                if taken is not None:  # taken for this stream, never written
+                    sent.update(taken[1])
+                ended = rpc_error(grpc.StatusCode.UNAVAILABLE, f"{self._name} stream ended")
+                self._broken(sent, error or ended)
+
+    async def _read(self, stream: Any, sent: set[K]) -> grpc.aio.AioRpcError | None:
+        """Hand over what comes until the stream ends; its error, or None for a plain end."""
+        try:
+            async for reply in stream:
+                self._answered(reply, sent)
+        except grpc.aio.AioRpcError as err:
+            return err
+        return None
+
+
+class CallStream(Generic[Req, Rep]):
+    """Request/reply calls on a StreamPump: `call` queues a message (its `batch_id` set
+    here) and awaits the reply with that id; one message per call. `close` ends the
+    stream; calls still waiting fail as UNAVAILABLE."""
+
+    def __init__(self, open_stream: Callable[[], Any], name: str) -> None:
+        self._name = name
+        self._queued: collections.deque[Req] = collections.deque()
+        self._waiting: dict[int, asyncio.Future[Rep]] = {}
+        self._ids = itertools.count(1)
+        self.pump: StreamPump[Req, Rep, int] = StreamPump(
+            open_stream, name, self._take, self._answered, self._broken
+        )
+
+    async def call(self, message: Req, timeout_s: float) -> Rep:
+        """The peer's reply to `message`; raises AioRpcError as a unary call would."""
+        batch_id = message.batch_id = next(self._ids)
+        future: asyncio.Future[Rep] = asyncio.get_running_loop().create_future()
+        self._waiting[batch_id] = future
+        self._queued.append(message)
+        self.pump.wake()
+        try:
+            async with asyncio.timeout(timeout_s):
+                return await future
+        except TimeoutError:
+            raise rpc_error(
+                grpc.StatusCode.DEADLINE_EXCEEDED, f"no reply from {self._name} in time"
+            ) from None
+        finally:
+            del self._waiting[batch_id]
+            if future.done() and not future.cancelled():
+                future.exception()  # retrieved: a failure that raced a cancel is not logged
+
+    async def close(self) -> None:
+        await self.pump.close()
+
+    def _take(self) -> tuple[Req, tuple[int]] | None:
+        while self._queued:
+            message = self._queued.popleft()
+            if message.batch_id in self._waiting:  # else its caller left
+                return message, (message.batch_id,)
+        return None
+
+    def _answered(self, reply: Rep, sent: set[int]) -> None:
+        sent.discard(reply.batch_id)
+        future = self._waiting.get(reply.batch_id)
+        if future is not None and not future.done():
+            future.set_result(reply)
+
+    def _broken(self, batch_ids: set[int], error: grpc.aio.AioRpcError) -> None:
+        for batch_id in batch_ids:
+            future = self._waiting.get(batch_id)
+            if future is not None and not future.done():
+                future.set_exception(error)
+
+
+class StreamServing:
+    """The server side, one per servicer: `serve` handles each message of a stream in a task
+    of its own (a slow one holds up no other) and yields each reply, its `batch_id` set, as
+    its handler returns. `drain` (at stop) ends every stream once its running handlers have
+    replied; messages not yet read fail at their sender, who sends them again."""
+
+    def __init__(self, name: str) -> None:
+        self._name = name
+        self._draining = False
+        self._wakes: set[asyncio.Event] = set()
+
+    def drain(self) -> None:
+        self._draining = True
+        for wake in self._wakes:
+            wake.set()
+
+    async def serve(
+        self,
+        requests: AsyncIterator[Req],
+        handle: Callable[[Req], Awaitable[Rep]],
+        context: grpc.aio.ServicerContext,
+    ) -> AsyncIterator[Rep]:
+        replies: collections.deque[Rep] = collections.deque()
+        running: set[asyncio.Task[Rep]] = set()
+        failed: list[BaseException] = []
+        more = asyncio.Event()
+        ended = False
+
+        def finished(task: asyncio.Task[Rep]) -> None:
+            running.discard(task)
+            if not task.cancelled():
+                if (exc := task.exception()) is not None:
+                    failed.append(exc)
+                else:
+                    replies.append(task.result())
+            more.set()
+
+        async def handled(message: Req) -> Rep:
+            reply = await handle(message)
+            reply.batch_id = message.batch_id
+            return reply
+
+        async def read() -> None:
+            nonlocal ended
+            try:
+                async for message in requests:
+                    if self._draining:
+                        break  # not begun: its sender sends it again
+                    task = asyncio.create_task(handled(message), name=f"{self._name}-batch")
+                    running.add(task)
+                    task.add_done_callback(finished)
+            finally:
+                ended = True
+                more.set()
+
+        reader = asyncio.create_task(read(), name=f"{self._name}-stream-reader")  # owned here
+        self._wakes.add(more)
+        try:
+            while True:
+                await more.wait()
+                more.clear()
+                while replies:
+                    yield replies.popleft()
+                if failed:
+                    log.error(
+                        "unexpected error handling a batch", stream=self._name, exc_info=failed[0]
+                    )
+                    await context.abort(grpc.StatusCode.INTERNAL, INTERNAL_MESSAGE)
+                if (ended or self._draining) and not running and not replies:
+                    break
+        finally:
+            self._wakes.discard(more)
+            reader.cancel()
+            for task in list(running):
+                task.cancel()
+            await asyncio.gather(reader, *running, return_exceptions=True)
