@@ -186,6 +186,7 @@ def test_provenance_lists_every_file_with_its_sha256(
         "numpy",
         "safetensors",
         "tiermesh_converter",
+        "tiermesh_converter_sources",
     }
 
 

@@ -18,7 +18,8 @@ import torch
 import transformers
 from tokenizers import Tokenizer
 
-from tiermesh.convert import smollm2
+from tests.conftest import MODELS
+from tiermesh.convert import provenance, smollm2
 from tiermesh.convert.gguf_tokenizer import ChatTemplate, read_tokenizer_metadata, tokenizer_json
 from tiermesh.convert.llama import convert_gguf
 from tiermesh.convert.llama_check import greedy, leading_matches
@@ -58,10 +59,17 @@ def gguf() -> Path:
 
 @pytest.fixture(scope="module")
 def session(gguf: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ort.InferenceSession]:
-    path = tmp_path_factory.mktemp("smollm2") / "model.onnx"
-    convert_gguf(gguf, path)
+    """Our decoder: the one `make models` converted, where its provenance says this very
+    converter source made it from this package (about a minute saved); else converted here."""
+    fetched = MODELS / smollm2.NAME / smollm2.MODEL_VERSION
+    if provenance.up_to_date(fetched, smollm2.RECIPE.sources, smollm2.FILES):
+        path = fetched / "model.onnx"
+    else:
+        path = tmp_path_factory.mktemp("smollm2") / "model.onnx"
+        convert_gguf(gguf, path)
     yield ort.InferenceSession(str(path), session_options(2), providers=["CPUExecutionProvider"])
-    path.unlink()
+    if path.parent != fetched:
+        path.unlink()
 
 
 @pytest.fixture(scope="module")

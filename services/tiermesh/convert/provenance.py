@@ -6,6 +6,8 @@ folder is complete; read by the next fetch to skip work that is already done.
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import platform
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -44,8 +46,29 @@ class Source:
         }
 
 
+@functools.cache
+def converter_digest() -> str:
+    """source_digest of this package (tiermesh.convert): a folder converted by other
+    converter code is rebuilt even where CONVERTER_VERSION was not bumped, and a test may
+    take a fetched folder as this code's output."""
+    return source_digest(Path(__file__).resolve().parent)
+
+
+def source_digest(root: Path) -> str:
+    """sha256 over every Python module below `root`, each by its path and bytes."""
+    digest = hashlib.sha256()
+    for path in sorted(root.rglob("*.py")):
+        digest.update(path.relative_to(root).as_posix().encode() + b"\0")
+        digest.update(path.read_bytes() + b"\0")
+    return digest.hexdigest()
+
+
 def tool_versions() -> dict[str, str]:
-    versions = {"tiermesh_converter": CONVERTER_VERSION, "python": platform.python_version()}
+    versions = {
+        "tiermesh_converter": CONVERTER_VERSION,
+        "tiermesh_converter_sources": converter_digest(),
+        "python": platform.python_version(),
+    }
     for name in _TOOLS:
         try:
             versions[name] = metadata.version(name)
@@ -86,13 +109,15 @@ def read(folder: Path) -> dict[str, Any] | None:
 
 
 def up_to_date(folder: Path, sources: Sequence[Source], files: Sequence[str]) -> bool:
-    """Whether `folder` was written by this converter version from these source packages,
-    and every one of `files` is present with the sha256 its record lists."""
+    """Whether `folder` was written by this converter (version and source) from these source
+    packages, and every one of `files` is present with the sha256 its record lists."""
     record = read(folder)
     if record is None:
         return False
     tools, listed, recorded = record.get("tools"), record.get("files"), record.get("sources")
     if not isinstance(tools, dict) or tools.get("tiermesh_converter") != CONVERTER_VERSION:
+        return False
+    if tools.get("tiermesh_converter_sources") != converter_digest():
         return False
     if not isinstance(recorded, list) or not isinstance(listed, dict):
         return False
