@@ -119,7 +119,7 @@ async def drive(
 
 async def run(args: argparse.Namespace) -> int:
     spy = py_spy()
-    inputs = mvr.make_inputs(0, 1000)
+    inputs = mvr.make_inputs(0, 1000, mvr.MIXES[args.mix])
     if args.ids:
         model = mvr.IDS_MODEL
         specs = [mvr.spec_ids(i, n, ids) for i, (n, _, ids) in enumerate(inputs)]
@@ -197,6 +197,7 @@ async def run(args: argparse.Namespace) -> int:
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
     p.add_argument("--seconds", type=int, default=20)
+    p.add_argument("--mix", choices=sorted(mvr.MIXES), default="default", help="as mesh_vs_raw.py")
     p.add_argument("--rate", type=int, default=200, help="py-spy samples per second")
     p.add_argument("--ids", action="store_true", help="pre-tokenized ids instead of text")
     p.add_argument("--native", action="store_true", help="include native frames")
