@@ -1,7 +1,7 @@
 """The internal Delivery servicer of the gateway: postprocess hands over finished results
 (messages on its DeliverStream, or unary Deliver calls), the waiting calls (pending.py) are
-resolved. A result gets a `deliver` span only where its
-request's trace is sampled, as on the other hops."""
+resolved. A result gets a `deliver` span only where its request's trace is sampled, as on
+the other hops."""
 
 from __future__ import annotations
 
