@@ -1,7 +1,9 @@
-"""Request/reply calls carried on one long-lived bidirectional stream per pair of processes
-(DESIGN.md, "Internal hops carry batches"): worker -> postprocess and postprocess ->
-gateway. Each message is a whole batch and carries a `batch_id` that its reply echoes;
-replies come back in any order.
+"""Work carried on one long-lived bidirectional stream per pair of processes (DESIGN.md,
+"Internal hops carry batches"). `StreamPump` keeps the stream and is shared by every hop;
+`CallStream` (worker -> postprocess, postprocess -> gateway) makes request/reply calls of
+it, where each message is a whole batch with a `batch_id` that its reply echoes, replies in
+any order; `StreamServing` is their server side. The gateway's router stream (gateway/
+upstream.py) runs on the pump with its own batching of jobs.
 
 A stream message costs less CPU on both ends than a unary call (no call set-up, no
 metadata, no status) and arrives sooner after idle (benchmarks/grpc_hops.py). The
