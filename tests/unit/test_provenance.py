@@ -4,6 +4,7 @@ rebuilds (and a test may take an up-to-date folder as this code's output)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import yaml
@@ -22,10 +23,11 @@ def _folder(tmp_path: Path) -> Path:
     return folder
 
 
-def _edit_tools(folder: Path, **tools: str) -> None:
+def _edit_tools(folder: Path, edit: Callable[[dict[str, str]], object]) -> None:
+    """Rewrite the record's `tools` through `edit`."""
     path = folder / provenance.FILE_NAME
     record = yaml.safe_load(path.read_text())
-    record["tools"].update(tools)
+    edit(record["tools"])
     path.write_text(yaml.safe_dump(record))
 
 
@@ -38,16 +40,13 @@ def test_a_folder_written_by_this_converter_is_up_to_date(tmp_path: Path) -> Non
 
 def test_other_converter_source_means_rebuild(tmp_path: Path) -> None:
     folder = _folder(tmp_path)
-    _edit_tools(folder, tiermesh_converter_sources="0" * 64)
+    _edit_tools(folder, lambda tools: tools.update(tiermesh_converter_sources="0" * 64))
     assert not provenance.up_to_date(folder, SOURCES, ["model.onnx"])
 
 
 def test_a_record_without_the_source_digest_means_rebuild(tmp_path: Path) -> None:
     folder = _folder(tmp_path)
-    path = folder / provenance.FILE_NAME
-    record = yaml.safe_load(path.read_text())
-    del record["tools"]["tiermesh_converter_sources"]
-    path.write_text(yaml.safe_dump(record))
+    _edit_tools(folder, lambda tools: tools.pop("tiermesh_converter_sources"))
     assert not provenance.up_to_date(folder, SOURCES, ["model.onnx"])
 
 

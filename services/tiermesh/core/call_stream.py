@@ -3,7 +3,8 @@
 `CallStream` (worker -> postprocess, postprocess -> gateway) makes request/reply calls of
 it, where each message is a whole batch with a `batch_id` that its reply echoes, replies in
 any order; `StreamServing` is their server side. The gateway's router stream (gateway/
-upstream.py) runs on the pump with its own batching of jobs.
+upstream.py) runs on the pump with its own batching of jobs; `Drain` ends every server's
+streams at stop, the router's included.
 
 A stream message costs less CPU on both ends than a unary call (no call set-up, no
 metadata, no status) and arrives sooner after idle (benchmarks/grpc_hops.py). The
@@ -16,8 +17,10 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
+import functools
 import itertools
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterable, Iterator
 from typing import Any, Generic, Protocol, TypeVar
 
 import grpc
@@ -87,15 +90,21 @@ class StreamPump(Generic[Out, In, K]):
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
 
-    async def _next(self) -> tuple[Out, Iterable[K]]:
-        while (taken := self._take()) is None:
+    async def _next(
+        self, reader: asyncio.Task[Any] | None = None
+    ) -> tuple[Out, Iterable[K]] | None:
+        """The next work to send, once there is some; None once `reader` (the stream's) is
+        done: what is queued then goes on the next stream."""
+        while reader is None or not reader.done():
+            if (taken := self._take()) is not None:
+                return taken
             self._wake.clear()
             await self._wake.wait()
-        return taken
+        return None
 
     async def _run(self) -> None:
         while True:
-            taken: tuple[Out, Iterable[K]] | None = await self._next()
+            taken = await self._next()
             stream = self._open()
             self.streams += 1
             sent: set[K] = set()
@@ -103,17 +112,12 @@ class StreamPump(Generic[Out, In, K]):
             reader.add_done_callback(lambda _: self._wake.set())
             error: grpc.aio.AioRpcError | None = None
             try:
-                while not reader.done():
-                    if taken is None:
-                        if (taken := self._take()) is None:
-                            self._wake.clear()
-                            await self._wake.wait()
-                            continue
+                while taken is not None:
                     message, keys = taken
-                    taken = None
-                    sent.update(keys)
+                    sent.update(keys)  # before the write: a failed one is answered too
                     await stream.write(message)
                     self.messages += 1
+                    taken = await self._next(reader)
                 error = await reader
             except grpc.aio.AioRpcError:
                 # A write fails once the stream is over (the peer ended it, or it broke;
@@ -127,8 +131,6 @@ class StreamPump(Generic[Out, In, K]):
                 if not reader.done():
                     reader.cancel()
                 stream.cancel()
-                if taken is not None:  # taken for this stream, never written
-                    sent.update(taken[1])
                 ended = rpc_error(grpc.StatusCode.UNAVAILABLE, f"{self._name} stream ended")
                 self._broken(sent, error or ended)
 
@@ -198,6 +200,29 @@ class CallStream(Generic[Req, Rep]):
                 future.set_exception(error)
 
 
+class Drain:
+    """A servicer's stop for its long-lived streams: each stream's loop waits on an event it
+    registers while it runs (`watching`); `drain()` sets `draining` and wakes them all, and
+    each ends once what it has in hand is answered."""
+
+    def __init__(self) -> None:
+        self.draining = False
+        self._wakes: set[asyncio.Event] = set()
+
+    def drain(self) -> None:
+        self.draining = True
+        for wake in self._wakes:
+            wake.set()
+
+    @contextlib.contextmanager
+    def watching(self, wake: asyncio.Event) -> Iterator[None]:
+        self._wakes.add(wake)
+        try:
+            yield
+        finally:
+            self._wakes.discard(wake)
+
+
 class StreamServing:
     """The server side, one per servicer: `serve` handles each message of a stream in a task
     of its own (a slow one holds up no other) and yields each reply, its `batch_id` set, as
@@ -206,18 +231,15 @@ class StreamServing:
 
     def __init__(self, name: str) -> None:
         self._name = name
-        self._draining = False
-        self._wakes: set[asyncio.Event] = set()
+        self._stop = Drain()
 
     def drain(self) -> None:
-        self._draining = True
-        for wake in self._wakes:
-            wake.set()
+        self._stop.drain()
 
     async def serve(
         self,
         requests: AsyncIterator[Req],
-        handle: Callable[[Req], Awaitable[Rep]],
+        handle: Callable[[Req], Coroutine[Any, Any, Rep]],
         context: grpc.aio.ServicerContext,
     ) -> AsyncIterator[Rep]:
         replies: collections.deque[Rep] = collections.deque()
@@ -226,50 +248,50 @@ class StreamServing:
         more = asyncio.Event()
         ended = False
 
-        def finished(task: asyncio.Task[Rep]) -> None:
+        def finished(batch_id: int, task: asyncio.Task[Rep]) -> None:
             running.discard(task)
             if not task.cancelled():
                 if (exc := task.exception()) is not None:
                     failed.append(exc)
                 else:
-                    replies.append(task.result())
+                    reply = task.result()
+                    reply.batch_id = batch_id
+                    replies.append(reply)
             more.set()
-
-        async def handled(message: Req) -> Rep:
-            reply = await handle(message)
-            reply.batch_id = message.batch_id
-            return reply
 
         async def read() -> None:
             nonlocal ended
             try:
                 async for message in requests:
-                    if self._draining:
+                    if self._stop.draining:
                         break  # not begun: its sender sends it again
-                    task = asyncio.create_task(handled(message), name=f"{self._name}-batch")
+                    task: asyncio.Task[Rep] = asyncio.create_task(
+                        handle(message), name=f"{self._name}-batch"
+                    )
                     running.add(task)
-                    task.add_done_callback(finished)
+                    task.add_done_callback(functools.partial(finished, message.batch_id))
             finally:
                 ended = True
                 more.set()
 
         reader = asyncio.create_task(read(), name=f"{self._name}-stream-reader")  # owned here
-        self._wakes.add(more)
         try:
-            while True:
-                await more.wait()
-                more.clear()
-                while replies:
-                    yield replies.popleft()
-                if failed:
-                    log.error(
-                        "unexpected error handling a batch", stream=self._name, exc_info=failed[0]
-                    )
-                    await context.abort(grpc.StatusCode.INTERNAL, INTERNAL_MESSAGE)
-                if (ended or self._draining) and not running and not replies:
-                    break
+            with self._stop.watching(more):
+                while True:
+                    await more.wait()
+                    more.clear()
+                    while replies:
+                        yield replies.popleft()
+                    if failed:
+                        log.error(
+                            "unexpected error handling a batch",
+                            stream=self._name,
+                            exc_info=failed[0],
+                        )
+                        await context.abort(grpc.StatusCode.INTERNAL, INTERNAL_MESSAGE)
+                    if (ended or self._stop.draining) and not running and not replies:
+                        break
         finally:
-            self._wakes.discard(more)
             reader.cancel()
             for task in list(running):
                 task.cancel()

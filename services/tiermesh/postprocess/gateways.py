@@ -39,8 +39,9 @@ class GatewayClients:
             channel = make_channel(address, self._telemetry, credentials=self._credentials)
             stub = delivery_pb2_grpc.DeliveryStub(channel)
             opened = self._channels[address] = (channel, CallStream(stub.DeliverStream, address))
+        _, calls = opened
         msg = delivery_pb2.Deliveries(results=[result_to_proto(r) for r in results])
-        await opened[1].call(msg, self._timeout_s)
+        await calls.call(msg, self._timeout_s)
 
     async def close(self) -> None:
         for channel, calls in self._channels.values():

@@ -14,6 +14,7 @@ from collections.abc import AsyncIterator
 import grpc
 import structlog
 
+from tiermesh.core.call_stream import Drain
 from tiermesh.core.errors import INTERNAL_MESSAGE, MeshError, code_to_int
 from tiermesh.core.wire import job_from_proto
 from tiermesh.router.routing import BatchRouter, Outcome, Placed
@@ -25,16 +26,13 @@ log = structlog.get_logger("tiermesh.router")
 class RouterServicer(router_pb2_grpc.RouterServicer):
     def __init__(self, router: BatchRouter) -> None:
         self._router = router
-        self._draining = False
-        self._wakes: set[asyncio.Event] = set()
+        self._stop = Drain()
 
     def drain(self) -> None:
         """At stop: each stream answers the jobs it has read, then ends. A gateway sends what
         it had on that stream again on a new one (to another router, or to this one once it
         is back), so a router stops in a moment, not after the whole grace period."""
-        self._draining = True
-        for wake in self._wakes:
-            wake.set()
+        self._stop.drain()
 
     async def RouteStream(
         self,
@@ -56,19 +54,18 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
                 more.set()
 
         reader = asyncio.create_task(read(), name="route-stream-reader")  # owned: this call
-        self._wakes.add(more)
         try:
-            while True:
-                await more.wait()
-                more.clear()
-                if arrived:
-                    messages, arrived[:] = list(arrived), []
-                    yield await self._route(messages)
-                # Draining: what a busy gateway sent meanwhile goes again on its next stream.
-                if self._draining or (ended and not arrived):
-                    break
+            with self._stop.watching(more):
+                while True:
+                    await more.wait()
+                    more.clear()
+                    if arrived:
+                        messages, arrived[:] = list(arrived), []
+                        yield await self._route(messages)
+                    # Draining: what a busy gateway sent meanwhile goes again on its next stream.
+                    if self._stop.draining or (ended and not arrived):
+                        break
         finally:
-            self._wakes.discard(more)
             reader.cancel()
             await asyncio.gather(reader, return_exceptions=True)
 
