@@ -157,12 +157,12 @@ async def downstream() -> AsyncIterator[Downstream]:
     telemetry = Telemetry("test")
     pending = PendingRequests()
     delivery = make_server(telemetry)
-    delivery_pb2_grpc.add_DeliveryServicer_to_server(DeliveryServicer(pending, telemetry), delivery)
+    delivery_pb2_grpc.add_DeliveryServicer_to_server(DeliveryServicer(pending), delivery)
     dport = delivery.add_insecure_port("127.0.0.1:0")
     gateways = GatewayClients(telemetry, 5)
     post = make_server(telemetry)
     postprocess_pb2_grpc.add_PostprocessServicer_to_server(
-        PostprocessServicer(Steps(), gateways, telemetry), post
+        PostprocessServicer(Steps(), gateways), post
     )
     pport = post.add_insecure_port("127.0.0.1:0")
     await delivery.start()

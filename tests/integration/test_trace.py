@@ -5,10 +5,12 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import grpc
 import numpy as np
 import pytest
 import tritonclient.grpc.aio as aioclient
-from opentelemetry.trace import SpanKind
+from opentelemetry.trace import SpanKind, StatusCode
+from tritonclient.utils import InferenceServerException
 
 from tests.integration.conftest import InProcessMesh
 
@@ -53,11 +55,12 @@ async def test_one_trace_spans_every_service(mesh: InProcessMesh) -> None:
 
 
 async def test_trace_structure_and_batch_links(mesh: InProcessMesh) -> None:
-    """Each request: gateway server span is the root; the router's `route` span (its job
-    arrived in a batch on the gateway's stream) is the root's child; the PRODUCER span is
-    the router's child; the worker's queue-wait and compute spans and postprocess and
-    deliver spans are children of the PRODUCER. The batch's CONSUMER span links to every
-    request computed in it. The stream of batches itself is in no trace."""
+    """Each request: gateway server span is the root; the router's `route` span (the
+    PRODUCER of its stream entry) is the root's child; the worker's queue-wait and compute
+    spans and the postprocess and deliver spans are children of the route span, each under
+    its service's name, written by the gateway from the request's timing and covering the
+    instants the response reports. The batch's CONSUMER span links to every request
+    computed in it. The stream of batches itself is in no trace."""
     mesh.exporter.clear()
     client = aioclient.InferenceServerClient(mesh.gateway)
     try:
@@ -87,23 +90,59 @@ async def test_trace_structure_and_batch_links(mesh: InProcessMesh) -> None:
         assert root.parent is None
         trace_spans = [s for s in spans if s.context.trace_id == root.context.trace_id]
         named = {s.name: s for s in trace_spans}
-        route = next(s for s in trace_spans if s.name == "route")
-        assert route.kind == SpanKind.SERVER and parent(route) is root
+        route = named["route"]
+        assert route.kind == SpanKind.PRODUCER and parent(route) is root
         assert route.resource.attributes["service.name"] == "tiermesh-router"
-        assert route.attributes["tiermesh.admission"] == "ok"
-        producer = next(s for s in trace_spans if s.kind == SpanKind.PRODUCER)
-        assert parent(producer) is route
-        for name in ("queue wait", "compute", "postprocess", "deliver"):
-            assert parent(named[name]) is producer, name
-        services = {s.resource.attributes["service.name"]: s for s in trace_spans}
-        assert services["tiermesh-worker"].name in {"queue wait", "compute"}
-        assert "tiermesh-postprocess" in services
+        assert str(route.attributes["messaging.destination.name"]).startswith("tm:")
+        services = {
+            "route": "tiermesh-router",
+            "queue wait": "tiermesh-worker",
+            "compute": "tiermesh-worker",
+            "postprocess": "tiermesh-postprocess",
+            "deliver": "tiermesh-gateway",
+        }
+        for name, service in services.items():
+            span = named[name]
+            assert span.resource.attributes["service.name"] == service, name
+            assert span.start_time is not None and span.end_time is not None
+            assert root.start_time <= span.start_time <= span.end_time <= root.end_time, name
+            if name != "route":
+                assert parent(span) is route, name
+            if service != "tiermesh-gateway":
+                assert span.resource.attributes["tiermesh.reported_by"] == "gateway", name
+        # The spans cover what the response reports: compute is the batch's run.
+        compute_ms = (named["compute"].end_time - named["compute"].start_time) / 1e6
+        assert compute_ms == pytest.approx(root.attributes["tiermesh.compute_ms"], abs=1e-3)
+        assert named["compute"].attributes["tiermesh.worker"] == root.attributes["tiermesh.worker"]
         # Its batch links to it, and its compute span links back to that batch.
         batch = next(
             c
             for c in consumers
-            if any(ln.context.span_id == producer.context.span_id for ln in c.links)
+            if any(ln.context.span_id == route.context.span_id for ln in c.links)
         )
         assert [ln.context.span_id for ln in named["compute"].links] == [batch.context.span_id]
         assert batch.attributes["messaging.batch.message_count"] == len(batch.links)
     assert not [s for s in spans if "RouteStream" in s.name]
+
+
+async def test_a_refused_call_is_a_span_with_its_status(mesh: InProcessMesh) -> None:
+    """The gateway's own span of a public call (no interceptor on the public port) says
+    how the call ended, and a request that never reached the router has no hop spans."""
+    mesh.exporter.clear()
+    client = aioclient.InferenceServerClient(mesh.gateway)
+    try:
+        x = aioclient.InferInput("INPUT0", [1, 4], "FP32")
+        x.set_data_from_numpy(np.ones((1, 4), dtype=np.float32))
+        with pytest.raises(InferenceServerException) as info:
+            await client.infer("no-such-model", [x], request_id="refused")
+    finally:
+        await client.close()
+    assert "no-such-model" in str(info.value)
+    spans = mesh.exporter.get_finished_spans()
+    root = next(s for s in spans if s.name == MODEL_INFER)
+    assert root.kind == SpanKind.SERVER
+    assert root.attributes["rpc.system"] == "grpc"
+    assert root.attributes["rpc.method"] == "ModelInfer"
+    assert root.attributes["rpc.grpc.status_code"] == grpc.StatusCode.NOT_FOUND.value[0]
+    assert root.status.status_code == StatusCode.ERROR
+    assert [s for s in spans if s.context.trace_id == root.context.trace_id] == [root]

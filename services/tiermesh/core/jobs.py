@@ -116,6 +116,8 @@ class JobResult:
     # at character `text_offset` of the answer); the final result is not partial.
     partial: bool = False
     text_offset: int = 0
+    # The W3C traceparent of the worker's batch span, where the worker traces ("" = none).
+    batch_traceparent: str = ""
 
     @classmethod
     def for_job(cls, job: Job, **fields: object) -> JobResult:

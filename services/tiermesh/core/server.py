@@ -42,10 +42,13 @@ def make_server(
     telemetry: Telemetry,
     max_message_bytes: int = 64 * 1024 * 1024,
     max_metadata_bytes: int | None = None,
+    *,
+    intercepted: bool = True,
 ) -> grpc.aio.Server:
     """A grpc.aio server, with the OpenTelemetry server interceptor where `telemetry`
-    exports. `max_metadata_bytes` bounds the request headers of a call (gRPC's own default
-    when None)."""
+    exports, unless not `intercepted` (a server whose servicer records its calls' spans
+    itself: the gateway's public port). `max_metadata_bytes` bounds the request headers of
+    a call (gRPC's own default when None)."""
     options: list[tuple[str, int]] = [
         ("grpc.max_receive_message_length", max_message_bytes),
         ("grpc.max_send_message_length", max_message_bytes),
@@ -61,7 +64,7 @@ def make_server(
     # where spans go somewhere (benchmarks/grpc_hops.py).
     interceptors = (
         [aio_server_interceptor(tracer_provider=telemetry.provider, filter_=_traced())]
-        if telemetry.exporting
+        if telemetry.exporting and intercepted
         else []
     )
     return grpc.aio.server(interceptors=interceptors, options=options)

@@ -10,6 +10,10 @@ so a request that arrives without a sampled ``traceparent`` costs no span anywhe
 the mesh; context still propagates. A caller that sends a sampled ``traceparent`` is
 traced as before. Once a processor is added, the sampler of OTEL_TRACES_SAMPLER (default
 ``parentbased_always_on``) decides.
+
+A process may also write finished spans for another service (`finished`, `emit`, under
+`hop_resource`): the gateway writes a traced request's hop spans from the instants the hops
+recorded, so the hops themselves write no span per request (gateway/hop_spans.py).
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ from opentelemetry.sdk.trace.export import (
     ConsoleSpanExporter,
     SimpleSpanProcessor,
 )
+from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import Link, SpanKind
 from opentelemetry.trace.span import TraceState
 from opentelemetry.util.types import Attributes
@@ -57,6 +62,8 @@ class Telemetry:
 
             self.provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
         self.tracer = self.provider.get_tracer(f"tiermesh.{service}")
+        self._scope = InstrumentationScope(f"tiermesh.{service}")
+        self._hop_resources: dict[str, Resource] = {}
 
     @property
     def exporting(self) -> bool:
@@ -69,6 +76,54 @@ class Telemetry:
         and the trace is sampled. A hop that handles many requests at once starts a
         request's spans only where this holds."""
         return self.provider.exporting and is_sampled(carrier)
+
+    def new_span_id(self) -> int:
+        return int(self.provider.id_generator.generate_span_id())
+
+    def hop_resource(self, service: str) -> Resource:
+        """The resource of spans this process writes for another service of the mesh, from
+        the instants that service recorded (the gateway writes a request's hop spans): that
+        service's name, and who wrote them."""
+        resource = self._hop_resources.get(service)
+        if resource is None:
+            resource = Resource.create(
+                {"service.name": f"tiermesh-{service}", "tiermesh.reported_by": self.service}
+            )
+            self._hop_resources[service] = resource
+        return resource
+
+    def finished(
+        self,
+        name: str,
+        context: trace.SpanContext,
+        parent: trace.SpanContext,
+        resource: Resource,
+        start_ns: int,
+        end_ns: int,
+        kind: SpanKind = SpanKind.INTERNAL,
+        attributes: Attributes = None,
+        links: Sequence[Link] = (),
+    ) -> ReadableSpan:
+        """A span that ended already, with the instants it covered."""
+        return ReadableSpan(
+            name,
+            context,
+            parent,
+            resource,
+            attributes,
+            (),
+            links,
+            kind,
+            instrumentation_scope=self._scope,
+            start_time=start_ns,
+            end_time=max(end_ns, start_ns),
+        )
+
+    def emit(self, spans: Iterable[ReadableSpan]) -> None:
+        """Hand finished spans to this process's span processors, as a span's end does."""
+        for processor in self.provider.processors:
+            for span in spans:
+                processor.on_end(span)
 
     def shutdown(self) -> None:
         """Called last at service stop: flush pending spans, close the span file."""
@@ -112,9 +167,11 @@ class _Provider(TracerProvider):
         configured = TracerProvider(shutdown_on_exit=False).sampler
         self._gate = _WhenExported(configured)
         super().__init__(resource=resource, sampler=self._gate)
+        self.processors: list[SpanProcessor] = []
 
     def add_span_processor(self, span_processor: SpanProcessor) -> None:
         super().add_span_processor(span_processor)
+        self.processors.append(span_processor)
         self._gate.exporting = True
 
     @property
@@ -180,6 +237,26 @@ def w3c_context(metadata: Iterable[tuple[str, str | bytes]]) -> dict[str, str]:
     if state is None or len(state) > TRACESTATE_MAX:
         return {"traceparent": parent}
     return {"traceparent": parent, "tracestate": state}
+
+
+def traceparent_of(context: trace.SpanContext) -> str:
+    """The W3C traceparent that continues from `context`."""
+    return f"00-{context.trace_id:032x}-{context.span_id:016x}-{int(context.trace_flags):02x}"
+
+
+def parse_traceparent(value: str) -> trace.SpanContext | None:
+    """The (remote) span context a well-formed W3C traceparent names, else None: what
+    `extract` finds, without building a context per call."""
+    if not TRACEPARENT.fullmatch(value):
+        return None
+    _, trace_id, span_id, flags = value.split("-")
+    context = trace.SpanContext(
+        int(trace_id, 16),
+        int(span_id, 16),
+        is_remote=True,
+        trace_flags=trace.TraceFlags(int(flags, 16)),
+    )
+    return context if context.is_valid else None
 
 
 def inject_into(span: trace.Span) -> dict[str, str]:

@@ -155,6 +155,7 @@ def result_to_proto(r: JobResult) -> job_pb2.Result:
         worker=r.worker,
         partial=r.partial,
         text_offset=r.text_offset,
+        batch_traceparent=r.batch_traceparent,
     )
 
 
@@ -180,4 +181,5 @@ def result_from_proto(msg: job_pb2.Result) -> JobResult:
         worker=msg.worker,
         partial=msg.partial,
         text_offset=msg.text_offset,
+        batch_traceparent=msg.batch_traceparent,
     )

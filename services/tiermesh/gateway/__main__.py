@@ -38,10 +38,12 @@ from tiermesh.gateway.audit import AuditLog
 from tiermesh.gateway.auth import Tenants
 from tiermesh.gateway.batch_jobs import BatchJobsServicer
 from tiermesh.gateway.cache import ResponseCache
+from tiermesh.gateway.call_spans import CallSpans, add_servicer
 from tiermesh.gateway.capture import Capture, CaptureMetrics, initial_state
 from tiermesh.gateway.control import ModelControl
 from tiermesh.gateway.decoding import add_inference_servicer
 from tiermesh.gateway.delivery import DeliveryServicer
+from tiermesh.gateway.hop_spans import HopSpans
 from tiermesh.gateway.metrics import GatewayMetrics
 from tiermesh.gateway.pending import PendingRequests
 from tiermesh.gateway.plane import DataPlane
@@ -85,7 +87,7 @@ async def serve(
     recorder = Recorder(
         RolloutStore(redis), {name: cfg.queue_model for name, cfg in repo.configs.items()}
     )
-    delivery = DeliveryServicer(pending, telemetry, recorder)
+    delivery = DeliveryServicer(pending, recorder)
     delivery_pb2_grpc.add_DeliveryServicer_to_server(delivery, internal)
     internal_health = add_health(internal)
     delivery_port = bind(
@@ -136,17 +138,20 @@ async def serve(
         control=control,
         control_enabled=settings.model_control == "explicit",
         stats=stats,
+        hop_spans=HopSpans(telemetry),
     )
     export_prices(registry, load_prices(settings.prices_file))
     plane.capture = capture = _capture(settings, redis, tenants, registry)
     # The KServe v2 REST door: the same plane behind JSON and binary-data bodies.
     rest = RestDoor(plane, settings, telemetry.tracer) if settings.http_port >= 0 else None
-    public = make_server(telemetry, settings.max_message_bytes, settings.max_metadata_bytes)
-    # Like tritonclient's add_..._to_server; unparseable requests get INVALID_ARGUMENT.
-    add_inference_servicer(InferenceServicer(plane), public)
-    batch_pb2_grpc.add_BatchJobsServicer_to_server(
-        BatchJobsServicer(plane, BatchStore(redis, settings.batch_retention_s)), public
+    public = make_server(
+        telemetry, settings.max_message_bytes, settings.max_metadata_bytes, intercepted=False
     )
+    # Like tritonclient's add_..._to_server; unparseable requests get INVALID_ARGUMENT.
+    spans = CallSpans(telemetry.tracer) if telemetry.exporting else None
+    add_inference_servicer(InferenceServicer(plane), public, spans)
+    batch_jobs = BatchJobsServicer(plane, BatchStore(redis, settings.batch_retention_s))
+    add_servicer(batch_pb2_grpc.add_BatchJobsServicer_to_server, batch_jobs, public, spans)
     health = add_health(public)
     port = bind(
         public, settings.gateway_host, settings.gateway_port, public_server_credentials(settings)

@@ -10,7 +10,7 @@ on as a marker, and a guard in front of the method aborts it with INVALID_ARGUME
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import grpc
@@ -18,8 +18,8 @@ from google.protobuf.message import DecodeError  # type: ignore[import-untyped]
 from tritonclient.grpc import service_pb2_grpc
 
 from tiermesh.core.grpc_errors import fail_call
+from tiermesh.gateway.call_spans import CallSpans, add_servicer
 
-SERVICE = "inference.GRPCInferenceService"
 UNDECODABLE_MESSAGE = (
     "the request is not a valid message of the KServe v2 protocol (it does not parse, or a "
     "string field is not UTF-8)"
@@ -64,25 +64,12 @@ def _guard(handler: Any) -> Any:
     )
 
 
-class _Capture:
-    """Collects the method handlers tritonclient's generated function would add."""
-
-    def __init__(self) -> None:
-        self.handlers: dict[str, Any] = {}
-
-    def add_generic_rpc_handlers(self, handlers: Sequence[Any]) -> None:
-        pass  # the same handlers also come through add_registered_method_handlers
-
-    def add_registered_method_handlers(self, service: str, handlers: Mapping[str, Any]) -> None:
-        assert service == SERVICE, service
-        self.handlers.update(handlers)
-
-
-def add_inference_servicer(servicer: Any, server: grpc.aio.Server) -> None:
+def add_inference_servicer(
+    servicer: Any, server: grpc.aio.Server, spans: CallSpans | None = None
+) -> None:
     """`service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server`, with unparseable
-    requests answered INVALID_ARGUMENT instead of grpc's UNKNOWN."""
-    capture = _Capture()
-    service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(servicer, capture)
-    handlers = {name: _guard(h) for name, h in capture.handlers.items()}
-    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, handlers),))
-    server.add_registered_method_handlers(SERVICE, handlers)
+    requests answered INVALID_ARGUMENT instead of grpc's UNKNOWN, and with `spans` (the
+    gateway exports) a SERVER span per call."""
+    add_servicer(
+        service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server, servicer, server, spans, _guard
+    )

@@ -1,7 +1,7 @@
 """The internal Delivery servicer of the gateway: postprocess hands over finished results
 (messages on its DeliverStream, or unary Deliver calls), the waiting calls (pending.py) are
-resolved. A result gets a `deliver` span only where its request's trace is sampled, as on
-the other hops."""
+resolved. No span here: a traced request's `deliver` span is built with its other hop
+spans once its call has the result (hop_spans.py)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,6 @@ import structlog
 from tiermesh.core.call_stream import StreamServing
 from tiermesh.core.grpc_errors import grpc_method
 from tiermesh.core.jobs import JobResult
-from tiermesh.core.telemetry import Telemetry, extract
 from tiermesh.core.wire import result_from_proto
 from tiermesh.gateway.pending import PendingRequests
 from tiermesh.rollout.recorder import Recorder, is_shadow
@@ -25,12 +24,8 @@ log = structlog.get_logger("tiermesh.gateway")
 class DeliveryServicer(delivery_pb2_grpc.DeliveryServicer):
     """Postprocess calls Deliver with the finished results for this gateway's requests."""
 
-    def __init__(
-        self, pending: PendingRequests, telemetry: Telemetry, recorder: Recorder | None = None
-    ) -> None:
+    def __init__(self, pending: PendingRequests, recorder: Recorder | None = None) -> None:
         self._pending = pending
-        self._tracer = telemetry.tracer
-        self._traces = telemetry.traces
         self._recorder = recorder
         self._streams = StreamServing("delivery")
 
@@ -64,14 +59,7 @@ class DeliveryServicer(delivery_pb2_grpc.DeliveryServicer):
                 if self._recorder is not None:
                     self._recorder.shadow(result)
                 continue
-            if not self._traces(result.trace_context):  # an untraced request: no span
-                resolved, late = self._resolve(result, resolved, late)
-                continue
-            with self._tracer.start_as_current_span(
-                "deliver", context=extract(result.trace_context)
-            ) as span:
-                span.set_attribute("tiermesh.request_id", result.request_id)
-                resolved, late = self._resolve(result, resolved, late)
+            resolved, late = self._resolve(result, resolved, late)
         return delivery_pb2.DeliverReply(resolved=resolved, late=late)
 
     def _resolve(self, result: JobResult, resolved: int, late: int) -> tuple[int, int]:

@@ -19,6 +19,7 @@ from tiermesh.core.repository import ModelConfig
 from tiermesh.gateway.cache import cache_digest
 from tiermesh.gateway.capture import Observed
 from tiermesh.gateway.facts import response_facts
+from tiermesh.gateway.hop_spans import Hops
 from tiermesh.gateway.metrics import GatewayMetrics
 from tiermesh.gateway.pending import PartialCallback, PendingRequests
 from tiermesh.gateway.shedding import Shedder, ShedKey
@@ -51,6 +52,8 @@ class Call:
     job: Job | None = None
     result: JobResult | None = None
     cache_hit: bool = False
+    # A traced request's span ids (its hop spans are written when the result is back).
+    hops: Hops | None = None
 
     def observed(self, code: str, ended_ns: int) -> Observed:
         return Observed(
@@ -118,7 +121,7 @@ class Dispatcher:
                 "retry later",
                 shed_ms,
             )
-        result = await self._await_result(job, on_partial)
+        result = await self._await_result(job, on_partial, call.hops)
         call.variant = result.variant or call.variant
         call.result = result
         if result.code != grpc.StatusCode.OK:
@@ -162,9 +165,12 @@ class Dispatcher:
             cfg.name, job.version, job.variant, tenant, job.inputs, job.requested_outputs
         )
 
-    async def _await_result(self, job: Job, on_partial: PartialCallback | None) -> JobResult:
+    async def _await_result(
+        self, job: Job, on_partial: PartialCallback | None, hops: Hops | None
+    ) -> JobResult:
         """Route the job and wait for its result until its deadline; exactly one answer
-        (and, for `on_partial`, the pieces before it)."""
+        (and, for `on_partial`, the pieces before it). A traced request's hop spans are
+        written once the job was placed: with the result, or without it (no answer in time)."""
         future = self._pending.register(job.request_id, on_partial)
         # From the moment the job is queued for the router stream it may sit in a work
         # stream, even before the router's outcome is back: a caller who leaves from then on
@@ -174,6 +180,7 @@ class Dispatcher:
         try:
             try:
                 queued = True
+                began = self._clock_ns()
                 routed_to = await self._up.router.route(job, self._remaining_s(job))
             except MeshError as err:
                 if err.retry_after_ms is not None:  # no room or no time: shed this class
@@ -182,6 +189,9 @@ class Dispatcher:
                     self._shedder.refused(key, err.retry_after_ms, now, late=late)
                 raise
             self.accepted += 1
+            placed = None
+            if hops is not None:
+                placed = hops.placed(routed_to.stream, routed_to.entry_id, began, self._clock_ns())
             if routed_to.shadow_request_id and recorder is not None:
                 recorder.mirrored(routed_to.shadow_request_id, job.model, job.deadline_ns)
             try:
@@ -189,6 +199,8 @@ class Dispatcher:
                 self.answered += 1
             except TimeoutError:
                 code = grpc.StatusCode.DEADLINE_EXCEEDED
+                if placed is not None:
+                    placed.write(None)
                 if recorder is not None:
                     recorder.answered(job.model, routed_to.version, code, job.timing.received_ns)
                 raise deadline_exceeded("deadline exceeded while waiting for the result") from None
@@ -198,7 +210,10 @@ class Dispatcher:
                 if routed_to.shadow_request_id:
                     recorder.primary(routed_to.shadow_request_id, result)
             # Delivered = back in the caller's handler (the Deliver call and the wake-up).
-            return result.with_(timing=result.timing.with_(delivered_ns=self._clock_ns()))
+            result = result.with_(timing=result.timing.with_(delivered_ns=self._clock_ns()))
+            if placed is not None:
+                placed.write(result)
+            return result
         except asyncio.CancelledError:
             # wait_for cancels the future it waited on: a cancelled future has no answer.
             if queued and (not future.done() or future.cancelled()):

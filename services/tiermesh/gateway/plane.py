@@ -36,6 +36,7 @@ from tiermesh.gateway.capture import Capture
 from tiermesh.gateway.control import ModelControl, check_allowed
 from tiermesh.gateway.dispatch import Answer, Call, Dispatcher
 from tiermesh.gateway.generation import generation_of
+from tiermesh.gateway.hop_spans import HopSpans
 from tiermesh.gateway.metrics import GatewayMetrics
 from tiermesh.gateway.pending import PartialCallback, PendingRequests
 from tiermesh.gateway.requests import (
@@ -99,6 +100,7 @@ class DataPlane:
         control_enabled: bool,
         stats: StatisticsStore | None = None,
         clock_ns: Callable[[], int] = time.time_ns,
+        hop_spans: HopSpans | None = None,
     ) -> None:
         self._settings = settings
         self._repo = repo
@@ -114,6 +116,8 @@ class DataPlane:
         self._stats = stats
         # Triton's per-model statistics of this gateway's answers (ModelStatistics, REST).
         self.statistics = stats.statistics if stats is not None else InferenceStatistics()
+        # Where the gateway exports: a traced request's spans of the hops after this one.
+        self._hop_spans = hop_spans
         self._dispatch = Dispatcher(upstream, pending, metrics, self.statistics, clock_ns)
         # Traffic capture (gateway/capture.py), set by __main__ when configured.
         self.capture: Capture | None = None
@@ -227,12 +231,14 @@ class DataPlane:
         cfg = find_model(self._repo, req.model, req.version)
         call.version = req.version
         validate(cfg, req)
+        span = trace.get_current_span()
+        if self._hop_spans is not None and self._hop_spans.exporting and span.is_recording():
+            call.hops = self._hop_spans.choose(span.get_span_context())
         job = self._job(cfg, req, call, caller, on_partial is not None)
         if cfg.generation is None:
             on_partial = None
         call.variant = job.variant
         call.job = job
-        span = trace.get_current_span()
         bound = {"request_id": job.request_id, "model": job.model}
         if not span.get_span_context().is_valid and (tid := trace_id_of(job.trace_context)):
             bound["trace_id"] = tid  # no span here: the logs still name the caller's trace
@@ -276,11 +282,18 @@ class DataPlane:
             ),
             requested_outputs=req.requested_outputs,
             timing=Timing(received_ns=received_ns),
-            # This gateway's span where it records one, else the caller's own context.
-            trace_context=inject_current() or w3c_context(caller.metadata),
+            trace_context=self._trace_context(call, caller),
             annotations={STICKY_KEY: req.sticky_key} if req.sticky_key else {},
             generation=generation,
         )
+
+    @staticmethod
+    def _trace_context(call: Call, caller: Caller) -> dict[str, str]:
+        """What the job carries downstream: a traced request's route span (chosen now,
+        written by the hop spans), else the caller's own context, if any."""
+        if call.hops is None:
+            return w3c_context(caller.metadata)
+        return call.hops.carrier(inject_current().get("tracestate", ""))
 
     def is_generative(self, model_name: str) -> bool:
         cfg = self._repo.get(model_name)

@@ -36,11 +36,13 @@ ROUTE_BACKOFF_S = 0.05
 
 @dataclass(frozen=True, slots=True)
 class Routed:
-    """Where the router placed a job: the version, and the id of the copy it mirrored to
-    the canary ("" = none)."""
+    """Where the router placed a job: the version, the id of the copy it mirrored to the
+    canary ("" = none), and the stream entry."""
 
     version: str
     shadow_request_id: str = ""
+    stream: str = ""
+    entry_id: str = ""
 
 
 class RouterClient:
@@ -87,7 +89,8 @@ class RouterClient:
                 if self._waiting.get(job.request_id) is future:
                     del self._waiting[job.request_id]
             if reply.code == 0:
-                return Routed(reply.version or job.version, reply.shadow_request_id)
+                version = reply.version or job.version
+                return Routed(version, reply.shadow_request_id, reply.stream, reply.entry_id)
             if reply.code != UNAVAILABLE:
                 raise MeshError(
                     code_from_int(reply.code),

@@ -47,7 +47,6 @@ async def serve(
     servicer = PostprocessServicer(
         Steps.for_models(repo.load()),
         gateways,
-        telemetry,
         PostprocessMetrics(registry),
         repo=repo,
     )

@@ -15,7 +15,6 @@ from tiermesh.core.call_stream import StreamServing
 from tiermesh.core.grpc_errors import grpc_method
 from tiermesh.core.jobs import JobResult
 from tiermesh.core.repository import ModelRepository, RepositoryError
-from tiermesh.core.telemetry import Telemetry, extract
 from tiermesh.core.wire import result_from_proto
 from tiermesh.postprocess.gateways import GatewayClients
 from tiermesh.postprocess.metrics import PostprocessMetrics
@@ -30,7 +29,6 @@ class PostprocessServicer(postprocess_pb2_grpc.PostprocessServicer):
         self,
         steps: Steps,
         gateways: GatewayClients,
-        telemetry: Telemetry,
         metrics: PostprocessMetrics | None = None,
         clock_ns: Callable[[], int] = time.time_ns,
         repo: ModelRepository | None = None,
@@ -40,8 +38,6 @@ class PostprocessServicer(postprocess_pb2_grpc.PostprocessServicer):
         self._metrics = metrics
         self._steps = steps
         self._gateways = gateways
-        self._tracer = telemetry.tracer
-        self._traces = telemetry.traces
         self._clock_ns = clock_ns
         self._streams = StreamServing("postprocess")
 
@@ -101,8 +97,8 @@ class PostprocessServicer(postprocess_pb2_grpc.PostprocessServicer):
         log.info("model repository re-read", new_models=sorted(new & self._steps.models))
 
     def _postprocess(self, results: list[JobResult]) -> list[JobResult]:
-        """Every result's output step, the results of one model together; a span for each
-        request whose trace is sampled."""
+        """Every result's output step, the results of one model together. A traced
+        request's postprocess span is its gateway's, from its timing."""
         start = self._clock_ns()
         done = [self._steps.apply(r) for r in results]
         end = self._clock_ns()
@@ -112,13 +108,4 @@ class PostprocessServicer(postprocess_pb2_grpc.PostprocessServicer):
                 child = self._metrics.step.labels(model)
                 for _ in range(n):
                     child.observe(per_result_s)
-        for r in done:
-            if self._traces(r.trace_context):
-                span = self._tracer.start_span(
-                    "postprocess",
-                    context=extract(r.trace_context),
-                    start_time=start,
-                    attributes={"tiermesh.request_id": r.request_id},
-                )
-                span.end(end_time=end)
         return [r.with_(timing=r.timing.with_(postprocessed_ns=end)) for r in done]

@@ -84,7 +84,6 @@ async def serve(
         repo,
         Admitter(redis),
         encoders,
-        telemetry,
         metrics,
         rollouts=rollouts,
         control=control,

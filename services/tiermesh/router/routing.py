@@ -17,12 +17,10 @@ from dataclasses import dataclass, field
 import grpc
 import redis.asyncio as aioredis
 import structlog
-from opentelemetry.trace import Span, SpanKind, Tracer, set_span_in_context
 
 from tiermesh.core.control_watch import ControlWatch
 from tiermesh.core.errors import (
     MeshError,
-    code_to_int,
     deadline_exceeded,
     unavailable,
     unknown_model,
@@ -32,7 +30,6 @@ from tiermesh.core.keys import StreamKey
 from tiermesh.core.model_config import ModelConfig
 from tiermesh.core.repository import ModelRepository
 from tiermesh.core.settings import RouterSettings
-from tiermesh.core.telemetry import Telemetry, extract, inject_into
 from tiermesh.core.wire import encode_job
 from tiermesh.rollout.cache import RolloutStates
 from tiermesh.rollout.split import ROLLOUT_ARM, SHADOW_OF, Placement, place
@@ -78,7 +75,6 @@ class _Work:
     placement: Placement | None = None
     tier: str = DEFAULT_TIER
     stream: StreamKey | None = None
-    span: Span | None = None  # the job's route span, when its trace is sampled
     outcome: Outcome | None = None
     # The stream the job would join on each of its model's tiers (tiered models only).
     candidates: dict[str, StreamKey] = field(default_factory=dict)
@@ -91,7 +87,6 @@ class BatchRouter:
         repo: ModelRepository,
         admitter: Admitter,
         encoders: Mapping[str, TextEncoder],
-        telemetry: Telemetry,
         metrics: RouterMetrics,
         clock_ns: Callable[[], int] = time.time_ns,
         rollouts: RolloutStates | None = None,
@@ -107,23 +102,12 @@ class BatchRouter:
         self._admitter = admitter
         self._encoders = encoders
         self._metrics = metrics
-        self._tracer: Tracer = telemetry.tracer
-        self._traces = telemetry.traces
         self._clock_ns = clock_ns
 
     async def route_batch(self, jobs: Sequence[Job], received_ns: int = 0) -> list[Outcome]:
         """Each job placed on its stream, or refused: one outcome per job, in order."""
         received_ns = received_ns or self._clock_ns()
         work = [_Work(job) for job in jobs]
-        for w in work:
-            if self._traces(w.job.trace_context):
-                w.span = self._tracer.start_span(
-                    "route",
-                    context=extract(w.job.trace_context),
-                    kind=SpanKind.SERVER,
-                    start_time=received_ns,
-                    attributes={"tiermesh.request_id": w.job.request_id},
-                )
         try:
             await self._configs(work)
             self._check_deadlines(work, received_ns)
@@ -136,12 +120,6 @@ class BatchRouter:
             for w in work:
                 if w.outcome is None:
                     w.outcome = unavailable(REDIS_DOWN)
-        finally:
-            for w in work:
-                if w.span is not None:
-                    if isinstance(w.outcome, MeshError):
-                        w.span.set_attribute("rpc.grpc.status_code", code_to_int(w.outcome.code))
-                    w.span.end()
         return [w.outcome if w.outcome is not None else _lost() for w in work]
 
     # --- the steps, each over the jobs still without an outcome ---------------------------
@@ -186,10 +164,6 @@ class BatchRouter:
                 continue
             for w, job in zip(group, await tokenized(encoder, [w.job for w in group]), strict=True):
                 w.job = job
-                if w.span is not None:
-                    w.span.set_attribute("tiermesh.tokens", job.inputs[0].shape[1])
-                    truncated = job.annotations["truncated"] == "true"
-                    w.span.set_attribute("tiermesh.truncated", truncated)
 
     async def _versions(self, work: list[_Work]) -> None:
         """The version that serves each job: its own, or the rollout's choice (from the
@@ -261,8 +235,6 @@ class BatchRouter:
             variant = w.job.variant or tier.variant or cfg.default_variant
             w.job = dataclasses.replace(w.job, variant=variant)
             w.tier = tier.name
-            if w.span is not None:
-                w.span.set_attribute("tiermesh.tier", tier.name)
 
     async def _admit(self, work: list[_Work], now: int) -> None:
         """Every job's entry written (or refused) in one pipeline; then the canary copies."""
@@ -274,23 +246,19 @@ class BatchRouter:
             assert cfg is not None
             stream = choose_stream(cfg, w.job, w.tier)
             w.stream = stream
-            carrier = dict(w.job.trace_context)
-            if w.span is not None:
-                carrier = self._producer_context(w, stream)
             w.job = dataclasses.replace(
                 w.job,
                 priority=stream.priority,
                 bucket=stream.bucket,
                 tier=stream.tier,
                 timing=w.job.timing.with_(routed_ns=now, enqueued_ns=enqueued_ns),
-                trace_context=carrier,
             )
             items.append(
                 Enqueue(
                     stream,
                     cfg.queue_bound,
                     encode_job(w.job),
-                    carrier,
+                    w.job.trace_context,
                     w.job.request_id,
                     model_streams(cfg, stream),
                     cfg.model_queue_bound,
@@ -307,8 +275,6 @@ class BatchRouter:
             cfg, placed_on = w.cfg, w.stream
             assert cfg is not None and placed_on is not None
             counts[(cfg.name, admission.outcome)] += 1
-            if w.span is not None:
-                w.span.set_attribute("tiermesh.admission", admission.outcome)
             if admission.outcome == "dup":  # a retry of a request already queued
                 log.info("request already queued", request_id=w.job.request_id)
             elif admission.outcome == "noworker":
@@ -335,25 +301,6 @@ class BatchRouter:
             self._metrics.admissions.labels(model, outcome).inc(n)
         if shadows:
             await self._mirror(shadows, now)
-
-    def _producer_context(self, w: _Work, stream: StreamKey) -> dict[str, str]:
-        """The PRODUCER span of a traced job's XADD (ended at once: the entry is written
-        within this batch's round trip), and the context its consumers continue from."""
-        assert w.span is not None
-        producer = self._tracer.start_span(
-            f"{stream.name} publish",
-            context=set_span_in_context(w.span),
-            kind=SpanKind.PRODUCER,
-            attributes={
-                "messaging.system": "redis",
-                "messaging.operation.type": "send",
-                "messaging.destination.name": stream.name,
-                "tiermesh.request_id": w.job.request_id,
-            },
-        )
-        carrier = inject_into(producer)
-        producer.end()
-        return carrier
 
     async def _mirror(self, shadows: list[_Work], now: int) -> None:
         """A copy of each (queued) job for the canary, to compare outputs; its answer goes

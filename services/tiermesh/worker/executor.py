@@ -1,7 +1,8 @@
 """The worker's executor: one batch on onnxruntime off the event loop, under one CONSUMER
-span. A failing batch is run again request by request, so a poison request (one the model
-fails on) is dead-lettered alone; an edge answer not confident enough cascades to the last
-tier (the decision is worker/cascade.py's)."""
+span that links to its requests (their own spans are the gateway's, from their timing). A
+failing batch is run again request by request, so a poison request (one the model fails on)
+is dead-lettered alone; an edge answer not confident enough cascades to the last tier (the
+decision is worker/cascade.py's)."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from tiermesh.core import keys
 from tiermesh.core.jobs import JobResult
 from tiermesh.core.keys import StreamKey
 from tiermesh.core.repository import ModelConfig
-from tiermesh.core.telemetry import Telemetry
+from tiermesh.core.telemetry import Telemetry, traceparent_of
 from tiermesh.core.wire import encode_job
 from tiermesh.worker import results
 from tiermesh.worker.batching import QueuedJob
@@ -26,7 +27,7 @@ from tiermesh.worker.metrics import WorkerMetrics
 from tiermesh.worker.runner import JobOutputs
 from tiermesh.worker.scheduler import Scheduler
 from tiermesh.worker.served import ServedUnits
-from tiermesh.worker.spans import batch_links, request_spans
+from tiermesh.worker.spans import batch_links
 from tiermesh.worker.streams import STREAM_ERRORS, Entry, WorkStreams
 
 log = structlog.get_logger("tiermesh.worker")
@@ -88,18 +89,20 @@ class Executor:
                 done.extend(await self._poisoned(poison))
                 rows = sum(q.job.rows for q in live)
             end = self._clock_ns()
-            batch_context = span.get_span_context()
+            # The requests' own spans are the gateway's, from their timing: each compute span
+            # links back to this batch.
+            traceparent = traceparent_of(span.get_span_context()) if span.is_recording() else ""
         if not live:
             return live, done
         self.computed_rows += rows
         self._scheduler.observe(key, rows, end - start)
         cfg = self._units.configs[key.model]
         for q, out in zip(live, outputs, strict=True):
-            request_spans(self._telemetry, q, start, end, rows, batch_context)
             confidence = escalates(cfg, key.tier, out.outputs)
             if confidence is not None and await self._cascade(cfg, q, confidence):
                 continue
-            done.append(results.computed(cfg, q, out, start, end, rows, self._streams.consumer))
+            result = results.computed(cfg, q, out, start, end, rows, self._streams.consumer)
+            done.append(result.with_(batch_traceparent=traceparent) if traceparent else result)
         if self._metrics is not None:
             tokens = sum(int(r.annotations.get("tokens", 0)) for r in done)
             padded = sum(int(r.annotations.get("padded_tokens", 0)) for r in done)
