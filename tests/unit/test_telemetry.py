@@ -90,3 +90,16 @@ def test_grpc_interceptors_only_where_spans_go(monkeypatch: pytest.MonkeyPatch) 
 def test_the_trace_id_of_a_well_formed_traceparent_only() -> None:
     assert trace_id_of(SAMPLED_PARENT) == "0af7651916cd43dd8448eb211c80319c"
     assert trace_id_of({"traceparent": "00-zz"}) is None and trace_id_of({}) is None
+
+
+def test_a_process_resource_hashes_and_compares_as_the_sdk_resource_it_stands_for() -> None:
+    """The resource's hash is kept (the OTLP encoder groups spans by it), not changed."""
+    from opentelemetry.sdk.resources import Resource
+
+    t = Telemetry("hashed")
+    for resource in (t.provider.resource, t.hop_resource("router")):
+        plain = Resource(resource.attributes, resource.schema_url)
+        assert resource == plain and hash(resource) == hash(plain)
+    assert t.hop_resource("router") is t.hop_resource("router")
+    assert t.hop_resource("router").attributes["service.name"] == "tiermesh-router"
+    assert t.hop_resource("router") != t.provider.resource

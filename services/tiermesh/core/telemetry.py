@@ -46,7 +46,7 @@ class Telemetry:
     def __init__(self, service: str, trace_dir: Path | None = None) -> None:
         self.service = service
         self.provider = _Provider(
-            resource=Resource.create(
+            resource=_resource(
                 {"service.name": os.environ.get("OTEL_SERVICE_NAME", f"tiermesh-{service}")}
             )
         )
@@ -86,7 +86,7 @@ class Telemetry:
         service's name, and who wrote them."""
         resource = self._hop_resources.get(service)
         if resource is None:
-            resource = Resource.create(
+            resource = _resource(
                 {"service.name": f"tiermesh-{service}", "tiermesh.reported_by": self.service}
             )
             self._hop_resources[service] = resource
@@ -177,6 +177,24 @@ class _Provider(TracerProvider):
     @property
     def exporting(self) -> bool:
         return self._gate.exporting
+
+
+class _HashedResource(Resource):
+    """A resource that computes its hash once. The OTLP encoder groups every exported span
+    by its resource, and a Resource hashes by writing its attributes as JSON each time: ~8 us
+    per span, a third of a span's export."""
+
+    def __init__(self, resource: Resource) -> None:
+        super().__init__(resource.attributes, resource.schema_url)
+        self._hash = super().__hash__()
+
+    def __hash__(self) -> int:
+        return self._hash
+
+
+def _resource(attributes: Attributes) -> Resource:
+    """`Resource.create` (the SDK's defaults and OTEL_RESOURCE_ATTRIBUTES merged in)."""
+    return _HashedResource(Resource.create(attributes))
 
 
 def _one_line(span: ReadableSpan) -> str:
