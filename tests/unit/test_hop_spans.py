@@ -5,7 +5,7 @@ from __future__ import annotations
 import grpc
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-from opentelemetry.trace import SpanContext, SpanKind, TraceFlags
+from opentelemetry.trace import SpanContext, SpanKind, TraceFlags, TraceState
 
 from tiermesh.core.jobs import JobResult, Timing
 from tiermesh.core.telemetry import Telemetry, parse_traceparent, traceparent_of
@@ -35,11 +35,13 @@ def _spans() -> tuple[HopSpans, InMemorySpanExporter]:
 def test_every_hop_gets_its_span_under_its_service_from_the_timing() -> None:
     spans, exported = _spans()
     hops = spans.choose(ROOT)
-    carrier = hops.carrier("k=v")
+    carrier = hops.carrier()
     downstream = parse_traceparent(carrier["traceparent"])
     assert downstream is not None and downstream.trace_id == ROOT.trace_id
     assert downstream.span_id == hops.route.span_id != ROOT.span_id
-    assert carrier["tracestate"] == "k=v"
+    assert "tracestate" not in carrier
+    with_state = spans.choose(SpanContext(1, 2, True, TraceFlags(1), TraceState([("k", "v")])))
+    assert with_state.carrier()["tracestate"] == "k=v"
     result = JobResult(
         "r1", "mlp", "gw", timing=TIMING, batch_size=3, worker="w1", batch_traceparent=BATCH
     )

@@ -31,11 +31,12 @@ class Hops:
     route: SpanContext
     spans: HopSpans
 
-    def carrier(self, tracestate: str = "") -> dict[str, str]:
-        """The W3C context the job takes downstream: the route span's."""
+    def carrier(self) -> dict[str, str]:
+        """The W3C context the job takes downstream: the route span's (with the caller's
+        tracestate, if any)."""
         carrier = {"traceparent": traceparent_of(self.route)}
-        if tracestate:
-            carrier["tracestate"] = tracestate
+        if self.route.trace_state:
+            carrier["tracestate"] = self.route.trace_state.to_header()
         return carrier
 
     def placed(self, stream: str, entry_id: str, began_ns: int, ended_ns: int) -> Placement:

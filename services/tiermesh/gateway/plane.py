@@ -31,7 +31,7 @@ from tiermesh.core.errors import MeshError, exhausted, invalid, unavailable
 from tiermesh.core.jobs import Job, Timing
 from tiermesh.core.repository import ModelConfig, ModelRepository
 from tiermesh.core.settings import GatewaySettings
-from tiermesh.core.telemetry import inject_current, trace_id_of, w3c_context
+from tiermesh.core.telemetry import trace_id_of, w3c_context
 from tiermesh.gateway.capture import Capture
 from tiermesh.gateway.control import ModelControl, check_allowed
 from tiermesh.gateway.dispatch import Answer, Call, Dispatcher
@@ -293,7 +293,7 @@ class DataPlane:
         written by the hop spans), else the caller's own context, if any."""
         if call.hops is None:
             return w3c_context(caller.metadata)
-        return call.hops.carrier(inject_current().get("tracestate", ""))
+        return call.hops.carrier()
 
     def is_generative(self, model_name: str) -> bool:
         cfg = self._repo.get(model_name)
