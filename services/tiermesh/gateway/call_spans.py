@@ -9,6 +9,7 @@ cost": tracing every request within 0.3 ms).
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
@@ -55,8 +56,8 @@ class CallSpans:
             with trace.use_span(span, end_on_exit=True, record_exception=False):
                 try:
                     response = await behavior(request, context)
-                except BaseException:
-                    _ended(span, context, grpc.StatusCode.CANCELLED)
+                except BaseException as exc:
+                    _ended(span, context, _escaped(exc))
                     raise
                 _ended(span, context)
                 return response
@@ -70,12 +71,21 @@ class CallSpans:
                 try:
                     async for response in behavior(request, context):
                         yield response
-                except BaseException:
-                    _ended(span, context, grpc.StatusCode.CANCELLED)
+                except BaseException as exc:
+                    _ended(span, context, _escaped(exc))
                     raise
                 _ended(span, context)
 
         return traced
+
+
+def _escaped(exc: BaseException) -> grpc.StatusCode:
+    """The status grpc gives a call whose method raised `exc`."""
+    return (
+        grpc.StatusCode.CANCELLED
+        if isinstance(exc, asyncio.CancelledError)
+        else grpc.StatusCode.UNKNOWN
+    )
 
 
 def _ended(
@@ -84,7 +94,7 @@ def _ended(
     unset: grpc.StatusCode = grpc.StatusCode.OK,
 ) -> None:
     """The call's status on its span: as the servicer set it, else `unset` (OK for a
-    method that returned, CANCELLED for one that was interrupted)."""
+    method that returned, else as grpc ends a call whose method raised)."""
     if not span.is_recording():
         return
     code = context.code() or unset
