@@ -159,7 +159,7 @@ async def downstream() -> AsyncIterator[Downstream]:
     delivery = make_server(telemetry)
     delivery_pb2_grpc.add_DeliveryServicer_to_server(DeliveryServicer(pending), delivery)
     dport = delivery.add_insecure_port("127.0.0.1:0")
-    gateways = GatewayClients(telemetry, 5)
+    gateways = GatewayClients(5)
     post = make_server(telemetry)
     postprocess_pb2_grpc.add_PostprocessServicer_to_server(
         PostprocessServicer(Steps(), gateways), post

@@ -110,7 +110,7 @@ async def rig(
     telemetry = Telemetry("test")
     spans = InMemorySpanExporter()
     telemetry.provider.add_span_processor(SimpleSpanProcessor(spans))
-    channel = make_channel(downstream.postprocess_address, telemetry)
+    channel = make_channel(downstream.postprocess_address)
     worker, service = make_worker(redis, tiny_decoder, channel, "w1", tracer=telemetry.tracer)
     task = asyncio.create_task(worker.run())
     await worker.started.wait()
@@ -238,7 +238,7 @@ async def test_a_running_entry_is_not_taken_over(
     """Worker 2 reclaims entries idle for 150 ms; worker 1's answer runs far longer, touching
     its entry meanwhile, so worker 2 never takes it."""
     redis = aioredis.Redis.from_url(redis_url)
-    channel = make_channel(downstream.postprocess_address, Telemetry("test"))
+    channel = make_channel(downstream.postprocess_address)
     timers = {"reclaim_min_idle_ms": 150, "reclaim_interval_ms": 30}
     one, one_service = make_worker(redis, tiny_decoder, channel, "w1", **timers)
     two, _ = make_worker(redis, tiny_decoder, channel, "w2", **timers)

@@ -21,7 +21,6 @@ from tiermesh.core.errors import MeshError
 from tiermesh.core.jobs import Job, Timing
 from tiermesh.core.server import make_channel
 from tiermesh.core.settings import RouterSettings
-from tiermesh.core.telemetry import Telemetry
 from tiermesh.core.tensors import from_numpy
 from tiermesh.gateway.upstream import RouterClient
 from tiermesh.router.__main__ import serve as serve_router
@@ -47,7 +46,7 @@ def job(model: str = "mlp", **fields: Any) -> Job:
 async def test_jobs_queued_together_travel_as_one_batch_each_with_its_outcome(
     mesh: InProcessMesh,
 ) -> None:
-    channel = make_channel(mesh.router, Telemetry("test"))
+    channel = make_channel(mesh.router)
     client = RouterClient(channel)
     try:
         jobs = [job() for _ in range(12)] + [job("no-such-model"), job(deadline_ns=1)]
@@ -92,7 +91,7 @@ async def test_a_restarted_router_is_reached_on_a_new_stream(
         return stop, task
 
     stop, task = await start()
-    channel = make_channel(f"127.0.0.1:{port}", Telemetry("test"))
+    channel = make_channel(f"127.0.0.1:{port}")
     client = RouterClient(channel)
     try:
         assert (await client.route(job(), 10)).version == "1"

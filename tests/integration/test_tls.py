@@ -74,7 +74,7 @@ async def mtls_server(certs: DevCerts) -> AsyncIterator[str]:
 
 async def check(address: str, credentials: grpc.ChannelCredentials | None) -> grpc.StatusCode:
     """One health Check (failing fast, no wait_for_ready): OK or the code it failed with."""
-    channel = make_channel(address, TELEMETRY, credentials=credentials)
+    channel = make_channel(address, credentials=credentials)
     try:
         stub = health_pb2_grpc.HealthStub(channel)
         reply = await stub.Check(health_pb2.HealthCheckRequest(), timeout=10)

@@ -63,7 +63,7 @@ def make_worker(
         configs={UNIT: cfg},
         runners={UNIT: ModelRunner(cfg, repo.checked_file("mlp"))},
         streams=streams or StreamClient(redis, "w1"),
-        handoff=PostprocessClient(make_channel(postprocess, telemetry), timeout_s=1),
+        handoff=PostprocessClient(make_channel(postprocess), timeout_s=1),
         telemetry=telemetry,
         poll_block_ms=50,
         **options,

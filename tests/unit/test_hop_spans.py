@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import grpc
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
@@ -74,6 +76,9 @@ def test_every_hop_gets_its_span_under_its_service_from_the_timing() -> None:
     assert [traceparent_of(link.context) for link in compute.links] == [BATCH]
     ids = {s.context.span_id for s in exported.get_finished_spans()}
     assert len(ids) == 5
+    # Written out as any span is (a trace dir's JSON lines): attributes are a mapping.
+    for span in exported.get_finished_spans():
+        assert isinstance(json.loads(span.to_json())["attributes"], dict), span.name
 
 
 def test_without_an_answer_only_the_route_span_as_the_gateway_saw_it() -> None:

@@ -249,7 +249,7 @@ async def make(
     model = tmp_path / "mlp.onnx"
     model.write_bytes(build_mlp())
     telemetry = Telemetry("worker-loop-test")
-    channel = make_channel(downstream.postprocess_address, telemetry)
+    channel = make_channel(downstream.postprocess_address)
 
     async def build(cfg: ModelConfig | None = None, tier: str = "center") -> Harness:
         cfg = cfg or mlp_config()

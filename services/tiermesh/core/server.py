@@ -10,11 +10,7 @@ from typing import Any
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1.health import aio as health_aio
-from opentelemetry.instrumentation.grpc import (
-    aio_client_interceptors,
-    aio_server_interceptor,
-    filters,
-)
+from opentelemetry.instrumentation.grpc import aio_server_interceptor, filters
 
 from tiermesh.core.telemetry import Telemetry
 
@@ -82,25 +78,21 @@ RECONNECT_BACKOFF = (
 
 def make_channel(
     address: str,
-    telemetry: Telemetry,
     max_message_bytes: int = 64 * 1024 * 1024,
     credentials: grpc.ChannelCredentials | None = None,
 ) -> grpc.aio.Channel:
-    """An internal channel, propagating trace context where `telemetry` exports: TLS with
-    `credentials` (see core/tls.py), plaintext when None."""
-    interceptors = (
-        aio_client_interceptors(tracer_provider=telemetry.provider, filter_=_traced())
-        if telemetry.exporting
-        else None
-    )
+    """An internal channel: TLS with `credentials` (see core/tls.py), plaintext when None.
+    No interceptor: every internal call is a long-lived stream of batches, in no trace, and
+    each job or result carries its own trace context (an interceptor that lets every call
+    through unrecorded still puts each message of a stream through its own queue and task)."""
     options = [
         ("grpc.max_receive_message_length", max_message_bytes),
         ("grpc.max_send_message_length", max_message_bytes),
         *RECONNECT_BACKOFF,
     ]
     if credentials is None:
-        return grpc.aio.insecure_channel(address, options=options, interceptors=interceptors)
-    return grpc.aio.secure_channel(address, credentials, options=options, interceptors=interceptors)
+        return grpc.aio.insecure_channel(address, options=options)
+    return grpc.aio.secure_channel(address, credentials, options=options)
 
 
 def add_health(server: grpc.aio.Server) -> health_aio.HealthServicer:

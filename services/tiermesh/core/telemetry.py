@@ -110,7 +110,7 @@ class Telemetry:
             context,
             parent,
             resource,
-            attributes,
+            attributes if attributes is not None else {},  # as a started span's: a mapping
             (),
             links,
             kind,

@@ -78,7 +78,6 @@ async def serve(
     redis = connect(settings.redis_url)
     router_channel = make_channel(
         settings.router_address,
-        telemetry,
         settings.max_message_bytes,
         internal_channel_credentials(settings),
     )

@@ -39,7 +39,7 @@ async def serve(
     telemetry = telemetry or Telemetry("postprocess", settings.trace_dir)
     repo = ModelRepository(settings.model_repository)
     gateways = GatewayClients(
-        telemetry, settings.delivery_timeout_ms / 1000, internal_channel_credentials(settings)
+        settings.delivery_timeout_ms / 1000, internal_channel_credentials(settings)
     )
     server = make_server(telemetry)
     registry = new_registry()

@@ -10,7 +10,6 @@ import grpc
 from tiermesh.core.call_stream import CallStream
 from tiermesh.core.jobs import JobResult
 from tiermesh.core.server import make_channel
-from tiermesh.core.telemetry import Telemetry
 from tiermesh.core.wire import result_to_proto
 from tiermesh.v1 import delivery_pb2, delivery_pb2_grpc
 
@@ -23,11 +22,9 @@ class GatewayClients:
 
     def __init__(
         self,
-        telemetry: Telemetry,
         timeout_s: float,
         credentials: grpc.ChannelCredentials | None = None,
     ) -> None:
-        self._telemetry = telemetry
         self._timeout_s = timeout_s
         self._credentials = credentials
         self._channels: dict[str, tuple[grpc.aio.Channel, Calls]] = {}
@@ -36,7 +33,7 @@ class GatewayClients:
         """Raises AioRpcError when the gateway cannot be reached."""
         opened = self._channels.get(address)
         if opened is None:
-            channel = make_channel(address, self._telemetry, credentials=self._credentials)
+            channel = make_channel(address, credentials=self._credentials)
             stub = delivery_pb2_grpc.DeliveryStub(channel)
             opened = self._channels[address] = (channel, CallStream(stub.DeliverStream, address))
         _, calls = opened

@@ -95,7 +95,6 @@ async def serve(
         log.info("generative model loaded", unit=unit, load_s=round(gen.load_s, 3))
     channel = make_channel(
         settings.postprocess_address,
-        telemetry,
         credentials=internal_channel_credentials(settings),
     )
     consumer = settings.worker_id or f"{socket.gethostname()}-{settings.worker_tier}-{os.getpid()}"
