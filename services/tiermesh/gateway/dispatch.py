@@ -19,7 +19,7 @@ from tiermesh.core.repository import ModelConfig
 from tiermesh.gateway.cache import cache_digest
 from tiermesh.gateway.capture import Observed
 from tiermesh.gateway.facts import response_facts
-from tiermesh.gateway.hop_spans import Hops
+from tiermesh.gateway.hop_spans import Hops, Placement
 from tiermesh.gateway.metrics import GatewayMetrics
 from tiermesh.gateway.pending import PartialCallback, PendingRequests
 from tiermesh.gateway.shedding import Shedder, ShedKey
@@ -121,7 +121,11 @@ class Dispatcher:
                 "retry later",
                 shed_ms,
             )
-        result = await self._await_result(job, on_partial, call.hops)
+        result, placed = await self._await_result(job, on_partial, call.hops)
+        if placed is not None:
+            # The hop spans once the answer is on its way: a trace dir's file writes, or a
+            # processor's work, are not the caller's wait, nor in the response's total_ms.
+            asyncio.get_running_loop().call_soon(placed.write, result)
         call.variant = result.variant or call.variant
         call.result = result
         if result.code != grpc.StatusCode.OK:
@@ -167,10 +171,11 @@ class Dispatcher:
 
     async def _await_result(
         self, job: Job, on_partial: PartialCallback | None, hops: Hops | None
-    ) -> JobResult:
+    ) -> tuple[JobResult, Placement | None]:
         """Route the job and wait for its result until its deadline; exactly one answer
-        (and, for `on_partial`, the pieces before it). A traced request's hop spans are
-        written once the job was placed: with the result, or without it (no answer in time)."""
+        (and, for `on_partial`, the pieces before it). With `hops` (a traced request), also
+        where it was placed, for its hop spans; without an answer in time, the route span
+        is written here."""
         future = self._pending.register(job.request_id, on_partial)
         # From the moment the job is queued for the router stream it may sit in a work
         # stream, even before the router's outcome is back: a caller who leaves from then on
@@ -210,10 +215,7 @@ class Dispatcher:
                 if routed_to.shadow_request_id:
                     recorder.primary(routed_to.shadow_request_id, result)
             # Delivered = back in the caller's handler (the Deliver call and the wake-up).
-            result = result.with_(timing=result.timing.with_(delivered_ns=self._clock_ns()))
-            if placed is not None:
-                placed.write(result)
-            return result
+            return result.with_(timing=result.timing.with_(delivered_ns=self._clock_ns())), placed
         except asyncio.CancelledError:
             # wait_for cancels the future it waited on: a cancelled future has no answer.
             if queued and (not future.done() or future.cancelled()):
