@@ -54,9 +54,12 @@ class UpProcess:
         return found
 
     def spans(self) -> list[dict[str, Any]]:
+        """The spans written so far: complete lines only (a service may be writing the
+        next one as this reads)."""
         out = []
         for f in self.trace_dir.glob("*.jsonl"):
-            for line in f.read_text().splitlines():
+            text = f.read_text()
+            for line in text[: text.rfind("\n") + 1].splitlines():
                 if line.strip():
                     out.append(json.loads(line))
         return out
