@@ -23,7 +23,7 @@ import tritonclient.grpc.aio as grpcaio
 
 from tests.e2e.conftest import UpProcess, gateway_counts, report_figures
 from tiermesh.bench import arrivals, runner
-from tiermesh.bench.calls import CLIENT_DEADLINE_SLACK_S, Sender, model_inputs
+from tiermesh.bench.calls import Sender, model_inputs
 from tiermesh.bench.records import OK, Record
 from tiermesh.bench.stats import figures, lag_figures, percentile
 from tiermesh.bench.workload import Workload
@@ -52,6 +52,7 @@ RECOVERY_S = 4.0
 GOODPUT_FLOOR = {2.0: 0.7, 5.0: 0.2}
 RECOVERED_FLOOR = 0.5
 MULTIPLES = (2.0, 5.0)
+ANSWER_SLACK = 1.1  # an answer's total_ms against the deadline: the gateway's loop turn
 DOCUMENTED = {"OK", "RESOURCE_EXHAUSTED", "DEADLINE_EXCEEDED", "UNAVAILABLE"}
 
 
@@ -96,6 +97,14 @@ class Phase:
     def latencies(self, code: str) -> list[float]:
         return [r.outcome.latency_ms for r in self.records if r.outcome.code == code]
 
+    def gateway_totals(self) -> list[float]:
+        """The OK answers' total_ms, received -> responded by the gateway's clock."""
+        return [
+            total
+            for r in self.records
+            if r.ok and r.outcome.reply is not None and (total := r.outcome.reply.total_ms)
+        ]
+
     def row(self, capacity_rps: float, offered_rps: float) -> dict[str, Any]:
         f = self.figures
         refused = self.latencies("RESOURCE_EXHAUSTED")
@@ -118,6 +127,7 @@ class Phase:
             "refused_p99_ms": _ms(percentile(refused, 99)),
             "retry_after_trailers": trailers,
             "send_lag_p99_ms": _ms(lag_figures(self.records)["p99_ms"]),
+            "ok_gateway_p99_ms": _ms(percentile(self.gateway_totals(), 99)),
         }
 
 
@@ -193,7 +203,8 @@ def test_overload_at_2x_and_5x_capacity(
                 f"| late/dup dropped {gateway['late_results']} | refused {row['refused']} "
                 f"| goodput {row['goodput_rps']}/s = {row['goodput_x_capacity']}x "
                 f"| capacity {rows['capacity_rps']}/s | OK p50/p99 {row['ok_p50_ms']}/"
-                f"{row['ok_p99_ms']} ms | refused p50/p99 {row['refused_p50_ms']}/"
+                f"{row['ok_p99_ms']} ms (gateway p99 {row['ok_gateway_p99_ms']} ms) "
+                f"| refused p50/p99 {row['refused_p50_ms']}/"
                 f"{row['refused_p99_ms']} ms |"
             )
 
@@ -214,11 +225,17 @@ def test_overload_at_2x_and_5x_capacity(
         assert phase.codes.get("RESOURCE_EXHAUSTED", 0) > 0, (multiple, phase.codes)
         goodput = phase.figures.throughput_rps / cap_rps
         assert goodput >= GOODPUT_FLOOR[multiple], (multiple, goodput, rows)
-    # At 2x what the mesh accepted is answered within its deadline (the client's own
-    # deadline sits CLIENT_DEADLINE_SLACK_S past it, and its own event loop lags by up to
-    # its send lag); at 5x the client lags by seconds: latencies reported, not asserted.
-    lag_2x = lag_figures(overload[2.0].records)["p99_ms"]
-    assert overload[2.0].figures.p99_ms <= (DEADLINE_S + CLIENT_DEADLINE_SLACK_S) * 1000 + lag_2x
+    # What the mesh accepted it answers within its deadline, by the gateway's own clock
+    # (total_ms: received -> responded). The caller's latency is reported, not asserted: the
+    # load generator's event loop, a Python process on the same two cores offering 2x or 5x
+    # capacity, resumes a call long after its answer came (CI: an OK seen after 2.35 s by a
+    # caller whose own gRPC deadline was 1.25 s, with a send lag p99 of 0.47 s). The answer
+    # is stamped when the gateway's wait for it ends, a loop turn after the result came.
+    for multiple, phase in overload.items():
+        served = phase.gateway_totals()
+        assert len(served) == phase.figures.ok, (multiple, "an OK without total_ms")
+        late = sorted(ms for ms in served if ms > DEADLINE_S * 1000 * ANSWER_SLACK)
+        assert not late, (multiple, late[-5:], rows)
     # Refusals come back sooner than the answers of the accepted requests they protect.
     refused_2x = overload[2.0].latencies("RESOURCE_EXHAUSTED")
     # No absolute bound (a timed assert): refusal latency here includes the load generator's
