@@ -19,12 +19,14 @@ from tests.integration.conftest import InProcessMesh, start_mesh
 from tests.polling import until
 from tiermesh.core.errors import MeshError
 from tiermesh.core.jobs import Job, Timing
-from tiermesh.core.server import make_channel
+from tiermesh.core.server import make_channel, make_server
 from tiermesh.core.settings import RouterSettings
+from tiermesh.core.telemetry import Telemetry
 from tiermesh.core.tensors import from_numpy
 from tiermesh.gateway.upstream import RouterClient
 from tiermesh.router.__main__ import serve as serve_router
 from tiermesh.up.processes import free_port
+from tiermesh.v1 import router_pb2, router_pb2_grpc
 
 pytestmark = pytest.mark.integration
 
@@ -60,7 +62,7 @@ async def test_jobs_queued_together_travel_as_one_batch_each_with_its_outcome(
         assert isinstance(unknown, MeshError) and unknown.code == grpc.StatusCode.NOT_FOUND
         assert "Request for unknown model: 'no-such-model'" in unknown.message
         assert isinstance(late, MeshError) and late.code == grpc.StatusCode.DEADLINE_EXCEEDED
-        # One job after another: each goes out as soon as the previous write is done.
+        # One job after another (each awaited): each goes out at once, alone.
         for _ in range(3):
             await client.route(job(), 10)
         assert (client.batches, client.jobs) == (4, 17)
@@ -117,3 +119,60 @@ async def test_a_restarted_router_is_reached_on_a_new_stream(
         stop.set()
         await asyncio.wait_for(task, 30)
         await mesh.close()
+
+
+class HeldRouter(router_pb2_grpc.RouterServicer):
+    """A router that places every job and holds each batch's replies until `release`."""
+
+    def __init__(self) -> None:
+        self.sizes: list[int] = []
+        self.release = asyncio.Event()
+
+    async def RouteStream(self, request_iterator, context):  # type: ignore[no-untyped-def]
+        async for batch in request_iterator:
+            self.sizes.append(len(batch.jobs))
+            await self.release.wait()
+            yield router_pb2.RouteReplies(
+                replies=[
+                    router_pb2.RouteReply(request_id=j.request_id, entry_id=f"e-{j.request_id}")
+                    for j in batch.jobs
+                ]
+            )
+
+
+async def test_jobs_that_come_while_a_batch_is_out_go_as_the_next_one() -> None:
+    server = make_server(Telemetry("test-router"))
+    held = HeldRouter()
+    router_pb2_grpc.add_RouterServicer_to_server(held, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    channel = make_channel(f"127.0.0.1:{port}")
+    client = RouterClient(channel)
+    pump = client._pump
+    try:
+        jobs = [job() for _ in range(4)]
+        first = asyncio.create_task(client.route(jobs[0], 10))
+        await until(lambda: _true(held.sizes == [1]), "the first job at the router")
+        # Three more, one at a time, each taken in by the pump (its wake consumed) before
+        # the next is queued: written as they came, they would be three messages.
+        later = []
+        for j in jobs[1:]:
+            later.append(asyncio.create_task(client.route(j, 10)))
+            await until(
+                lambda rid=j.request_id: _true(rid in client._waiting and not pump._wake.is_set()),
+                "the job queued and the pump waiting again",
+            )
+        assert held.sizes == [1]
+        held.release.set()
+        placed = await asyncio.gather(first, *later)
+        assert held.sizes == [1, 3]
+        assert [p.entry_id for p in placed] == [f"e-{j.request_id}" for j in jobs]
+        assert (client.batches, client.jobs) == (2, 4)
+    finally:
+        await client.close()
+        await channel.close()
+        await server.stop(None)
+
+
+async def _true(value: bool) -> bool:
+    return value

@@ -57,7 +57,13 @@ class StreamPump(Generic[Out, In, K]):
     with the keys still unanswered on this stream (it discards those it answers). When the
     stream breaks or ends, `broken` gets the keys written on it and never answered, with
     the AioRpcError a unary call would have raised (UNAVAILABLE where the stream ended
-    without one); the next work opens a new stream."""
+    without one); the next work opens a new stream.
+
+    `serial`: the next message waits until every key written is answered (one message in
+    flight). For a peer that handles one message of a stream at a time (the router): what
+    is queued meanwhile would wait in the peer's intake anyway, and goes as one message
+    instead of one per piece of work, each costing both ends a message. No timer: at
+    concurrency 1 nothing waits; under load a message holds what came in one round trip."""
 
     def __init__(
         self,
@@ -66,9 +72,11 @@ class StreamPump(Generic[Out, In, K]):
         take: Callable[[], tuple[Out, Iterable[K]] | None],
         answered: Callable[[In, set[K]], None],
         broken: Callable[[set[K], grpc.aio.AioRpcError], None],
+        serial: bool = False,
     ) -> None:
         # open_stream: the stub's stream-stream method, called with no request iterator.
         self._open = open_stream
+        self._serial = serial
         self._name = name
         self._take = take
         self._answered = answered
@@ -91,12 +99,13 @@ class StreamPump(Generic[Out, In, K]):
             await asyncio.gather(task, return_exceptions=True)
 
     async def _next(
-        self, reader: asyncio.Task[Any] | None = None
+        self, reader: asyncio.Task[Any] | None = None, sent: set[K] | None = None
     ) -> tuple[Out, Iterable[K]] | None:
-        """The next work to send, once there is some; None once `reader` (the stream's) is
-        done: what is queued then goes on the next stream."""
+        """The next work to send, once there is some (and, serial, once `sent` is all
+        answered); None once `reader` (the stream's) is done: what is queued then goes on
+        the next stream."""
         while reader is None or not reader.done():
-            if (taken := self._take()) is not None:
+            if not (self._serial and sent) and (taken := self._take()) is not None:
                 return taken
             self._wake.clear()
             await self._wake.wait()
@@ -117,7 +126,7 @@ class StreamPump(Generic[Out, In, K]):
                     sent.update(keys)  # before the write: a failed one is answered too
                     await stream.write(message)
                     self.messages += 1
-                    taken = await self._next(reader)
+                    taken = await self._next(reader, sent)
                 error = await reader
             except grpc.aio.AioRpcError:
                 # A write fails once the stream is over (the peer ended it, or it broke;
@@ -139,6 +148,8 @@ class StreamPump(Generic[Out, In, K]):
         try:
             async for reply in stream:
                 self._answered(reply, sent)
+                if self._serial and not sent:
+                    self._wake.set()  # the next message may go
         except grpc.aio.AioRpcError as err:
             return err
         return None

@@ -233,6 +233,8 @@ async def serve(
             accepted=plane.accepted,
             answered=plane.answered,
             late_results=pending.late,
+            router_jobs=upstream.router.jobs,
+            router_batches=upstream.router.batches,
         )
 
 

@@ -29,8 +29,9 @@ class RouterStub:
     """The router places jobs on the right streams or refuses them with a status code.
 
     One long-lived bidirectional stream per gateway-router pair: the gateway writes batches of
-    jobs, each as soon as its previous write is on the wire (one job at concurrency 1, many
-    under load); the router answers each job once, in batches of replies, in any order.
+    jobs, each once the jobs of its previous one are answered (one job at concurrency 1, what
+    came in one round trip under load); the router answers each job once, in batches of
+    replies, in any order.
     """
 
     def __init__(self, channel):
@@ -50,8 +51,9 @@ class RouterServicer:
     """The router places jobs on the right streams or refuses them with a status code.
 
     One long-lived bidirectional stream per gateway-router pair: the gateway writes batches of
-    jobs, each as soon as its previous write is on the wire (one job at concurrency 1, many
-    under load); the router answers each job once, in batches of replies, in any order.
+    jobs, each once the jobs of its previous one are answered (one job at concurrency 1, what
+    came in one round trip under load); the router answers each job once, in batches of
+    replies, in any order.
     """
 
     def RouteStream(self, request_iterator, context):
@@ -80,8 +82,9 @@ class Router:
     """The router places jobs on the right streams or refuses them with a status code.
 
     One long-lived bidirectional stream per gateway-router pair: the gateway writes batches of
-    jobs, each as soon as its previous write is on the wire (one job at concurrency 1, many
-    under load); the router answers each job once, in batches of replies, in any order.
+    jobs, each once the jobs of its previous one are answered (one job at concurrency 1, what
+    came in one round trip under load); the router answers each job once, in batches of
+    replies, in any order.
     """
 
     @staticmethod
