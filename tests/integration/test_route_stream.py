@@ -8,6 +8,7 @@ import asyncio
 import dataclasses
 import time
 import uuid
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +24,7 @@ from tiermesh.core.server import make_channel, make_server
 from tiermesh.core.settings import RouterSettings
 from tiermesh.core.telemetry import Telemetry
 from tiermesh.core.tensors import from_numpy
+from tiermesh.core.wire import job_to_proto
 from tiermesh.gateway.upstream import RouterClient
 from tiermesh.router.__main__ import serve as serve_router
 from tiermesh.up.processes import free_port
@@ -140,19 +142,31 @@ class HeldRouter(router_pb2_grpc.RouterServicer):
             )
 
 
-async def test_jobs_that_come_while_a_batch_is_out_go_as_the_next_one() -> None:
+@pytest.fixture
+async def held() -> AsyncIterator[tuple[HeldRouter, str]]:
+    """A HeldRouter on a real grpc.aio server, and its address."""
     server = make_server(Telemetry("test-router"))
-    held = HeldRouter()
-    router_pb2_grpc.add_RouterServicer_to_server(held, server)
+    router = HeldRouter()
+    router_pb2_grpc.add_RouterServicer_to_server(router, server)
     port = server.add_insecure_port("127.0.0.1:0")
     await server.start()
-    channel = make_channel(f"127.0.0.1:{port}")
+    try:
+        yield router, f"127.0.0.1:{port}"
+    finally:
+        await server.stop(None)
+
+
+async def test_jobs_that_come_while_a_batch_is_out_go_as_the_next_one(
+    held: tuple[HeldRouter, str],
+) -> None:
+    router, address = held
+    channel = make_channel(address)
     client = RouterClient(channel)
     pump = client._pump
     try:
         jobs = [job() for _ in range(4)]
         first = asyncio.create_task(client.route(jobs[0], 10))
-        await until(lambda: _true(held.sizes == [1]), "the first job at the router")
+        await until(lambda: _true(router.sizes == [1]), "the first job at the router")
         # Three more, one at a time, each taken in by the pump (its wake consumed) before
         # the next is queued: written as they came, they would be three messages.
         later = []
@@ -162,17 +176,38 @@ async def test_jobs_that_come_while_a_batch_is_out_go_as_the_next_one() -> None:
                 lambda rid=j.request_id: _true(rid in client._waiting and not pump._wake.is_set()),
                 "the job queued and the pump waiting again",
             )
-        assert held.sizes == [1]
-        held.release.set()
+        assert router.sizes == [1]
+        router.release.set()
         placed = await asyncio.gather(first, *later)
-        assert held.sizes == [1, 3]
+        assert router.sizes == [1, 3]
         assert [p.entry_id for p in placed] == [f"e-{j.request_id}" for j in jobs]
         assert (client.batches, client.jobs) == (2, 4)
     finally:
         await client.close()
         await channel.close()
-        await server.stop(None)
 
 
 async def _true(value: bool) -> bool:
     return value
+
+
+async def test_a_batch_holds_jobs_up_to_its_byte_limit_and_the_rest_goes_next(
+    held: tuple[HeldRouter, str],
+) -> None:
+    router, address = held
+    router.release.set()
+    channel = make_channel(address)
+    jobs = [job() for _ in range(5)]
+    one = job_to_proto(jobs[0]).ByteSize()
+    client = RouterClient(channel, max_batch_bytes=2 * one + one // 2)
+    try:
+        placed = await asyncio.gather(*(client.route(j, 10) for j in jobs))
+        assert router.sizes == [2, 2, 1]
+        assert [p.entry_id for p in placed] == [f"e-{j.request_id}" for j in jobs]
+        # A job bigger than the limit still goes, alone.
+        big = job(inputs=(from_numpy("INPUT0", np.ones((1, 4096), np.float32), "FP32"),))
+        assert (await client.route(big, 10)).entry_id == f"e-{big.request_id}"
+        assert router.sizes[-1] == 1
+    finally:
+        await client.close()
+        await channel.close()

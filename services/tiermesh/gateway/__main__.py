@@ -97,7 +97,7 @@ async def serve(
     )
     delivery_address = settings.delivery_advertise or f"{settings.delivery_host}:{delivery_port}"
     upstream = Upstream(
-        RouterClient(router_channel),
+        RouterClient(router_channel, settings.max_message_bytes // 4),
         Liveness(redis),
         Cancellations(redis),
         ResponseCache(redis),

@@ -56,7 +56,10 @@ class RouterClient:
     stream fails the jobs on it as UNAVAILABLE, which `route` retries on a new stream
     (enqueues are idempotent by request id). `close` ends the stream."""
 
-    def __init__(self, channel: grpc.aio.Channel) -> None:
+    def __init__(self, channel: grpc.aio.Channel, max_batch_bytes: int = 16 * 1024 * 1024) -> None:
+        # A batch holds jobs up to this many bytes (one bigger job goes alone): what queued
+        # while a batch was out must not add up past the router's message limit.
+        self._max_batch_bytes = max_batch_bytes
         self._queued: list[job_pb2.Job] = []
         self._waiting: dict[str, asyncio.Future[router_pb2.RouteReply]] = {}
         stub = router_pb2_grpc.RouterStub(channel)
@@ -110,9 +113,22 @@ class RouterClient:
         await self._pump.close()
 
     def _take(self) -> tuple[router_pb2.JobBatch, list[str]] | None:
-        """Everything queued whose caller still waits, as one batch."""
-        batch, self._queued = self._queued, []
-        live = [m for m in batch if m.request_id in self._waiting]
+        """What is queued whose caller still waits, as one batch of at most max_batch_bytes
+        (at least one job); the rest stays queued, in order, for the next."""
+        live: list[job_pb2.Job] = []
+        size = 0
+        queued = self._queued
+        end = len(queued)
+        for i, message in enumerate(queued):
+            if message.request_id not in self._waiting:
+                continue  # its caller left
+            n = message.ByteSize()
+            if live and size + n > self._max_batch_bytes:
+                end = i
+                break
+            live.append(message)
+            size += n
+        self._queued = queued[end:]
         if not live:
             return None
         self.jobs += len(live)
