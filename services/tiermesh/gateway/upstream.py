@@ -48,13 +48,13 @@ class Routed:
 class RouterClient:
     """Jobs to the router over one long-lived RouteStream (core/call_stream.StreamPump):
     `route` queues a job and awaits its outcome; the pump writes whatever is queued as one
-    batch once the previous batch is answered (serial: the router handles a stream's
-    batches one at a time, so a job queued meanwhile would wait there anyway; no timer: one
-    job at concurrency 1, what came in one round trip under load: 1.15 jobs a message at c32
-    when each batch went as soon as the previous write was done, 2.5 now), and outcomes are
-    resolved as batches of them come back. A broken
-    stream fails the jobs on it as UNAVAILABLE, which `route` retries on a new stream
-    (enqueues are idempotent by request id). `close` ends the stream."""
+    batch once the previous batch is answered, and outcomes are resolved as batches of them
+    come back. Serial because the router handles a stream's batches one at a time: a job
+    queued meanwhile would wait there anyway. No timer: one job at concurrency 1, what came
+    in one round trip under load (at c32, 2.5 jobs a message; 1.15 when each batch went as
+    soon as the previous write was done). A broken stream fails the jobs on it as
+    UNAVAILABLE, which `route` retries on a new stream (enqueues are idempotent by request
+    id). `close` ends the stream."""
 
     def __init__(self, channel: grpc.aio.Channel, max_batch_bytes: int = 16 * 1024 * 1024) -> None:
         # A batch holds jobs up to this many bytes (one bigger job goes alone): what queued
