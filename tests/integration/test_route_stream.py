@@ -16,13 +16,13 @@ import grpc
 import numpy as np
 import pytest
 
+from tests.grpc_server import serving
 from tests.integration.conftest import InProcessMesh, start_mesh
 from tests.polling import until
 from tiermesh.core.errors import MeshError
 from tiermesh.core.jobs import Job, Timing
-from tiermesh.core.server import make_channel, make_server
+from tiermesh.core.server import make_channel
 from tiermesh.core.settings import RouterSettings
-from tiermesh.core.telemetry import Telemetry
 from tiermesh.core.tensors import from_numpy
 from tiermesh.core.wire import job_to_proto
 from tiermesh.gateway.upstream import RouterClient
@@ -145,15 +145,9 @@ class HeldRouter(router_pb2_grpc.RouterServicer):
 @pytest.fixture
 async def held() -> AsyncIterator[tuple[HeldRouter, str]]:
     """A HeldRouter on a real grpc.aio server, and its address."""
-    server = make_server(Telemetry("test-router"))
     router = HeldRouter()
-    router_pb2_grpc.add_RouterServicer_to_server(router, server)
-    port = server.add_insecure_port("127.0.0.1:0")
-    await server.start()
-    try:
-        yield router, f"127.0.0.1:{port}"
-    finally:
-        await server.stop(None)
+    async with serving(router_pb2_grpc.add_RouterServicer_to_server, router) as address:
+        yield router, address
 
 
 async def test_jobs_that_come_while_a_batch_is_out_go_as_the_next_one(

@@ -18,6 +18,7 @@ import tritonclient.grpc.aio as grpcaio
 from tritonclient.grpc import model_config_pb2, service_pb2, service_pb2_grpc
 from tritonclient.utils import deserialize_bytes_tensor, serialize_byte_tensor
 
+from tests.grpc_server import serving
 from tiermesh.bench import markdown, session
 from tiermesh.bench.calls import BenchError, GenSender, generative_model
 from tiermesh.bench.config import BenchConfig
@@ -121,14 +122,9 @@ class FakeMesh(service_pb2_grpc.GRPCInferenceServiceServicer):
 @pytest.fixture
 async def mesh() -> AsyncIterator[tuple[FakeMesh, str]]:
     servicer = FakeMesh()
-    server = grpc.aio.server()
-    service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(servicer, server)
-    port = server.add_insecure_port("127.0.0.1:0")
-    await server.start()
-    try:
-        yield servicer, f"127.0.0.1:{port}"
-    finally:
-        await server.stop(None)
+    add = service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server
+    async with serving(add, servicer) as address:
+        yield servicer, address
 
 
 class Ticks:
