@@ -160,6 +160,9 @@ def start_up(
     up = UpProcess(proc, f"127.0.0.1:{port}", tmp / "traces", log)
     try:
         wait_healthy(Service("gateway", proc, up.url), timeout_s=90, credentials=credentials)
+        # `up` has finished starting only once it printed its banner: until then a service
+        # that exits (a fault test's strike) is restarted by the start path, not supervised.
+        up.banner()
     except Exception:
         proc.kill()
         proc.wait()

@@ -93,6 +93,16 @@ EDGE_LINKS = ("edge-link-redis", "edge-link-postprocess")
 START_ATTEMPTS = 3
 
 
+# The health check's channel retries a closed port every 50-200 ms. gRPC's default
+# reconnect backoff (1 s, growing 1.6x) left `up` noticing a serving gateway up to ~1 s
+# late, a window in which the mesh serves but `up` still counts it as starting.
+HEALTH_CHANNEL_OPTIONS = [
+    ("grpc.initial_reconnect_backoff_ms", 50),
+    ("grpc.min_reconnect_backoff_ms", 50),
+    ("grpc.max_reconnect_backoff_ms", 200),
+]
+
+
 class StartupError(RuntimeError):
     pass
 
@@ -106,9 +116,9 @@ def wait_healthy(
     certificate); a failing handshake looks like a port not open yet until the timeout."""
     deadline = time.monotonic() + timeout_s
     with (
-        grpc.insecure_channel(svc.health_address)
+        grpc.insecure_channel(svc.health_address, options=HEALTH_CHANNEL_OPTIONS)
         if credentials is None
-        else grpc.secure_channel(svc.health_address, credentials)
+        else grpc.secure_channel(svc.health_address, credentials, options=HEALTH_CHANNEL_OPTIONS)
     ) as channel:
         stub = health_pb2_grpc.HealthStub(channel)
         while time.monotonic() < deadline:
@@ -287,8 +297,8 @@ class Mesh:
             except StartupError as exc:
                 if svc.proc.poll() is None or attempt == START_ATTEMPTS:
                     raise
-                _say(f"{svc.name} died while starting ({exc}); starting it again")
                 svc.proc = spawn(svc.argv, svc.env)
+                _say(f"{svc.name} died while starting ({exc}); started again (pid {svc.proc.pid})")
 
     def _spawn(self, name: str, argv: list[str], env: dict[str, str], address: str) -> Service:
         backoff = Backoff(self.opts.restart, time.monotonic())
