@@ -8,33 +8,48 @@ Two questions behind the request path's budget (DESIGN.md, "What a request may c
 - an internal hop carrying a batch of B requests (B x `--payload` bytes, the size of one
   16-token MiniLM hidden state by default): one unary call per batch against one message
   per batch on a long-lived bidirectional stream (a reply message per batch).
+- with --go, the bare public call against the same servicer in Go (grpc-go,
+  go_front_door/main.go, built here into benchmarks/build/go/ from tritonclient's KServe
+  protos): what a compiled front door would pay per call. Needs Debian's Go toolchain:
+  apt-get install golang-go golang-google-grpc-dev golang-goprotobuf-dev protobuf-compiler
 
 CPU is user + system of the server process (from /proc) and of this process (the client),
 per request, the median over --repeats rounds; modes alternate their order per round. All
 traffic goes to 127.0.0.1. It asserts nothing.
 
-    .venv/bin/python benchmarks/grpc_hops.py [--requests 3000] [--batch 8] [--repeats 3]
+    .venv/bin/python benchmarks/grpc_hops.py [--requests 3000] [--batch 8] [--repeats 3] [--go]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import multiprocessing as mp
+import os
+import shutil
 import statistics
+import subprocess
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 import grpc
 import numpy as np
 import tritonclient.grpc as grpcclient
 import tritonclient.grpc.aio as grpcaio
-from tritonclient.grpc import service_pb2, service_pb2_grpc
+from google.protobuf import descriptor_pb2
+from tritonclient.grpc import model_config_pb2, service_pb2, service_pb2_grpc
 
 from tiermesh.bench.cpu import process_cpu_s
 
 HOP = "/bench.Hop/"
+HERE = Path(__file__).resolve().parent
+GO_TOOLS = ("go", "protoc", "protoc-gen-go")
+GO_PACKAGES = "golang-go golang-google-grpc-dev golang-goprotobuf-dev protobuf-compiler"
+# Debian's Go libraries (GOPATH mode: no module download, nothing but Debian's packages).
+DEBIAN_GOPATH = "/usr/share/gocode"
 
 
 class Infer(service_pb2_grpc.GRPCInferenceServiceServicer):
@@ -118,13 +133,52 @@ async def stream_batches(address: str, batches: int, payload: bytes) -> None:
 Load = Callable[[str], Awaitable[None]]
 
 
-def measure(load: Load, traced: bool) -> tuple[float, float, float]:
-    """(server CPU s, client CPU s, wall s) of one load against a fresh server."""
-    ports: Any = mp.get_context("spawn").Queue()
-    proc = mp.get_context("spawn").Process(target=serve, args=(ports, traced), daemon=True)
-    proc.start()
+def build_go_server(out: Path) -> Path:
+    """go_front_door/main.go built against stubs generated from the KServe protos that
+    tritonclient ships (as a descriptor set: no .proto file to keep); the binary's path."""
+    missing = [tool for tool in GO_TOOLS if shutil.which(tool) is None]
+    if missing:
+        raise SystemExit(f"--go needs {', '.join(missing)}: apt-get install {GO_PACKAGES}")
+    src = out / "src"
+    stubs = src / "inference"
+    stubs.mkdir(parents=True, exist_ok=True)
+    (src / "frontdoor").mkdir(exist_ok=True)
+    shutil.copy(HERE / "go_front_door" / "main.go", src / "frontdoor" / "main.go")
+    files = descriptor_pb2.FileDescriptorSet()
+    for module in (model_config_pb2, service_pb2):
+        proto = files.file.add()
+        module.DESCRIPTOR.CopyToProto(proto)
+        proto.options.go_package = "inference"
+    (out / "kserve.desc").write_bytes(files.SerializeToString())
+    protos = [f.name for f in files.file]
+    run = functools.partial(subprocess.run, check=True, cwd=out)
+    run(["protoc", "--descriptor_set_in=kserve.desc", f"--go_out=plugins=grpc:{stubs}", *protos])
+    binary = out / "frontdoor"
+    env = {
+        **os.environ,
+        "GO111MODULE": "off",
+        "GOPATH": f"{out}:{DEBIAN_GOPATH}",
+        "GOCACHE": str(out / "cache"),
+    }
+    run(["go", "build", "-o", str(binary), "frontdoor"], env=env)
+    return binary
+
+
+def measure(load: Load, traced: bool, go_binary: Path | None = None) -> tuple[float, float, float]:
+    """(server CPU s, client CPU s, wall s) of one load against a fresh server (the Go one
+    with `go_binary`)."""
+    proc: Any
+    if go_binary is not None:
+        proc = subprocess.Popen([go_binary], stdout=subprocess.PIPE)
+        assert proc.stdout is not None
+        port = int(proc.stdout.readline())
+    else:
+        ports: Any = mp.get_context("spawn").Queue()
+        proc = mp.get_context("spawn").Process(target=serve, args=(ports, traced), daemon=True)
+        proc.start()
+        port = ports.get(timeout=60)
     try:
-        address = f"127.0.0.1:{ports.get(timeout=60)}"
+        address = f"127.0.0.1:{port}"
         asyncio.run(load(address))  # warm-up: the first calls pay for connecting
         server0 = process_cpu_s(proc.pid)
         client0, wall0 = time.process_time(), time.perf_counter()
@@ -136,7 +190,7 @@ def measure(load: Load, traced: bool) -> tuple[float, float, float]:
         )
     finally:
         proc.kill()
-        proc.join()
+        proc.wait() if go_binary is not None else proc.join()
 
 
 def main() -> None:
@@ -146,34 +200,40 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=8, help="requests per internal message")
     parser.add_argument("--payload", type=int, default=16 * 384 * 4, help="bytes per request")
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--go", action="store_true", help="also the bare call on a Go server")
     args = parser.parse_args()
+    go_binary = build_go_server(HERE / "build" / "go") if args.go else None
     n, batch = args.requests, args.batch
     payload = bytes(args.payload * batch)
     batches = max(1, n // batch)
-    modes: dict[str, tuple[Load, bool, int]] = {
-        "public ModelInfer, bare": (lambda a: public_calls(a, n, args.concurrency), False, n),
-        "public ModelInfer, otel interceptor": (
-            lambda a: public_calls(a, n, args.concurrency),
-            True,
-            n,
+    public: Load = lambda a: public_calls(a, n, args.concurrency)  # noqa: E731
+    modes: dict[str, tuple[Load, bool, int, Path | None]] = {
+        "public ModelInfer, bare": (public, False, n, None),
+        "public ModelInfer, otel interceptor": (public, True, n, None),
+        **(
+            {"public ModelInfer, bare, Go server": (public, False, n, go_binary)}
+            if go_binary
+            else {}
         ),
         f"internal hop, unary per batch of {batch}": (
             lambda a: unary_batches(a, batches, payload),
             False,
             batches * batch,
+            None,
         ),
         f"internal hop, stream message per batch of {batch}": (
             lambda a: stream_batches(a, batches, payload),
             False,
             batches * batch,
+            None,
         ),
     }
     rows: dict[str, list[tuple[float, float, float]]] = {name: [] for name in modes}
     for round_ in range(args.repeats):
         order = list(modes) if round_ % 2 == 0 else list(reversed(modes))
         for name in order:
-            load, traced, requests = modes[name]
-            server, client, wall = measure(load, traced)
+            load, traced, requests, binary = modes[name]
+            server, client, wall = measure(load, traced, binary)
             rows[name].append((server / requests * 1e6, client / requests * 1e6, requests / wall))
             print(f"round {round_ + 1}: {name} done", flush=True)
     print("\n| mode | server CPU us/request | client CPU us/request | requests/s |")
