@@ -4,7 +4,12 @@ RESOURCE_EXHAUSTED (and its retry-after-ms trailer), every call ends with a docu
 code, no accepted request is lost, and the requests the mesh accepts are still answered.
 
 The machine is small and shared, so every bound is a ratio to figures measured side by
-side in this run (capacity, the latency at capacity), never an absolute throughput.
+side in this run (capacity, the latency at capacity), never an absolute throughput. The
+load generator is a Python process on the same cores: where the cores are the limit it
+takes CPU from the mesh as it offers more, and what its callers see measures it as much as
+the mesh. So the goodput bound is the mesh's own: requests the gateway answered OK per CPU
+second of every mesh process (from /proc), under overload against at capacity; the callers'
+goodput is reported.
 """
 
 from __future__ import annotations
@@ -12,18 +17,22 @@ from __future__ import annotations
 import asyncio
 import math
 import time
+import urllib.request
 from collections import Counter
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 import tritonclient.grpc.aio as grpcaio
+from prometheus_client.parser import text_string_to_metric_families
 
 from tests.e2e.conftest import UpProcess, gateway_counts, report_figures
 from tiermesh.bench import arrivals, runner
 from tiermesh.bench.calls import Sender, model_inputs
+from tiermesh.bench.cpu import process_cpu_s
 from tiermesh.bench.records import OK, Record
 from tiermesh.bench.stats import figures, lag_figures, percentile
 from tiermesh.bench.workload import Workload
@@ -43,21 +52,58 @@ WARMUP_S = 2.0
 CAPACITY_S = 8.0
 OVERLOAD_S = 10.0
 RECOVERY_S = 4.0
-# Goodput floors, as fractions of the capacity measured in the same run. At 2x the mesh
-# keeps its capacity (measured 0.87-1.21x over five runs): refusals cost the gateway little
-# (no traceback per refused call) and come back in tens of ms. At 5x the load generator
-# itself, a Python process on the same two cores, cannot send 5x on time (its send lag
-# p99 reaches seconds) and the gateway's intake queues behind it: measured 0.25-0.74x.
-# The 5x floor only says the mesh keeps serving; the figures go in the report.
-GOODPUT_FLOOR = {2.0: 0.7, 5.0: 0.2}
+# The mesh's goodput per CPU second under overload, as a fraction of its own at capacity:
+# refusals cost the gateway little (~0.13 ms of mesh CPU against ~1.2 ms per answer here),
+# so the CPU the mesh gets goes to the requests it serves. Measured on two cores: 0.93-1.16
+# at 2x, 0.55-0.77 at 5x (4 refusals per answer), 1.38 / 0.98 beside a busy loop.
+# The callers' goodput is reported, not bound: where 32 callers, not the cores, limit
+# capacity (1,280/s here) it was 0.98-1.16x at 2x, but 0.61x in CI (445/s, the cores the
+# limit), and at 5x the load generator cannot send on time anywhere (send lag of seconds).
+# On one core (taskset -c 0, 470/s) both fall to ~0.2 at 2x: the gateway's event loop takes
+# calls off its gRPC server's queue late, so 2,200 of 5,100 end CANCELLED by their callers
+# after the mesh worked on them; refusing before that queue is issue #23's.
+GOODPUT_PER_CPU_FLOOR = {2.0: 0.7, 5.0: 0.4}
 RECOVERED_FLOOR = 0.5
 MULTIPLES = (2.0, 5.0)
 ANSWER_SLACK = 1.1  # an answer's total_ms against the deadline: the gateway's loop turn
 DOCUMENTED = {"OK", "RESOURCE_EXHAUSTED", "DEADLINE_EXCEEDED", "UNAVAILABLE"}
 
 
-async def closed(send: Sender, workload: Workload, seconds: float, concurrency: int) -> Phase:
+@dataclass(frozen=True)
+class MeshReading:
+    """Every mesh process's CPU seconds so far and the ModelInfer calls the gateway
+    answered so far, by status code."""
+
+    cpu_s: float
+    answered: Counter[str]
+
+
+class MeshMeter:
+    """Reads the mesh of one `tiermesh up` between phases: its processes' CPU from /proc
+    (the supervisor, the services and redis-server) and the gateway's OK count from its
+    Prometheus endpoint."""
+
+    def __init__(self, up: UpProcess) -> None:
+        self._pids = [up.proc.pid, *up.children().values()]
+        self._metrics_url = up.metrics_urls()["gateway"]
+
+    def read(self) -> MeshReading:
+        cpu_s = sum(process_cpu_s(pid) for pid in self._pids)
+        with urllib.request.urlopen(self._metrics_url, timeout=10) as resp:
+            text = resp.read().decode()
+        answered: Counter[str] = Counter()
+        for family in text_string_to_metric_families(text):
+            for s in family.samples:
+                if s.name == "tiermesh_requests_total" and s.labels.get("model") == MODEL:
+                    answered[s.labels["code"]] += int(s.value)
+        return MeshReading(cpu_s, answered)
+
+
+async def closed(
+    send: Sender, workload: Workload, seconds: float, concurrency: int, meter: MeshMeter
+) -> Phase:
     recorder = runner.Recorder()
+    before = meter.read()
     start = time.perf_counter()
     await runner.closed_loop(
         send,
@@ -67,10 +113,12 @@ async def closed(send: Sender, workload: Workload, seconds: float, concurrency: 
         limit=1_000_000,
         until=start + seconds,
     )
-    return Phase(recorder.records, time.perf_counter() - start)
+    return Phase(recorder.records, time.perf_counter() - start, before, meter.read())
 
 
-async def open_loop(send: Sender, workload: Workload, rate_rps: float, seed: int) -> Phase:
+async def open_loop(
+    send: Sender, workload: Workload, rate_rps: float, seed: int, meter: MeshMeter
+) -> Phase:
     """Poisson arrivals at `rate_rps` for OVERLOAD_S; returns once every call ended."""
     recorder = runner.Recorder()
     times = arrivals.arrival_times(
@@ -79,20 +127,31 @@ async def open_loop(send: Sender, workload: Workload, rate_rps: float, seed: int
         limit=1_000_000,
         rng=np.random.default_rng(seed),
     )
+    before = meter.read()
     start = time.perf_counter()
     # No client-side cap: every arrival is sent whatever the mesh is doing.
     await runner.open_loop(send, workload, recorder, times, max_in_flight=1_000_000)
-    return Phase(recorder.records, time.perf_counter() - start)
+    return Phase(recorder.records, time.perf_counter() - start, before, meter.read())
 
 
 class Phase:
-    """The records of one phase and its figures."""
+    """The records of one phase, its figures and what the mesh spent and served in it."""
 
-    def __init__(self, records: Sequence[Record], wall_s: float) -> None:
+    def __init__(
+        self, records: Sequence[Record], wall_s: float, before: MeshReading, after: MeshReading
+    ) -> None:
         self.records = list(records)
         self.wall_s = wall_s
         self.figures = figures(self.records, wall_s)
         self.codes = Counter(r.outcome.code for r in self.records)
+        self.mesh_cpu_s = after.cpu_s - before.cpu_s
+        self.gateway_codes = after.answered - before.answered
+
+    @property
+    def served_per_cpu_s(self) -> float:
+        """OK answers by the gateway per CPU second of the whole mesh."""
+        served = self.gateway_codes[OK]
+        return served / self.mesh_cpu_s if self.mesh_cpu_s > 0 else math.nan
 
     def latencies(self, code: str) -> list[float]:
         return [r.outcome.latency_ms for r in self.records if r.outcome.code == code]
@@ -128,6 +187,9 @@ class Phase:
             "retry_after_trailers": trailers,
             "send_lag_p99_ms": _ms(lag_figures(self.records)["p99_ms"]),
             "ok_gateway_p99_ms": _ms(percentile(self.gateway_totals(), 99)),
+            "gateway_codes": dict(sorted(self.gateway_codes.items())),
+            "mesh_cores": round(self.mesh_cpu_s / self.wall_s, 2),
+            "mesh_served_per_cpu_s": round(self.served_per_cpu_s, 1),
         }
 
 
@@ -140,19 +202,20 @@ def _ms(value: float) -> float | None:
     return None if math.isnan(value) else round(value, 1)
 
 
-async def drive(url: str) -> tuple[Phase, Phase, dict[float, Phase], Phase]:
-    client = grpcaio.InferenceServerClient(url)
+async def drive(up: UpProcess) -> tuple[Phase, Phase, dict[float, Phase], Phase]:
+    client = grpcaio.InferenceServerClient(up.url)
+    meter = MeshMeter(up)
     try:
         workload = Workload(await model_inputs(client, MODEL), seed=8)
         send = Sender(client, MODEL, DEADLINE_S)
-        warmup = await closed(send, workload, WARMUP_S, CAPACITY_CONCURRENCY)
-        capacity = await closed(send, workload, CAPACITY_S, CAPACITY_CONCURRENCY)
+        warmup = await closed(send, workload, WARMUP_S, CAPACITY_CONCURRENCY, meter)
+        capacity = await closed(send, workload, CAPACITY_S, CAPACITY_CONCURRENCY, meter)
         rate = capacity.figures.throughput_rps
         assert rate > 0, f"no request answered while measuring capacity: {capacity.codes}"
         overload = {}
         for seed, multiple in enumerate(MULTIPLES):
-            overload[multiple] = await open_loop(send, workload, multiple * rate, seed)
-        recovered = await closed(send, workload, RECOVERY_S, CAPACITY_CONCURRENCY)
+            overload[multiple] = await open_loop(send, workload, multiple * rate, seed, meter)
+        recovered = await closed(send, workload, RECOVERY_S, CAPACITY_CONCURRENCY, meter)
         return warmup, capacity, overload, recovered
     finally:
         await client.close()
@@ -165,7 +228,7 @@ def test_overload_at_2x_and_5x_capacity(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     up = new_up(extra_env=OVERLOAD_ENV, span_files=False)
-    warmup, capacity, overload, recovered = asyncio.run(drive(up.url))
+    warmup, capacity, overload, recovered = asyncio.run(drive(up))
     assert up.interrupt() == 0
     gateway = gateway_counts(up)
 
@@ -205,7 +268,9 @@ def test_overload_at_2x_and_5x_capacity(
                 f"| capacity {rows['capacity_rps']}/s | OK p50/p99 {row['ok_p50_ms']}/"
                 f"{row['ok_p99_ms']} ms (gateway p99 {row['ok_gateway_p99_ms']} ms) "
                 f"| refused p50/p99 {row['refused_p50_ms']}/"
-                f"{row['refused_p99_ms']} ms |"
+                f"{row['refused_p99_ms']} ms | gateway {row['gateway_codes']} "
+                f"| mesh {row['mesh_cores']} cores, "
+                f"{row['mesh_served_per_cpu_s']} OK per CPU s |"
             )
 
     # Every call ended with a documented code; nothing unexpected, nothing failed client-side.
@@ -221,10 +286,12 @@ def test_overload_at_2x_and_5x_capacity(
     assert codes[OK] <= gateway["answered"] <= codes[OK] + deadline_exceeded, (gateway, codes)
     assert unanswered <= deadline_exceeded, (gateway, codes)
     # The overload was real and the excess was refused, not queued.
+    # The mesh keeps serving, and spends the CPU it gets on what it serves.
     for multiple, phase in overload.items():
         assert phase.codes.get("RESOURCE_EXHAUSTED", 0) > 0, (multiple, phase.codes)
-        goodput = phase.figures.throughput_rps / cap_rps
-        assert goodput >= GOODPUT_FLOOR[multiple], (multiple, goodput, rows)
+        assert phase.figures.ok > 0, (multiple, phase.codes)
+        kept = phase.served_per_cpu_s / capacity.served_per_cpu_s
+        assert kept >= GOODPUT_PER_CPU_FLOOR[multiple], (multiple, kept, rows)
     # What the mesh accepted it answers within its deadline, by the gateway's own clock
     # (total_ms: received -> responded). The caller's latency is reported, not asserted: the
     # load generator's event loop, a Python process on the same two cores offering 2x or 5x
