@@ -4,12 +4,12 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: run test test-fast lint protos models redis kubectl promtool clean trace-ui profile
+.PHONY: run test test-fast lint protos models redis kubectl promtool frontdoor clean trace-ui profile
 
 run: $(STAMP) redis models
 	$(VENV)/bin/tiermesh up
 
-test: $(STAMP) redis kubectl promtool models
+test: $(STAMP) redis kubectl promtool frontdoor models
 	$(PY) -m pytest
 
 test-fast: $(STAMP) redis kubectl promtool models
@@ -27,6 +27,13 @@ redis:
 # Checks and unit-tests the alerting rules (deploy/prometheus/alerts.yml) in the tests.
 promtool:
 	@scripts/ensure_promtool.sh
+
+# The Go front door (TIERMESH_FRONT_DOOR=go): Debian's Go toolchain, then the binary, built
+# once into the cache (TIERMESH_CACHE_DIR, default ~/.cache/tiermesh) by a digest of its
+# sources. Its tests run it; `make run` does not need it.
+frontdoor: $(STAMP)
+	@scripts/ensure_go.sh
+	$(PY) -m tiermesh.frontdoor.build
 
 # Renders deploy/k8s offline in the deploy tests (never contacts a cluster).
 kubectl: $(STAMP)

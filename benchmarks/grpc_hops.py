@@ -9,9 +9,10 @@ Two questions behind the request path's budget (DESIGN.md, "What a request may c
   16-token MiniLM hidden state by default): one unary call per batch against one message
   per batch on a long-lived bidirectional stream (a reply message per batch).
 - with --go, the bare public call against the same servicer in Go (grpc-go,
-  go_front_door/main.go, built here into benchmarks/build/go/ from tritonclient's KServe
-  protos): what a compiled front door would pay per call. Needs Debian's Go toolchain:
-  apt-get install golang-go golang-google-grpc-dev golang-goprotobuf-dev protobuf-compiler
+  go_front_door/main.go, built into benchmarks/build/go/ as the Go front door is built,
+  tiermesh/frontdoor/build.py): what a compiled front door pays per call at the least.
+  Needs Debian's Go toolchain (scripts/ensure_go.sh, or apt-get install golang-go
+  golang-google-grpc-dev golang-goprotobuf-dev protobuf-compiler).
 
 CPU is user + system of the server process (from /proc) and of this process (the client),
 per request, the median over --repeats rounds; modes alternate their order per round. All
@@ -24,10 +25,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import functools
 import multiprocessing as mp
-import os
-import shutil
 import statistics
 import subprocess
 import time
@@ -39,17 +37,13 @@ import grpc
 import numpy as np
 import tritonclient.grpc as grpcclient
 import tritonclient.grpc.aio as grpcaio
-from google.protobuf import descriptor_pb2
-from tritonclient.grpc import model_config_pb2, service_pb2, service_pb2_grpc
+from tritonclient.grpc import service_pb2, service_pb2_grpc
 
 from tiermesh.bench.cpu import process_cpu_s
+from tiermesh.frontdoor.build import FrontDoorUnavailable, build
 
 HOP = "/bench.Hop/"
 HERE = Path(__file__).resolve().parent
-GO_TOOLS = ("go", "protoc", "protoc-gen-go")
-GO_PACKAGES = "golang-go golang-google-grpc-dev golang-goprotobuf-dev protobuf-compiler"
-# Debian's Go libraries (GOPATH mode: no module download, nothing but Debian's packages).
-DEBIAN_GOPATH = "/usr/share/gocode"
 
 
 class Infer(service_pb2_grpc.GRPCInferenceServiceServicer):
@@ -134,34 +128,12 @@ Load = Callable[[str], Awaitable[None]]
 
 
 def build_go_server(out: Path) -> Path:
-    """go_front_door/main.go built against stubs generated from the KServe protos that
-    tritonclient ships (as a descriptor set: no .proto file to keep); the binary's path."""
-    missing = [tool for tool in GO_TOOLS if shutil.which(tool) is None]
-    if missing:
-        raise SystemExit(f"--go needs {', '.join(missing)}: apt-get install {GO_PACKAGES}")
-    src = out / "src"
-    stubs = src / "inference"
-    stubs.mkdir(parents=True, exist_ok=True)
-    (src / "frontdoor").mkdir(exist_ok=True)
-    shutil.copy(HERE / "go_front_door" / "main.go", src / "frontdoor" / "main.go")
-    files = descriptor_pb2.FileDescriptorSet()
-    for module in (model_config_pb2, service_pb2):
-        proto = files.file.add()
-        module.DESCRIPTOR.CopyToProto(proto)
-        proto.options.go_package = "inference"
-    (out / "kserve.desc").write_bytes(files.SerializeToString())
-    protos = [f.name for f in files.file]
-    run = functools.partial(subprocess.run, check=True, cwd=out)
-    run(["protoc", "--descriptor_set_in=kserve.desc", f"--go_out=plugins=grpc:{stubs}", *protos])
-    binary = out / "frontdoor"
-    env = {
-        **os.environ,
-        "GO111MODULE": "off",
-        "GOPATH": f"{out}:{DEBIAN_GOPATH}",
-        "GOCACHE": str(out / "cache"),
-    }
-    run(["go", "build", "-o", str(binary), "frontdoor"], env=env)
-    return binary
+    """go_front_door/main.go built as the front door is (tiermesh/frontdoor/build.py: Debian's
+    Go packages, stubs from the protos tritonclient ships); the binary's path."""
+    try:
+        return build(out, sources=HERE / "go_front_door")
+    except FrontDoorUnavailable as exc:
+        raise SystemExit(f"--go: {exc}") from None
 
 
 def measure(load: Load, traced: bool, go_binary: Path | None = None) -> tuple[float, float, float]:

@@ -87,13 +87,11 @@ def test_text_round_trip(mesh_up: UpProcess) -> None:
     assert [[v.decode() for v in row] for row in out] == [["héllo wörld"], ["二"]]
 
 
-def test_200_concurrent_requests_answered_once_without_cross_talk(mesh_up: UpProcess) -> None:
-    rng = np.random.default_rng(7)
-    inputs = [rng.standard_normal((1 + i % 3, 4)).astype(np.float32) for i in range(200)]
-    expected = [reference(mesh_up, x) for x in inputs]
+def concurrent_mlp_calls(url: str, inputs: list[np.ndarray]) -> list[Any]:
+    """One mlp call per input, all at once (request ids r0, r1, ...); the results in order."""
 
     async def main() -> list[Any]:
-        client = aioclient.InferenceServerClient(mesh_up.url)
+        client = aioclient.InferenceServerClient(url)
         try:
             calls = []
             for i, x in enumerate(inputs):
@@ -104,7 +102,14 @@ def test_200_concurrent_requests_answered_once_without_cross_talk(mesh_up: UpPro
         finally:
             await client.close()
 
-    results = asyncio.run(main())
+    return asyncio.run(main())
+
+
+def test_200_concurrent_requests_answered_once_without_cross_talk(mesh_up: UpProcess) -> None:
+    rng = np.random.default_rng(7)
+    inputs = [rng.standard_normal((1 + i % 3, 4)).astype(np.float32) for i in range(200)]
+    expected = [reference(mesh_up, x) for x in inputs]
+    results = concurrent_mlp_calls(mesh_up.url, inputs)
     assert [r.get_response().id for r in results] == [f"r{i}" for i in range(200)]
     for result, want in zip(results, expected, strict=True):
         np.testing.assert_allclose(result.as_numpy("OUTPUT0"), want, rtol=1e-6)
@@ -141,15 +146,20 @@ MALFORMED = {
 }
 
 
-@pytest.mark.parametrize("case", sorted(MALFORMED))
-def test_malformed_requests_are_invalid_argument(mesh_up: UpProcess, case: str) -> None:
+def assert_malformed_is_invalid(url: str, case: str) -> None:
+    """MALFORMED[case] sent to `url` comes back INVALID_ARGUMENT with its words."""
     request, words = MALFORMED[case]
-    with grpc.insecure_channel(mesh_up.url) as channel:
+    with grpc.insecure_channel(url) as channel:
         stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
         with pytest.raises(grpc.RpcError) as info:
             stub.ModelInfer(request, timeout=10)
     assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert words in info.value.details()
+
+
+@pytest.mark.parametrize("case", sorted(MALFORMED))
+def test_malformed_requests_are_invalid_argument(mesh_up: UpProcess, case: str) -> None:
+    assert_malformed_is_invalid(mesh_up.url, case)
 
 
 def test_unknown_model_is_not_found(mesh_up: UpProcess) -> None:

@@ -263,6 +263,24 @@ def test_model_config_types_and_dynamic_batching() -> None:
     assert config.dynamic_batching.default_priority_level == 2
 
 
+def test_model_config_says_what_a_front_door_must_check() -> None:
+    """The Go front door takes a request itself only from what ModelConfig tells it: the
+    response cache, the text size limit and the longest sequence (else it passes it on)."""
+    plain = model_config(_cfg()).config
+    assert not plain.response_cache.enable and dict(plain.parameters) == {}
+    config = model_config(
+        _cfg(
+            tokenize={"tokenizer": "tokenizer.json", "max_length": 64, "max_text_bytes": 900},
+            response_cache={"enabled": True, "ttl_s": 1.0, "max_entries": 3},
+        )
+    ).config
+    assert config.response_cache.enable
+    assert {k: v.string_value for k, v in config.parameters.items()} == {
+        "max_text_bytes": "900",
+        "max_sequence": "64",
+    }
+
+
 @pytest.mark.parametrize("datatype", ["BOOL", "UINT8", "INT16", "INT64", "FP16", "FP64", "UINT64"])
 def test_model_config_maps_every_fixed_type(datatype: str) -> None:
     cfg = _cfg(outputs=[{"name": "Y", "datatype": datatype, "dims": [1]}])

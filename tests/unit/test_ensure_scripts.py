@@ -19,7 +19,10 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPTS = ROOT / "scripts"
 # Real programs the scripts (and the stubs) may use; nothing they are meant to install.
-TOOLS = ("bash", "sh", "sed", "grep", "head", "cat", "dirname", "chmod", "touch", "env", "seq")
+TOOLS = (
+    *("bash", "sh", "sed", "grep", "head", "cat", "dirname", "chmod", "touch", "env", "seq"),
+    "mkdir",
+)
 
 APT_CACHE = """#!/bin/sh
 # The policy of one package, then many lines of versions and sources (as apt prints for a
@@ -48,6 +51,10 @@ case "$1" in
       case "$pkg" in
         prometheus) program=promtool ;;
         redis-server) program=redis-server ;;
+        golang-go) program=go ;;
+        protobuf-compiler) program=protoc ;;
+        golang-goprotobuf-dev) program=protoc-gen-go ;;
+        golang-google-grpc-dev) mkdir -p "$GOCODE/src/google.golang.org/grpc"; continue ;;
         *) continue ;;
       esac
       printf '#!/bin/sh\\necho "%s version 1"\\n' "$program" > "$STUBS/bin/$program"
@@ -114,7 +121,12 @@ class Machine:
         (self.bin / name).unlink()
 
     def run(self, script: Path) -> Run:
-        env = {"PATH": str(self.bin), "STUBS": str(self.root), "VENV": str(self.venv)}
+        env = {
+            "PATH": str(self.bin),
+            "STUBS": str(self.root),
+            "VENV": str(self.venv),
+            "GOCODE": str(self.root / "gocode"),
+        }
         done = subprocess.run(
             [str(self.bin / "bash"), str(script)],
             env=env,
@@ -216,3 +228,30 @@ def test_kubectl_that_cannot_be_installed_stops_with_one_line(machine: Machine) 
     run = machine.run(SCRIPTS / "ensure_kubectl.sh")
     assert run.code == 1
     assert run.last_line.startswith("error: no kubectl 1.27+") and "make test" in run.last_line
+
+
+GO_PACKAGES = ("golang-go", "protobuf-compiler", "golang-goprotobuf-dev", "golang-google-grpc-dev")
+
+
+def test_go_toolchain_installs_each_missing_package(tmp_path: Path) -> None:
+    machine = Machine(tmp_path / "m", known=GO_PACKAGES)
+    machine.stub("protoc", "#!/bin/sh\n")  # one of the four already there
+    run = machine.run(SCRIPTS / "ensure_go.sh")
+    assert run.code == 0, run.stderr
+    installed = [line.rsplit(" ", 1)[1] for line in machine.apt_log() if " install " in line]
+    assert installed == ["golang-go", "golang-goprotobuf-dev", "golang-google-grpc-dev"]
+    for program in ("go", "protoc-gen-go"):
+        assert (machine.bin / program).exists()
+    assert (machine.root / "gocode/src/google.golang.org/grpc").is_dir()
+    again = machine.run(SCRIPTS / "ensure_go.sh")
+    assert (again.code, again.stderr) == (0, "")
+
+
+def test_go_toolchain_without_a_candidate_stops_with_one_line(tmp_path: Path) -> None:
+    machine = Machine(tmp_path / "m", known=())
+    run = machine.run(SCRIPTS / "ensure_go.sh")
+    assert run.code == 1
+    errors = [line for line in run.stderr.splitlines() if line.startswith("error:")]
+    assert errors == [run.last_line]
+    assert "no golang-go to install" in run.last_line
+    assert "apt-get install golang-go golang-google-grpc-dev" in run.last_line

@@ -32,14 +32,14 @@ def test_without_the_go_toolchain_it_names_the_debian_packages(
     monkeypatch.setattr(shutil, "which", lambda tool: None if tool == "go" else "/bin/true")
     with pytest.raises(SystemExit) as refused:
         hops.build_go_server(tmp_path)
-    assert "--go needs go: apt-get install golang-go" in str(refused.value)
+    assert "--go: the Go front door needs go: apt-get install golang-go" in str(refused.value)
     assert not (tmp_path / "frontdoor").exists()
 
 
 @pytest.mark.slow
 @pytest.mark.skipif(
     any(shutil.which(t) is None for t in ("go", "protoc", "protoc-gen-go")),
-    reason="Debian's Go toolchain is not installed (only benchmarks use it)",
+    reason="Debian's Go toolchain is not installed (make test installs it: scripts/ensure_go.sh)",
 )
 def test_the_go_server_answers_a_tritonclient_call(tmp_path: Path) -> None:
     hops = grpc_hops()

@@ -152,6 +152,7 @@ def cmd_up(args: argparse.Namespace) -> int:
             batch_pool=args.batch_pool,
             edge_link_ms=args.edge_link_ms,
             tls=tls,
+            front_door=args.front_door or "",
         )
     )
 
@@ -209,6 +210,14 @@ def add_up_parser(sub: Subcommands) -> None:
         action="store_true",
         help="one more center worker for batch jobs only, at nice 19 (the online workers "
         "then take none): batch work on a pool of its own",
+    )
+    up.add_argument(
+        "--front-door",
+        choices=("python", "go"),
+        default=None,
+        help="the public gRPC port's process: the Python gateway itself, or the Go front door "
+        "in front of it (built from Debian's Go packages: scripts/ensure_go.sh; no TLS or "
+        "auth yet); default: $TIERMESH_FRONT_DOOR, else python",
     )
     up.add_argument(
         "--edge-link-ms",

@@ -214,4 +214,10 @@ def model_config(cfg: ModelConfig) -> service_pb2.ModelConfigResponse:
     config.dynamic_batching.max_queue_delay_microseconds = int(cfg.max_batch_wait_ms * 1000)
     config.dynamic_batching.priority_levels = cfg.priority_levels
     config.dynamic_batching.default_priority_level = cfg.default_priority
+    config.response_cache.enable = cfg.response_cache.enabled
+    # The request limits the gateway checks beyond the tensors' specs (requests.py).
+    if cfg.tokenize is not None:
+        config.parameters["max_text_bytes"].string_value = str(cfg.tokenize.max_text_bytes)
+    if cfg.max_sequence:
+        config.parameters["max_sequence"].string_value = str(cfg.max_sequence)
     return service_pb2.ModelConfigResponse(config=config)

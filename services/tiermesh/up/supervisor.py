@@ -67,6 +67,9 @@ class UpOptions:
     extra_env: dict[str, str] = field(default_factory=dict)
     # TLS on the public port and mutual TLS between services (none by default).
     tls: TlsFiles = field(default_factory=TlsFiles)
+    # The public gRPC port's process: "python" (the gateway itself) or "go" (the Go front
+    # door in front of it, tiermesh/frontdoor); "" = $TIERMESH_FRONT_DOOR, else "python".
+    front_door: str = ""
 
 
 @dataclass
@@ -87,6 +90,9 @@ BATCH_WORKER = "worker-batch"
 BATCH_POOL_NICE = 19
 # Latency proxies between the edge worker and what it talks to in the center.
 EDGE_LINKS = ("edge-link-redis", "edge-link-postprocess")
+# The Go front door's process (UpOptions.front_door "go").
+FRONT_DOOR = "frontdoor"
+FRONT_DOORS = ("python", "go")
 
 
 # Starts of one service within `tiermesh up`'s own start before it gives up.
@@ -186,6 +192,7 @@ class Mesh:
     def start(self) -> None:
         opts = self.opts
         tls = mesh_tls(opts.tls)  # checked before anything starts
+        door = self._front_door(tls.public or tls.internal is not None)
         if not self.redis_url:
             self.redis_port = free_port()
             self.redis = start_redis(self.redis_port, opts.data_dir / "redis")
@@ -194,7 +201,10 @@ class Mesh:
             self.trace_ui = start_trace_ui(opts.data_dir)
         ports = {
             k: free_port()
-            for k in ("router", "postprocess", "worker", "worker-edge", BATCH_WORKER, "delivery")
+            for k in (
+                *("router", "postprocess", "worker", "worker-edge", BATCH_WORKER, "delivery"),
+                *(("gateway-behind-door", "door-delivery") if door else ()),
+            )
         }
         if self.http_port == 0:
             self.http_port = free_port()
@@ -233,7 +243,11 @@ class Mesh:
             # A TLS-only public port: its health is checked on the Delivery port (up/tls.py).
             (
                 "gateway",
-                f"127.0.0.1:{ports['delivery']}" if tls.public else f"{opts.host}:{opts.port}",
+                f"127.0.0.1:{ports['delivery']}"
+                if tls.public
+                else f"127.0.0.1:{ports['gateway-behind-door']}"
+                if door
+                else f"{opts.host}:{opts.port}",
             ),
         ]
         self.metrics_ports = {
@@ -247,12 +261,50 @@ class Mesh:
         # for seconds, a worker also loads its models); the gateway starts once they all
         # serve, so a healthy public port means a mesh that answers.
         *backends, front = plan
+        if door:  # the Python gateway serves behind the door, on an internal port
+            env = {**env, "TIERMESH_GATEWAY_HOST": "127.0.0.1"}
+            env["TIERMESH_GATEWAY_PORT"] = str(ports["gateway-behind-door"])
         for group in (backends, [front]):
             started = [
                 self._spawn_service(name, address, env, ports, edge_link) for name, address in group
             ]
             for svc in started:
                 self._wait_started(svc, tls.internal)
+        if door:
+            door_env = {
+                **env,
+                "TIERMESH_GATEWAY_HOST": opts.host,
+                "TIERMESH_GATEWAY_PORT": str(opts.port),
+                "TIERMESH_FRONT_DOOR_UPSTREAM": f"127.0.0.1:{ports['gateway-behind-door']}",
+                "TIERMESH_FRONT_DOOR_DELIVERY_PORT": str(ports["door-delivery"]),
+            }
+            # Its health is the gateway's, asked through the door (which passes it on).
+            svc = self._spawn(FRONT_DOOR, [str(door)], door_env, f"{opts.host}:{opts.port}")
+            self._wait_started(svc, None)
+
+    def _front_door(self, tls: bool) -> Path | None:
+        """The Go front door's binary (built now unless cached) when the mesh runs one."""
+        choice = self.opts.front_door or environ_with(**self.opts.extra_env).get(
+            "TIERMESH_FRONT_DOOR", "python"
+        )
+        if choice not in FRONT_DOORS:
+            raise StartupError(
+                f"TIERMESH_FRONT_DOOR={choice!r}: choose one of {', '.join(FRONT_DOORS)}"
+            )
+        if choice == "python":
+            return None
+        if tls or environ_with(**self.opts.extra_env).get("TIERMESH_TENANTS_FILE"):
+            raise StartupError(
+                "the Go front door does not do TLS or authentication yet: run it without "
+                "TLS and without TIERMESH_TENANTS_FILE, or with TIERMESH_FRONT_DOOR=python"
+            )
+        from tiermesh.convert.fetch import default_cache_dir
+        from tiermesh.frontdoor.build import FrontDoorUnavailable, build
+
+        try:
+            return build(default_cache_dir())
+        except FrontDoorUnavailable as exc:
+            raise StartupError(str(exc)) from None
 
     def _spawn_service(
         self,
@@ -334,7 +386,10 @@ class Mesh:
     def stop(self) -> dict[str, int]:
         """Stop in drain order; returns each process's exit code."""
         codes: dict[str, int] = {}
-        order = ["gateway", "router", *WORKERS.values(), BATCH_WORKER, *EDGE_LINKS, "postprocess"]
+        order = [
+            *(FRONT_DOOR, "gateway", "router"),
+            *(*WORKERS.values(), BATCH_WORKER, *EDGE_LINKS, "postprocess"),
+        ]
         for name in order:
             for svc in self.services:
                 if svc.name == name:

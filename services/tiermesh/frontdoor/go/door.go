@@ -1,0 +1,307 @@
+package main
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/binary"
+	"encoding/hex"
+	"strconv"
+	"sync/atomic"
+	"time"
+	"unicode/utf8"
+
+	"github.com/golang/protobuf/proto"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+	"inference"
+	"tiermeshv1"
+)
+
+const (
+	modelInfer    = "/inference.GRPCInferenceService/ModelInfer"
+	retryAfterKey = "retry-after-ms"
+	maxWait       = 24 * time.Hour // nothing waits longer, whatever its timeout says
+)
+
+// The request parameters the door reads itself; a request with any other goes to the
+// Python gateway.
+var ownParameters = map[string]bool{"priority": true, "timeout": true}
+
+var elementSize = map[string]int{
+	"BOOL": 1, "INT8": 1, "UINT8": 1, "INT16": 2, "UINT16": 2, "FP16": 2, "BF16": 2,
+	"INT32": 4, "UINT32": 4, "FP32": 4, "INT64": 8, "UINT64": 8, "FP64": 8,
+}
+
+type door struct {
+	cfg      config
+	models   *models
+	router   *routerClient
+	pending  *pending
+	proxy    *proxy
+	delivery string // this door's Delivery address, on every job
+
+	inFlight atomic.Int64
+	answered atomic.Int64 // ModelInfer calls answered here
+	passed   atomic.Int64 // calls passed to the Python gateway
+}
+
+func statusError(code codes.Code, message string) error {
+	return status.Error(code, message)
+}
+
+func contextError(ctx context.Context) error {
+	if ctx.Err() == context.DeadlineExceeded {
+		return status.Error(codes.DeadlineExceeded, "deadline exceeded while waiting for the result")
+	}
+	return status.Error(codes.Canceled, "the caller cancelled the request")
+}
+
+// handle is every call on the public port.
+func (d *door) handle(_ interface{}, stream grpc.ServerStream) error {
+	method, _ := grpc.MethodFromServerStream(stream)
+	if method != modelInfer || d.cfg.tracing {
+		d.passed.Add(1)
+		return d.proxy.pass(stream, method, nil)
+	}
+	f := &frame{}
+	if err := stream.RecvMsg(f); err != nil {
+		return err
+	}
+	req := &inference.ModelInferRequest{}
+	if err := proto.Unmarshal(f.data, req); err != nil {
+		d.passed.Add(1)
+		return d.proxy.pass(stream, method, f)
+	}
+	ctx := stream.Context()
+	m := d.models.get(req.ModelName)
+	job := d.jobOf(ctx, m, req)
+	if job == nil { // not one the door takes: the Python gateway answers (and says what is wrong)
+		d.passed.Add(1)
+		return d.proxy.pass(stream, method, f)
+	}
+	if d.inFlight.Add(1) > d.cfg.maxInFlight {
+		d.inFlight.Add(-1)
+		stream.SetTrailer(metadata.Pairs(retryAfterKey, strconv.FormatInt(d.cfg.retryAfterMs, 10)))
+		return status.Errorf(codes.ResourceExhausted, "too many requests in flight at this gateway (%d)", d.cfg.maxInFlight)
+	}
+	defer d.inFlight.Add(-1)
+	resp, err := d.infer(ctx, stream, job)
+	if err != nil {
+		return err
+	}
+	d.answered.Add(1)
+	return stream.SendMsg(resp)
+}
+
+func (d *door) infer(ctx context.Context, stream grpc.ServerStream, job *tiermeshv1.Job) (proto.Message, error) {
+	deadline := time.Unix(0, job.DeadlineNs)
+	results := d.pending.register(job.RequestId)
+	defer d.pending.discard(job.RequestId)
+	reply, err := d.router.route(ctx, job, deadline)
+	if err != nil {
+		return nil, err
+	}
+	if reply.Code != 0 {
+		if advice, ok := reply.XRetryAfterMs.(*tiermeshv1.RouteReply_RetryAfterMs); ok {
+			stream.SetTrailer(metadata.Pairs(retryAfterKey, strconv.FormatInt(advice.RetryAfterMs, 10)))
+		}
+		return nil, status.Error(codes.Code(reply.Code), reply.Message)
+	}
+	timer := time.NewTimer(time.Until(deadline))
+	defer timer.Stop()
+	select {
+	case result := <-results:
+		if result.Code != 0 {
+			return nil, status.Error(codes.Code(result.Code), result.Message)
+		}
+		return responseOf(result, time.Now().UnixNano()), nil
+	case <-timer.C:
+		return nil, status.Error(codes.DeadlineExceeded, "deadline exceeded while waiting for the result")
+	case <-ctx.Done():
+		return nil, contextError(ctx)
+	}
+}
+
+func requestID() string {
+	var b [16]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		binary.LittleEndian.PutUint64(b[:], uint64(time.Now().UnixNano()))
+	}
+	b[6] = (b[6] & 0x0f) | 0x40 // a version-4 UUID, as the Python gateway's uuid4().hex
+	b[8] = (b[8] & 0x3f) | 0x80
+	return hex.EncodeToString(b[:])
+}
+
+// jobOf is the job of a request the door takes itself, or nil for one it passes on: any
+// doubt (an unknown model, a parameter it does not read, typed contents, anything the
+// Python gateway would refuse) goes to the Python gateway, which decides and words it.
+func (d *door) jobOf(ctx context.Context, m *model, req *inference.ModelInferRequest) *tiermeshv1.Job {
+	if m == nil || !m.takeable || !(req.ModelVersion == "" || m.versions[req.ModelVersion]) {
+		return nil
+	}
+	if md, ok := metadata.FromIncomingContext(ctx); ok && len(md.Get("traceparent")) > 0 {
+		return nil // a traced caller: the Python gateway keeps the request on its trace
+	}
+	priority, timeoutUs, ok := ownParametersOf(req.Parameters)
+	if !ok {
+		return nil
+	}
+	if priority == 0 {
+		priority = int64(m.defaultPriority)
+	} else if priority < 1 || uint64(priority) > m.priorityLevels {
+		return nil
+	}
+	inputs, ok := validInputs(m, req)
+	if !ok {
+		return nil
+	}
+	var requested []string
+	for _, out := range req.Outputs {
+		if !m.outputs[out.Name] || len(out.Parameters) > 0 {
+			return nil
+		}
+		requested = append(requested, out.Name)
+	}
+	now := time.Now()
+	deadline := now.Add(maxWait)
+	bounded := false
+	if dl, has := ctx.Deadline(); has && dl.Before(deadline) {
+		deadline, bounded = dl, true
+	} else if has {
+		bounded = true
+	}
+	if timeoutUs > 0 {
+		if t := now.Add(time.Duration(timeoutUs) * time.Microsecond); t.Before(deadline) {
+			deadline = t
+		}
+		bounded = true
+	}
+	if !bounded {
+		deadline = now.Add(d.cfg.defaultTimeout)
+	}
+	return &tiermeshv1.Job{
+		RequestId:        requestID(),
+		ClientRequestId:  req.Id,
+		Model:            m.name,
+		Version:          req.ModelVersion,
+		Priority:         uint32(priority),
+		DeadlineNs:       deadline.UnixNano(),
+		Gateway:          d.delivery,
+		Inputs:           inputs,
+		RequestedOutputs: requested,
+		Timing:           &tiermeshv1.Timing{ReceivedNs: now.UnixNano()},
+		TraceContext:     map[string]string{},
+		Annotations:      map[string]string{},
+	}
+}
+
+// ownParametersOf reads priority and timeout; ok is false for any other parameter or a
+// value of the wrong kind.
+func ownParametersOf(params map[string]*inference.InferParameter) (priority, timeoutUs int64, ok bool) {
+	for key, p := range params {
+		if !ownParameters[key] {
+			return 0, 0, false
+		}
+		var n int64
+		switch v := p.ParameterChoice.(type) {
+		case *inference.InferParameter_Int64Param:
+			n = v.Int64Param
+		case *inference.InferParameter_Uint64Param:
+			if v.Uint64Param > 1<<62 {
+				return 0, 0, false
+			}
+			n = int64(v.Uint64Param)
+		default:
+			return 0, 0, false
+		}
+		if n < 0 {
+			return 0, 0, false
+		}
+		if key == "priority" {
+			priority = n
+		} else {
+			timeoutUs = n
+		}
+	}
+	return priority, timeoutUs, true
+}
+
+// validInputs are the request's tensors when every check of the Python gateway's
+// validation (gateway/requests.py) passes.
+func validInputs(m *model, req *inference.ModelInferRequest) ([]*tiermeshv1.Tensor, bool) {
+	if len(req.Inputs) != len(m.inputs) || len(req.RawInputContents) != len(req.Inputs) {
+		return nil, false
+	}
+	seen := map[string]bool{}
+	batch := int64(-1)
+	tensors := make([]*tiermeshv1.Tensor, 0, len(req.Inputs))
+	for i, t := range req.Inputs {
+		spec := m.input(t.Name)
+		if spec == nil || seen[t.Name] || t.Datatype != spec.datatype || len(t.Parameters) > 0 || t.Contents != nil {
+			return nil, false
+		}
+		seen[t.Name] = true
+		dims := t.Shape
+		for _, n := range dims {
+			if n < 1 {
+				return nil, false
+			}
+		}
+		if m.maxBatchSize > 0 {
+			if len(dims) != len(spec.dims)+1 || dims[0] > m.maxBatchSize {
+				return nil, false
+			}
+			if batch >= 0 && dims[0] != batch {
+				return nil, false
+			}
+			batch = dims[0]
+			dims = dims[1:]
+		} else if len(dims) != len(spec.dims) {
+			return nil, false
+		}
+		for j, want := range spec.dims {
+			if want != -1 && dims[j] != want {
+				return nil, false
+			}
+			if want == -1 && m.maxSequence > 0 && dims[j] > m.maxSequence {
+				return nil, false
+			}
+		}
+		count := int64(1)
+		for _, n := range t.Shape {
+			count *= n
+			if count > 1<<40 {
+				return nil, false
+			}
+		}
+		raw := req.RawInputContents[i]
+		if t.Datatype == "BYTES" {
+			if !validBytes(raw, count, m.maxTextBytes) {
+				return nil, false
+			}
+		} else if size, known := elementSize[t.Datatype]; !known || int64(len(raw)) != count*int64(size) {
+			return nil, false
+		}
+		tensors = append(tensors, &tiermeshv1.Tensor{Name: t.Name, Datatype: t.Datatype, Shape: t.Shape, Raw: raw})
+	}
+	return tensors, true
+}
+
+// validBytes: exactly `count` length-prefixed UTF-8 elements (KServe v2 BYTES framing),
+// each at most maxLen bytes (0: no bound).
+func validBytes(raw []byte, count, maxLen int64) bool {
+	for i := int64(0); i < count; i++ {
+		if len(raw) < 4 {
+			return false
+		}
+		n := int64(binary.LittleEndian.Uint32(raw))
+		raw = raw[4:]
+		if int64(len(raw)) < n || (maxLen > 0 && n > maxLen) || !utf8.Valid(raw[:n]) {
+			return false
+		}
+		raw = raw[n:]
+	}
+	return len(raw) == 0
+}

@@ -1,0 +1,219 @@
+"""The Go front door (TIERMESH_FRONT_DOOR=go) in front of the whole mesh, called through
+tritonclient unmodified: what it answers itself equals what the Python gateway answers for
+the same request; everything else (a bad request, another RPC, a stream) reaches the Python
+gateway behind it byte for byte and comes back with that gateway's own code and words."""
+
+from __future__ import annotations
+
+import ast
+import re
+import time
+import urllib.request
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import grpc
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from prometheus_client.parser import text_string_to_metric_families
+from tritonclient.grpc import service_pb2_grpc
+from tritonclient.utils import InferenceServerException
+
+from tests.e2e.conftest import UpProcess, start_up
+from tests.e2e.test_requests_e2e import (
+    MALFORMED,
+    _raw_request,
+    assert_malformed_is_invalid,
+    concurrent_mlp_calls,
+    mlp_input,
+    reference,
+    worker_paused,
+)
+from tiermesh.frontdoor.build import missing_tools
+
+pytestmark = [
+    pytest.mark.e2e,
+    pytest.mark.slow,
+    pytest.mark.skipif(
+        bool(missing_tools()),
+        reason="Debian's Go toolchain is not installed (make test installs it: "
+        "scripts/ensure_go.sh)",
+    ),
+]
+
+MAX_IN_FLIGHT = 16
+
+
+@pytest.fixture(scope="module")
+def door_up(tmp_path_factory: pytest.TempPathFactory) -> Iterator[UpProcess]:
+    # No span files: a mesh that writes spans has the door pass every ModelInfer on.
+    up = start_up(
+        tmp_path_factory.mktemp("door"),
+        extra_env={"TIERMESH_FRONT_DOOR": "go", "TIERMESH_MAX_IN_FLIGHT": str(MAX_IN_FLIGHT)},
+        span_files=False,
+    )
+    try:
+        yield up
+    finally:
+        if up.proc.poll() is None:
+            up.interrupt()
+
+
+def behind(up: UpProcess) -> str:
+    """The Python gateway's own address, from the door's first line."""
+    found = re.search(r"frontdoor: serving on \S+ .*Python gateway (\S+)\)", up.log.read_text())
+    assert found, "the front door never said it was serving"
+    return found.group(1)
+
+
+def python_gateway_calls(up: UpProcess) -> dict[tuple[str, str], float]:
+    """ModelInfer calls the Python gateway answered, by (model, code)."""
+    with urllib.request.urlopen(up.metrics_urls()["gateway"], timeout=10) as resp:
+        text = resp.read().decode()
+    return {
+        (s.labels["model"], s.labels["code"]): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+        if s.name == "tiermesh_requests_total"
+    }
+
+
+def kinds(response: Any) -> dict[str, str]:
+    """Each response parameter's name and kind (double_param, int64_param, ...)."""
+    return {k: p.WhichOneof("parameter_choice") for k, p in response.parameters.items()}
+
+
+def test_the_door_answers_as_the_python_gateway_does(door_up: UpProcess) -> None:
+    x = np.random.default_rng(3).standard_normal((5, 4)).astype(np.float32)
+    before = python_gateway_calls(door_up)
+    door = grpcclient.InferenceServerClient(door_up.url)
+    python = grpcclient.InferenceServerClient(behind(door_up))
+    at_door = door.infer("mlp", [mlp_input(x)], request_id="door-1", priority=1, timeout=10**7)
+    at_python = python.infer("mlp", [mlp_input(x)], request_id="door-1", priority=1, timeout=10**7)
+    np.testing.assert_allclose(at_door.as_numpy("OUTPUT0"), reference(door_up, x), rtol=1e-6)
+    np.testing.assert_array_equal(at_door.as_numpy("OUTPUT0"), at_python.as_numpy("OUTPUT0"))
+    door_resp, python_resp = at_door.get_response(), at_python.get_response()
+    assert (door_resp.id, door_resp.model_name, door_resp.model_version) == (
+        python_resp.id,
+        python_resp.model_name,
+        python_resp.model_version,
+    )
+    assert kinds(door_resp) == kinds(python_resp)
+    assert door_resp.parameters["tiermesh.batch_size"].int64_param == 5  # its rows, alone
+    # Only the call made to the Python gateway directly reached it.
+    after = python_gateway_calls(door_up)
+    assert after.get(("mlp", "OK"), 0) - before.get(("mlp", "OK"), 0) == 1
+
+
+def test_text_and_concurrent_calls_come_back_to_their_callers(door_up: UpProcess) -> None:
+    rng = np.random.default_rng(11)
+    inputs = [rng.standard_normal((1 + i % 3, 4)).astype(np.float32) for i in range(MAX_IN_FLIGHT)]
+    results = concurrent_mlp_calls(door_up.url, inputs)
+    assert [r.get_response().id for r in results] == [f"r{i}" for i in range(len(inputs))]
+    for result, x in zip(results, inputs, strict=True):
+        np.testing.assert_allclose(result.as_numpy("OUTPUT0"), reference(door_up, x), rtol=1e-6)
+    client = grpcclient.InferenceServerClient(door_up.url)
+    text = grpcclient.InferInput("TEXT", [2, 1], "BYTES")
+    text.set_data_from_numpy(np.array([["héllo wörld"], ["二"]], dtype=np.object_))
+    out = client.infer("echo", [text]).as_numpy("ECHO")
+    assert [[v.decode() for v in row] for row in out] == [["héllo wörld"], ["二"]]
+
+
+@pytest.mark.parametrize("case", sorted(MALFORMED))
+def test_a_bad_request_gets_the_python_gateway_s_own_answer(door_up: UpProcess, case: str) -> None:
+    before = python_gateway_calls(door_up)
+    assert_malformed_is_invalid(door_up.url, case)
+    after = python_gateway_calls(door_up)
+    key = (MALFORMED[case][0].model_name, "INVALID_ARGUMENT")
+    assert after.get(key, 0) - before.get(key, 0) == 1
+
+
+def test_every_other_call_passes_through(door_up: UpProcess) -> None:
+    client = grpcclient.InferenceServerClient(door_up.url)
+    assert client.is_server_live() and client.is_server_ready()
+    assert client.is_model_ready("mlp") and not client.is_model_ready("nope")
+    assert client.get_server_metadata(as_json=True)["name"] == "tiermesh"
+    meta = client.get_model_metadata("mlp", as_json=True)
+    assert meta["inputs"] == [{"name": "INPUT0", "datatype": "FP32", "shape": ["-1", "4"]}]
+    assert client.get_model_config("mlp", as_json=True)["config"]["max_batch_size"] == 32
+    assert "model_stats" in client.get_inference_statistics("mlp", as_json=True)
+    with pytest.raises(InferenceServerException) as info:
+        client.infer("no-such-model", [mlp_input(np.ones((1, 4), np.float32))])
+    assert info.value.status() == "StatusCode.NOT_FOUND"
+    with grpc.insecure_channel(door_up.url) as channel:
+        health = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest())
+        assert health.status == health_pb2.HealthCheckResponse.SERVING
+        # A stream passes through both ways: two requests, two answers, in order.
+        stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+        xs = [np.full((1, 4), v, np.float32) for v in (1.0, 2.0)]
+        requests = [_raw_request("mlp", "INPUT0", "FP32", [1, 4], x.tobytes()) for x in xs]
+        for i, req in enumerate(requests):
+            req.id = f"s{i}"
+        answers = list(stub.ModelStreamInfer(iter(requests), timeout=30))
+    assert [a.infer_response.id for a in answers] == ["s0", "s1"]
+    for answer, x in zip(answers, xs, strict=True):
+        assert not answer.error_message
+        got = np.frombuffer(answer.infer_response.raw_output_contents[0], np.float32)
+        np.testing.assert_allclose(got.reshape(1, 3), reference(door_up, x), rtol=1e-6)
+
+
+def test_deadlines_and_refusals_at_the_door(door_up: UpProcess) -> None:
+    client = grpcclient.InferenceServerClient(door_up.url)
+    x = np.ones((1, 4), np.float32)
+    with pytest.raises(InferenceServerException) as info:
+        client.infer("mlp", [mlp_input(x)], timeout=1)  # 1 us: gone before it is routed
+    assert info.value.status() == "StatusCode.DEADLINE_EXCEEDED"
+    request = _raw_request("mlp", "INPUT0", "FP32", [1, 4], x.tobytes())
+    with ThreadPoolExecutor(MAX_IN_FLIGHT) as pool, worker_paused(door_up):
+        # Waiting on a paused worker: the door's own deadline ends the call.
+        started = time.monotonic()
+        with pytest.raises(InferenceServerException) as info:
+            client.infer("mlp", [mlp_input(x)], timeout=300_000)
+        assert info.value.status() == "StatusCode.DEADLINE_EXCEEDED"
+        assert time.monotonic() - started < 5
+        # The door holds MAX_IN_FLIGHT calls; the next is refused at once, with advice.
+        held = [
+            pool.submit(client.infer, "mlp", [mlp_input(x)], client_timeout=60)
+            for _ in range(MAX_IN_FLIGHT)
+        ]
+        with grpc.insecure_channel(door_up.url) as channel:
+            stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+            deadline = time.monotonic() + 20
+            while True:
+                try:
+                    stub.ModelInfer(request, timeout=0.5)
+                except grpc.RpcError as err:
+                    if err.code() == grpc.StatusCode.RESOURCE_EXHAUSTED:
+                        refused = err
+                        break
+                assert time.monotonic() < deadline, "the door never refused a call over its cap"
+    assert "too many requests in flight" in (refused.details() or "")
+    assert int(dict(refused.trailing_metadata() or ())["retry-after-ms"]) > 0
+    for fut in held:  # held before the cap: answered once the worker resumes
+        np.testing.assert_allclose(
+            fut.result(timeout=30).as_numpy("OUTPUT0"), reference(door_up, x), rtol=1e-6
+        )
+
+
+def test_ctrl_c_stops_the_door_first_and_every_process_cleanly(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    up = start_up(
+        tmp_path_factory.mktemp("door-stop"),
+        extra_env={"TIERMESH_FRONT_DOOR": "go"},
+        span_files=False,
+    )
+    client = grpcclient.InferenceServerClient(up.url)
+    for _ in range(3):
+        client.infer("mlp", [mlp_input(np.ones((1, 4), np.float32))])
+    assert up.interrupt() == 0
+    log = up.log.read_text()
+    assert "frontdoor: stopped: 3 requests answered here" in log
+    stopped = re.search(r"tiermesh up: stopped (\{.*\})", log)
+    assert stopped, log[-2000:]
+    codes = ast.literal_eval(stopped.group(1))
+    assert list(codes)[:2] == ["frontdoor", "gateway"]
+    assert set(codes.values()) == {0}

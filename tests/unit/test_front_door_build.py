@@ -1,0 +1,108 @@
+"""The Go front door's build (tiermesh/frontdoor/build.py) and `tiermesh up`'s choice of
+front door: a clear refusal without Debian's Go toolchain or for a mesh the door cannot
+front yet, a binary cached by the digest of its sources, nothing left of a failed build."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tiermesh.frontdoor import build as door_build
+from tiermesh.frontdoor.build import FrontDoorUnavailable, build, missing_tools
+from tiermesh.up.supervisor import Mesh, StartupError, UpOptions
+
+needs_go = pytest.mark.skipif(
+    bool(missing_tools()),
+    reason="Debian's Go toolchain is not installed (make test installs it: scripts/ensure_go.sh)",
+)
+
+
+def test_without_the_toolchain_it_names_the_debian_packages(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real = shutil.which
+    monkeypatch.setattr(shutil, "which", lambda tool: None if tool == "protoc" else real(tool))
+    with pytest.raises(FrontDoorUnavailable) as refused:
+        build(tmp_path)
+    assert str(refused.value) == (
+        "the Go front door needs protoc: apt-get install golang-go golang-google-grpc-dev "
+        "golang-goprotobuf-dev protobuf-compiler"
+    )
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_the_digest_follows_the_sources(tmp_path: Path) -> None:
+    sources = tmp_path / "go"
+    shutil.copytree(door_build.SOURCES, sources)
+    sets = {"inference": b"k", "tiermeshv1": b"t"}
+    first = door_build._digest(sets, sources)
+    assert door_build._digest(sets, sources) == first
+    assert door_build._digest(sets, door_build.SOURCES) == first  # content, not place
+    main = sources / "main.go"
+    main.write_text(main.read_text() + "\n// changed\n")
+    assert door_build._digest(sets, sources) != first
+    assert door_build._digest({**sets, "tiermeshv1": b"u"}, door_build.SOURCES) != first
+
+
+@pytest.mark.slow
+@needs_go
+def test_a_built_door_is_found_without_building_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    binary = build(tmp_path)
+    assert binary.is_file() and binary.stat().st_mode & 0o111
+
+    def no_build(*args: Any, **kwargs: Any) -> None:
+        raise AssertionError(f"built again: {args}")
+
+    monkeypatch.setattr(subprocess, "run", no_build)
+    assert build(tmp_path) == binary
+
+
+@pytest.mark.slow
+@needs_go
+def test_a_failed_build_says_why_and_leaves_nothing(tmp_path: Path) -> None:
+    sources = tmp_path / "go"
+    shutil.copytree(door_build.SOURCES, sources)
+    (sources / "broken.go").write_text("package main\n\nfunc broken() { return 1 }\n")
+    with pytest.raises(FrontDoorUnavailable) as failed:
+        build(tmp_path / "cache", sources=sources)
+    assert "go build failed" in str(failed.value) and "broken.go" in str(failed.value)
+    left = {p.name for p in (tmp_path / "cache" / "frontdoor").iterdir()}
+    assert left <= {"gocache"}, left
+
+
+@pytest.mark.parametrize(
+    ("opts", "words"),
+    [
+        (UpOptions(front_door="rust"), "TIERMESH_FRONT_DOOR='rust': choose one of python, go"),
+        (UpOptions(extra_env={"TIERMESH_FRONT_DOOR": "c"}), "TIERMESH_FRONT_DOOR='c'"),
+        (
+            UpOptions(front_door="go", extra_env={"TIERMESH_TENANTS_FILE": "tenants.yaml"}),
+            "the Go front door does not do TLS or authentication yet",
+        ),
+    ],
+)
+def test_up_refuses_a_door_it_cannot_run_before_starting_anything(
+    opts: UpOptions, words: str, tmp_path: Path
+) -> None:
+    opts.data_dir = tmp_path / "data"
+    mesh = Mesh(opts)
+    with pytest.raises(StartupError) as refused:
+        mesh.start()
+    assert words in str(refused.value)
+    assert mesh.redis is None and mesh.services == []
+    assert not opts.data_dir.exists()
+
+
+@needs_go
+def test_the_go_sources_are_gofmt_clean() -> None:
+    for folder in (door_build.SOURCES, Path(__file__).parents[2] / "benchmarks" / "go_front_door"):
+        listed = subprocess.run(
+            ["gofmt", "-l", str(folder)], capture_output=True, text=True, check=True
+        )
+        assert listed.stdout == "", f"gofmt -w {listed.stdout}"
