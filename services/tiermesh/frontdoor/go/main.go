@@ -22,6 +22,8 @@ import (
 	"net"
 	"os"
 	"os/signal"
+	"runtime/debug"
+	"runtime/pprof"
 	"strconv"
 	"syscall"
 	"time"
@@ -103,6 +105,22 @@ func main() {
 	log.SetFlags(0)
 	log.SetPrefix("frontdoor: ")
 	cfg := loadConfig()
+	// The door holds a few MB: collecting at 4x the live heap instead of 2x saves ~5% of its
+	// CPU at c32 (141-146 against 149-151 us a call). GOGC, when set, decides.
+	if env("GOGC", "") == "" {
+		debug.SetGCPercent(400)
+	}
+	// Where the door spends its CPU (go tool pprof -top BINARY FILE), written at stop.
+	if path := env("TIERMESH_FRONT_DOOR_CPU_PROFILE", ""); path != "" {
+		f, err := os.Create(path)
+		if err != nil {
+			log.Fatalf("TIERMESH_FRONT_DOOR_CPU_PROFILE=%s: %v", path, err)
+		}
+		if err := pprof.StartCPUProfile(f); err != nil {
+			log.Fatalf("CPU profile: %v", err)
+		}
+		defer pprof.StopCPUProfile()
+	}
 
 	upstream, err := grpc.Dial(cfg.upstream, grpc.WithInsecure(),
 		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(cfg.maxMessageBytes), grpc.MaxCallSendMsgSize(cfg.maxMessageBytes)))
@@ -162,6 +180,7 @@ func main() {
 			public.Stop()
 		}
 		delivery.Stop()
+		pprof.StopCPUProfile()
 		log.Printf("stopped: %d requests answered here, %d passed to the Python gateway",
 			door.answered.Load(), door.passed.Load())
 		os.Exit(0)
