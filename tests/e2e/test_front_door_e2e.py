@@ -6,7 +6,9 @@ gateway behind it byte for byte and comes back with that gateway's own code and 
 from __future__ import annotations
 
 import ast
+import os
 import re
+import signal
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -69,9 +71,9 @@ def behind(up: UpProcess) -> str:
     return found.group(1)
 
 
-def python_gateway_calls(up: UpProcess) -> dict[tuple[str, str], float]:
-    """ModelInfer calls the Python gateway answered, by (model, code)."""
-    with urllib.request.urlopen(up.metrics_urls()["gateway"], timeout=10) as resp:
+def answered_calls(up: UpProcess, service: str = "gateway") -> dict[tuple[str, str], float]:
+    """ModelInfer calls the Python gateway (or the front door) answered, by (model, code)."""
+    with urllib.request.urlopen(up.metrics_urls()[service], timeout=10) as resp:
         text = resp.read().decode()
     return {
         (s.labels["model"], s.labels["code"]): s.value
@@ -81,6 +83,18 @@ def python_gateway_calls(up: UpProcess) -> dict[tuple[str, str], float]:
     }
 
 
+def door_in_flight(up: UpProcess) -> float:
+    """The front door's `tiermesh_requests_in_flight` gauge."""
+    with urllib.request.urlopen(up.metrics_urls()["frontdoor"], timeout=10) as resp:
+        text = resp.read().decode()
+    return next(
+        s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+        if s.name == "tiermesh_requests_in_flight"
+    )
+
+
 def kinds(response: Any) -> dict[str, str]:
     """Each response parameter's name and kind (double_param, int64_param, ...)."""
     return {k: p.WhichOneof("parameter_choice") for k, p in response.parameters.items()}
@@ -88,7 +102,8 @@ def kinds(response: Any) -> dict[str, str]:
 
 def test_the_door_answers_as_the_python_gateway_does(door_up: UpProcess) -> None:
     x = np.random.default_rng(3).standard_normal((5, 4)).astype(np.float32)
-    before = python_gateway_calls(door_up)
+    before = answered_calls(door_up)
+    door_before = answered_calls(door_up, "frontdoor")
     door = grpcclient.InferenceServerClient(door_up.url)
     python = grpcclient.InferenceServerClient(behind(door_up))
     at_door = door.infer("mlp", [mlp_input(x)], request_id="door-1", priority=1, timeout=10**7)
@@ -103,9 +118,11 @@ def test_the_door_answers_as_the_python_gateway_does(door_up: UpProcess) -> None
     )
     assert kinds(door_resp) == kinds(python_resp)
     assert door_resp.parameters["tiermesh.batch_size"].int64_param == 5  # its rows, alone
-    # Only the call made to the Python gateway directly reached it.
-    after = python_gateway_calls(door_up)
+    # Only the call made to the Python gateway directly reached it; the door counted its own.
+    after = answered_calls(door_up)
     assert after.get(("mlp", "OK"), 0) - before.get(("mlp", "OK"), 0) == 1
+    door_after = answered_calls(door_up, "frontdoor")
+    assert door_after.get(("mlp", "OK"), 0) - door_before.get(("mlp", "OK"), 0) == 1
 
 
 def test_text_and_concurrent_calls_come_back_to_their_callers(door_up: UpProcess) -> None:
@@ -124,9 +141,9 @@ def test_text_and_concurrent_calls_come_back_to_their_callers(door_up: UpProcess
 
 @pytest.mark.parametrize("case", sorted(MALFORMED))
 def test_a_bad_request_gets_the_python_gateway_s_own_answer(door_up: UpProcess, case: str) -> None:
-    before = python_gateway_calls(door_up)
+    before = answered_calls(door_up)
     assert_malformed_is_invalid(door_up.url, case)
-    after = python_gateway_calls(door_up)
+    after = answered_calls(door_up)
     key = (MALFORMED[case][0].model_name, "INVALID_ARGUMENT")
     assert after.get(key, 0) - before.get(key, 0) == 1
 
@@ -174,23 +191,24 @@ def test_deadlines_and_refusals_at_the_door(door_up: UpProcess) -> None:
             client.infer("mlp", [mlp_input(x)], timeout=300_000)
         assert info.value.status() == "StatusCode.DEADLINE_EXCEEDED"
         assert time.monotonic() - started < 5
-        # The door holds MAX_IN_FLIGHT calls; the next is refused at once, with advice.
+        # The door holds MAX_IN_FLIGHT calls (its gauge says when); the next is refused at
+        # once, with advice.
         held = [
             pool.submit(client.infer, "mlp", [mlp_input(x)], client_timeout=60)
             for _ in range(MAX_IN_FLIGHT)
         ]
+        deadline = time.monotonic() + 20
+        while door_in_flight(door_up) < MAX_IN_FLIGHT:
+            assert time.monotonic() < deadline, "the held calls never reached the door"
+            time.sleep(0.02)
         with grpc.insecure_channel(door_up.url) as channel:
             stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
-            deadline = time.monotonic() + 20
-            while True:
-                try:
-                    stub.ModelInfer(request, timeout=0.5)
-                except grpc.RpcError as err:
-                    if err.code() == grpc.StatusCode.RESOURCE_EXHAUSTED:
-                        refused = err
-                        break
-                assert time.monotonic() < deadline, "the door never refused a call over its cap"
+            with pytest.raises(grpc.RpcError) as over:
+                stub.ModelInfer(request, timeout=5)
+            refused = over.value
+    assert refused.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
     assert "too many requests in flight" in (refused.details() or "")
+    assert answered_calls(door_up, "frontdoor")[("mlp", "RESOURCE_EXHAUSTED")] >= 1
     assert int(dict(refused.trailing_metadata() or ())["retry-after-ms"]) > 0
     for fut in held:  # held before the cap: answered once the worker resumes
         np.testing.assert_allclose(
@@ -217,3 +235,23 @@ def test_ctrl_c_stops_the_door_first_and_every_process_cleanly(
     codes = ast.literal_eval(stopped.group(1))
     assert list(codes)[:2] == ["frontdoor", "gateway"]
     assert set(codes.values()) == {0}
+
+
+def test_a_killed_router_is_reached_again_on_a_new_stream(door_up: UpProcess) -> None:
+    client = grpcclient.InferenceServerClient(door_up.url)
+    x = np.ones((1, 4), np.float32)
+    client.infer("mlp", [mlp_input(x)])  # the door's RouteStream is open
+    router = door_up.children()["router"]
+    os.kill(router, signal.SIGKILL)
+    seen: set[str] = set()
+    deadline = time.monotonic() + 60
+    while True:  # `up` restarts the router after its backoff; the door dials it again
+        try:
+            result = client.infer("mlp", [mlp_input(x)], client_timeout=5)
+            break
+        except InferenceServerException as exc:
+            seen.add(str(exc.status()))
+        assert time.monotonic() < deadline, f"no answer after the router's restart: {seen}"
+    np.testing.assert_allclose(result.as_numpy("OUTPUT0"), reference(door_up, x), rtol=1e-6)
+    assert door_up.children()["router"] != router
+    assert seen <= {"StatusCode.UNAVAILABLE", "StatusCode.DEADLINE_EXCEEDED"}, seen

@@ -277,6 +277,9 @@ class Mesh:
                 "TIERMESH_GATEWAY_PORT": str(opts.port),
                 "TIERMESH_FRONT_DOOR_UPSTREAM": f"127.0.0.1:{ports['gateway-behind-door']}",
                 "TIERMESH_FRONT_DOOR_DELIVERY_PORT": str(ports["door-delivery"]),
+                "TIERMESH_METRICS_PORT": str(
+                    self.metrics_ports.setdefault(FRONT_DOOR, free_port())
+                ),
             }
             # Its health is the gateway's, asked through the door (which passes it on).
             svc = self._spawn(FRONT_DOOR, [str(door)], door_env, f"{opts.host}:{opts.port}")

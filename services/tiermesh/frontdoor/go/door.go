@@ -45,6 +45,7 @@ type door struct {
 	inFlight atomic.Int64
 	answered atomic.Int64 // ModelInfer calls answered here
 	passed   atomic.Int64 // calls passed to the Python gateway
+	metrics  *metrics
 }
 
 func statusError(code codes.Code, message string) error {
@@ -83,15 +84,18 @@ func (d *door) handle(_ interface{}, stream grpc.ServerStream) error {
 	}
 	if d.inFlight.Add(1) > d.cfg.maxInFlight {
 		d.inFlight.Add(-1)
+		d.metrics.ended(job.Model, codes.ResourceExhausted)
 		stream.SetTrailer(metadata.Pairs(retryAfterKey, strconv.FormatInt(d.cfg.retryAfterMs, 10)))
 		return status.Errorf(codes.ResourceExhausted, "too many requests in flight at this gateway (%d)", d.cfg.maxInFlight)
 	}
 	defer d.inFlight.Add(-1)
 	resp, err := d.infer(ctx, stream, job)
 	if err != nil {
+		d.metrics.ended(job.Model, status.Code(err))
 		return err
 	}
 	d.answered.Add(1)
+	d.metrics.ended(job.Model, codes.OK)
 	return stream.SendMsg(resp)
 }
 

@@ -37,6 +37,7 @@ type config struct {
 	upstream        string // the Python gateway
 	router          string
 	deliveryListen  string // this door's Delivery port (postprocess dials it)
+	metricsListen   string // Prometheus text format at /metrics ("" = none)
 	defaultTimeout  time.Duration
 	maxInFlight     int64
 	retryAfterMs    int64
@@ -76,6 +77,14 @@ func envSeconds(key string, fallback float64) time.Duration {
 	return time.Duration(s * float64(time.Second))
 }
 
+func metricsAddress() string {
+	port := env("TIERMESH_METRICS_PORT", "")
+	if port == "" {
+		return ""
+	}
+	return net.JoinHostPort(env("TIERMESH_METRICS_HOST", "127.0.0.1"), port)
+}
+
 func loadConfig() config {
 	for _, key := range []string{"TIERMESH_TENANTS_FILE", "TIERMESH_TLS_CERT_FILE", "TIERMESH_TLS_CLIENT_CA_FILE"} {
 		if env(key, "") != "" {
@@ -92,6 +101,7 @@ func loadConfig() config {
 		upstream:        upstream,
 		router:          env("TIERMESH_ROUTER_ADDRESS", "127.0.0.1:8011"),
 		deliveryListen:  net.JoinHostPort("127.0.0.1", env("TIERMESH_FRONT_DOOR_DELIVERY_PORT", "0")),
+		metricsListen:   metricsAddress(),
 		defaultTimeout:  time.Duration(envInt("TIERMESH_DEFAULT_TIMEOUT_MS", 30000)) * time.Millisecond,
 		maxInFlight:     envInt("TIERMESH_MAX_IN_FLIGHT", 4096),
 		retryAfterMs:    envInt("TIERMESH_RETRY_AFTER_MS", 100),
@@ -155,6 +165,10 @@ func main() {
 		pending:  pending,
 		proxy:    &proxy{conn: upstream},
 		delivery: deliveryLis.Addr().String(),
+	}
+	door.metrics = newMetrics(&door.inFlight, &door.passed)
+	if _, err := serveMetrics(cfg.metricsListen, door.metrics); err != nil {
+		log.Fatalf("the metrics port %s: %v", cfg.metricsListen, err)
 	}
 
 	lis, err := net.Listen("tcp", cfg.listen)

@@ -12,10 +12,13 @@ import (
 )
 
 const (
-	maxBatchBytes  = 16 << 20 // a batch of jobs stays under the router's message limit
-	routeAttempts  = 3        // a router restarting is retried before the caller hears UNAVAILABLE
-	routeBackoff   = 50 * time.Millisecond
-	unavailableInt = int32(codes.Unavailable)
+	maxBatchBytes = 16 << 20 // a batch of jobs stays under the router's message limit
+	routeAttempts = 3        // a router restarting is retried before the caller hears UNAVAILABLE
+	routeBackoff  = 50 * time.Millisecond
+	// The longest the door waits for the router to answer a batch before it takes the
+	// stream for broken (its jobs are sent again: enqueues are idempotent by request id).
+	routerReplyWait = 10 * time.Second
+	unavailableInt  = int32(codes.Unavailable)
 )
 
 // routerClient writes jobs to the router on one long-lived RouteStream, as the Python
@@ -131,8 +134,28 @@ func (r *routerClient) take() []*tiermeshv1.Job {
 	return live
 }
 
+// routeStream is one RouteStream and what ends it: its receiver closes done when the
+// stream fails, cancel ends it from this side.
+type routeStream struct {
+	stream tiermeshv1.Router_RouteStreamClient
+	done   chan struct{}
+	cancel context.CancelFunc
+}
+
+func (r *routerClient) open() (*routeStream, error) {
+	ctx, cancel := context.WithCancel(context.Background())
+	s, err := r.stub.RouteStream(ctx)
+	if err != nil {
+		cancel()
+		return nil, err
+	}
+	rs := &routeStream{stream: s, done: make(chan struct{}), cancel: cancel}
+	go r.receive(rs)
+	return rs, nil
+}
+
 func (r *routerClient) pump() {
-	var stream tiermeshv1.Router_RouteStreamClient
+	var rs *routeStream
 	for {
 		<-r.wake
 		for {
@@ -140,41 +163,55 @@ func (r *routerClient) pump() {
 			if len(jobs) == 0 {
 				break
 			}
-			if stream == nil {
-				s, err := r.stub.RouteStream(context.Background())
+			if rs != nil {
+				select {
+				case <-rs.done: // broke while nothing was out
+					rs = nil
+				default:
+				}
+			}
+			if rs == nil {
+				opened, err := r.open()
 				if err != nil {
 					r.broken(err)
 					continue
 				}
-				stream = s
-				go r.receive(s)
+				rs = opened
 			}
-			select { // a signal left by a stream that broke while nothing was out
+			select { // a signal left over from an earlier batch
 			case <-r.answered:
 			default:
 			}
-			if err := stream.Send(&tiermeshv1.JobBatch{Jobs: jobs}); err != nil {
-				stream = nil
+			if err := rs.stream.Send(&tiermeshv1.JobBatch{Jobs: jobs}); err != nil {
+				rs.cancel()
+				rs = nil
 				r.broken(err)
 				continue
 			}
-			<-r.answered
+			timer := time.NewTimer(routerReplyWait)
+			select {
+			case <-r.answered:
+			case <-rs.done:
+			case <-timer.C: // a router that neither answers nor fails: a new stream
+			}
+			timer.Stop()
 			r.mu.Lock()
-			lost := len(r.outstanding) > 0 // only a broken stream leaves any
+			lost := len(r.outstanding) > 0 // only a broken or stuck stream leaves any
 			r.mu.Unlock()
 			if lost {
-				stream = nil
+				rs.cancel()
+				rs = nil
 				r.broken(nil)
 			}
 		}
 	}
 }
 
-func (r *routerClient) receive(stream tiermeshv1.Router_RouteStreamClient) {
+func (r *routerClient) receive(rs *routeStream) {
+	defer close(rs.done)
 	for {
-		replies, err := stream.Recv()
+		replies, err := rs.stream.Recv()
 		if err != nil {
-			signal1(r.answered)
 			return
 		}
 		r.mu.Lock()

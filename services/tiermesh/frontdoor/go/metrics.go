@@ -1,0 +1,97 @@
+package main
+
+import (
+	"fmt"
+	"net"
+	"net/http"
+	"sort"
+	"strings"
+	"sync"
+	"sync/atomic"
+
+	"google.golang.org/grpc/codes"
+)
+
+// The status code names the Python gateway's metrics use (grpc.StatusCode names).
+var codeNames = map[codes.Code]string{
+	codes.OK: "OK", codes.Canceled: "CANCELLED", codes.Unknown: "UNKNOWN",
+	codes.InvalidArgument: "INVALID_ARGUMENT", codes.DeadlineExceeded: "DEADLINE_EXCEEDED",
+	codes.NotFound: "NOT_FOUND", codes.AlreadyExists: "ALREADY_EXISTS",
+	codes.PermissionDenied: "PERMISSION_DENIED", codes.ResourceExhausted: "RESOURCE_EXHAUSTED",
+	codes.FailedPrecondition: "FAILED_PRECONDITION", codes.Aborted: "ABORTED",
+	codes.OutOfRange: "OUT_OF_RANGE", codes.Unimplemented: "UNIMPLEMENTED",
+	codes.Internal: "INTERNAL", codes.Unavailable: "UNAVAILABLE", codes.DataLoss: "DATA_LOSS",
+	codes.Unauthenticated: "UNAUTHENTICATED",
+}
+
+// metrics are the door's Prometheus series, named as the Python gateway's for the calls
+// the door answers itself (what it passes on, the gateway counts).
+type metrics struct {
+	mu       sync.Mutex
+	answered map[[2]string]uint64 // (model, code) -> ModelInfer calls ended here
+	inFlight *atomic.Int64
+	passed   *atomic.Int64
+}
+
+func newMetrics(inFlight, passed *atomic.Int64) *metrics {
+	return &metrics{answered: map[[2]string]uint64{}, inFlight: inFlight, passed: passed}
+}
+
+func (m *metrics) ended(model string, code codes.Code) {
+	name, ok := codeNames[code]
+	if !ok {
+		name = "UNKNOWN"
+	}
+	m.mu.Lock()
+	m.answered[[2]string{model, name}]++
+	m.mu.Unlock()
+}
+
+func label(v string) string {
+	return strings.NewReplacer(`\`, `\\`, `"`, `\"`, "\n", `\n`).Replace(v)
+}
+
+func (m *metrics) ServeHTTP(w http.ResponseWriter, _ *http.Request) {
+	m.mu.Lock()
+	keys := make([][2]string, 0, len(m.answered))
+	for k := range m.answered {
+		keys = append(keys, k)
+	}
+	counts := make([]uint64, len(keys))
+	sort.Slice(keys, func(i, j int) bool {
+		return keys[i][0] < keys[j][0] || (keys[i][0] == keys[j][0] && keys[i][1] < keys[j][1])
+	})
+	for i, k := range keys {
+		counts[i] = m.answered[k]
+	}
+	m.mu.Unlock()
+	w.Header().Set("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
+	var b strings.Builder
+	b.WriteString("# HELP tiermesh_requests_total ModelInfer calls answered, by model and status code\n")
+	b.WriteString("# TYPE tiermesh_requests_total counter\n")
+	for i, k := range keys {
+		fmt.Fprintf(&b, "tiermesh_requests_total{model=\"%s\",code=\"%s\"} %d\n", label(k[0]), label(k[1]), counts[i])
+	}
+	b.WriteString("# HELP tiermesh_requests_in_flight Requests this gateway is waiting on\n")
+	b.WriteString("# TYPE tiermesh_requests_in_flight gauge\n")
+	fmt.Fprintf(&b, "tiermesh_requests_in_flight %d\n", m.inFlight.Load())
+	b.WriteString("# HELP tiermesh_front_door_passed_total Calls the front door passed to the Python gateway\n")
+	b.WriteString("# TYPE tiermesh_front_door_passed_total counter\n")
+	fmt.Fprintf(&b, "tiermesh_front_door_passed_total %d\n", m.passed.Load())
+	_, _ = w.Write([]byte(b.String()))
+}
+
+// serveMetrics serves /metrics on addr ("" = none); the address it listens on.
+func serveMetrics(addr string, m *metrics) (string, error) {
+	if addr == "" {
+		return "", nil
+	}
+	lis, err := net.Listen("tcp", addr)
+	if err != nil {
+		return "", err
+	}
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", m)
+	go func() { _ = http.Serve(lis, mux) }()
+	return lis.Addr().String(), nil
+}
