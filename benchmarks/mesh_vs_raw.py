@@ -215,12 +215,16 @@ class MeshRun:
         self.pids = {s.name: s.proc.pid for s in mesh.services}
         if mesh.redis is not None:
             self.pids["redis"] = mesh.redis.pid
-        self.worker_metrics = mesh.metrics_ports["worker"]
+        # Every worker's onnxruntime counters (the center's further workers too).
+        self.worker_metrics = [
+            port for name, port in mesh.metrics_ports.items() if name.startswith("worker")
+        ]
 
     def cpu(self) -> dict[str, float]:
         out = {name: proc_cpu(pid) for name, pid in self.pids.items()}
-        out["ort"] = scrape(self.worker_metrics, "tiermesh_onnxruntime_cpu_seconds_total")
-        out["ort_wall"] = scrape(self.worker_metrics, "tiermesh_onnxruntime_seconds_total")
+        ports = self.worker_metrics
+        out["ort"] = sum(scrape(p, "tiermesh_onnxruntime_cpu_seconds_total") for p in ports)
+        out["ort_wall"] = sum(scrape(p, "tiermesh_onnxruntime_seconds_total") for p in ports)
         out["client"] = sum(os.times()[:2])
         return out
 

@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -170,14 +171,21 @@ def start_up(
     return up
 
 
-@pytest.fixture(scope="module")
-def mesh_up(tmp_path_factory: pytest.TempPathFactory) -> Iterator[UpProcess]:
-    up = start_up(tmp_path_factory.mktemp("up"))
+@contextmanager
+def running(tmp: Path, **kwargs: Any) -> Iterator[UpProcess]:
+    """`start_up(tmp, **kwargs)`, interrupted on the way out unless it already stopped."""
+    up = start_up(tmp, **kwargs)
     try:
         yield up
     finally:
         if up.proc.poll() is None:
             up.interrupt()
+
+
+@pytest.fixture(scope="module")
+def mesh_up(tmp_path_factory: pytest.TempPathFactory) -> Iterator[UpProcess]:
+    with running(tmp_path_factory.mktemp("up")) as up:
+        yield up
 
 
 @pytest.fixture

@@ -24,7 +24,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from tritonclient.grpc import service_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
-from tests.e2e.conftest import UpProcess, start_up
+from tests.e2e.conftest import UpProcess, running, start_up
 from tests.e2e.test_requests_e2e import (
     MALFORMED,
     _raw_request,
@@ -52,16 +52,12 @@ MAX_IN_FLIGHT = 16
 @pytest.fixture(scope="module")
 def door_up(tmp_path_factory: pytest.TempPathFactory) -> Iterator[UpProcess]:
     # No span files: a mesh that writes spans has the door pass every ModelInfer on.
-    up = start_up(
+    with running(
         tmp_path_factory.mktemp("door"),
         extra_env={"TIERMESH_FRONT_DOOR": "go", "TIERMESH_MAX_IN_FLIGHT": str(MAX_IN_FLIGHT)},
         span_files=False,
-    )
-    try:
+    ) as up:
         yield up
-    finally:
-        if up.proc.poll() is None:
-            up.interrupt()
 
 
 def behind(up: UpProcess) -> str:

@@ -153,6 +153,7 @@ def cmd_up(args: argparse.Namespace) -> int:
             edge_link_ms=args.edge_link_ms,
             tls=tls,
             front_door=args.front_door or "",
+            center_workers=args.center_workers or 0,
         )
     )
 
@@ -210,6 +211,14 @@ def add_up_parser(sub: Subcommands) -> None:
         action="store_true",
         help="one more center worker for batch jobs only, at nice 19 (the online workers "
         "then take none): batch work on a pool of its own",
+    )
+    up.add_argument(
+        "--center-workers",
+        type=positive_int,
+        default=None,
+        help="online worker processes on the center tier, each with its own onnxruntime "
+        "session (set TIERMESH_INTRA_OP_THREADS so that they share the cores); default: "
+        "$TIERMESH_CENTER_WORKERS, else 1",
     )
     up.add_argument(
         "--front-door",

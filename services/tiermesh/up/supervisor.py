@@ -70,6 +70,9 @@ class UpOptions:
     # The public gRPC port's process: "python" (the gateway itself) or "go" (the Go front
     # door in front of it, tiermesh/frontdoor); "" = $TIERMESH_FRONT_DOOR, else "python".
     front_door: str = ""
+    # Online workers on the center tier (0 = $TIERMESH_CENTER_WORKERS, else 1): each its own
+    # process and onnxruntime session, taking from the same streams.
+    center_workers: int = 0
 
 
 @dataclass
@@ -90,6 +93,13 @@ BATCH_WORKER = "worker-batch"
 BATCH_POOL_NICE = 19
 # Latency proxies between the edge worker and what it talks to in the center.
 EDGE_LINKS = ("edge-link-redis", "edge-link-postprocess")
+
+
+# The center tier's further online workers (UpOptions.center_workers > 1): worker-2, ...
+def extra_center_workers(count: int) -> list[str]:
+    return [f"worker-{i}" for i in range(2, count + 1)]
+
+
 # The Go front door's process (UpOptions.front_door "go").
 FRONT_DOOR = "frontdoor"
 FRONT_DOORS = ("python", "go")
@@ -188,11 +198,16 @@ class Mesh:
         self.metrics_ports: dict[str, int] = {}
         self.http_port = opts.http_port
         self.trace_ui: TraceUI | None = None
+        self.extra_workers: list[str] = []
 
     def start(self) -> None:
         opts = self.opts
         tls = mesh_tls(opts.tls)  # checked before anything starts
         door = self._front_door(tls.public or tls.internal is not None)
+        extra_workers = (
+            extra_center_workers(self._center_workers()) if "center" in opts.tiers else []
+        )
+        self.extra_workers = extra_workers
         if not self.redis_url:
             self.redis_port = free_port()
             self.redis = start_redis(self.redis_port, opts.data_dir / "redis")
@@ -204,6 +219,7 @@ class Mesh:
             for k in (
                 *("router", "postprocess", "worker", "worker-edge", BATCH_WORKER, "delivery"),
                 *(("gateway-behind-door", "door-delivery") if door else ()),
+                *extra_workers,
             )
         }
         if self.http_port == 0:
@@ -239,6 +255,7 @@ class Mesh:
                 for tier in ("center", "edge")
                 if tier in opts.tiers
             ),
+            *((name, f"127.0.0.1:{ports[name]}") for name in extra_workers),
             *([(BATCH_WORKER, f"127.0.0.1:{ports[BATCH_WORKER]}")] if opts.batch_pool else []),
             # A TLS-only public port: its health is checked on the Delivery port (up/tls.py).
             (
@@ -285,6 +302,18 @@ class Mesh:
             svc = self._spawn(FRONT_DOOR, [str(door)], door_env, f"{opts.host}:{opts.port}")
             self._wait_started(svc, None)
 
+    def _center_workers(self) -> int:
+        raw = self.opts.center_workers or environ_with(**self.opts.extra_env).get(
+            "TIERMESH_CENTER_WORKERS", "1"
+        )
+        try:
+            count = int(raw)
+        except ValueError:
+            count = 0
+        if count < 1:
+            raise StartupError(f"TIERMESH_CENTER_WORKERS={raw!r}: a whole number of at least 1")
+        return count
+
     def _front_door(self, tls: bool) -> Path | None:
         """The Go front door's binary (built now unless cached) when the mesh runs one."""
         choice = self.opts.front_door or environ_with(**self.opts.extra_env).get(
@@ -319,8 +348,13 @@ class Mesh:
     ) -> Service:
         """One service of the plan in its own environment, started (not waited for)."""
         child_env = {**env, "TIERMESH_METRICS_PORT": str(self.metrics_ports[name])}
-        if self.opts.batch_pool and name in WORKERS.values():
+        extra = name in self.extra_workers
+        if self.opts.batch_pool and (name in WORKERS.values() or extra):
             child_env["TIERMESH_BATCH_JOBS"] = "false"  # the batch pool takes that work
+        if extra:
+            child_env.update(
+                TIERMESH_WORKER_TIER="center", TIERMESH_WORKER_HEALTH_PORT=str(ports[name])
+            )
         if name == BATCH_WORKER:
             child_env.update(
                 TIERMESH_WORKER_TIER="center",
@@ -338,7 +372,7 @@ class Mesh:
                 TIERMESH_INTRA_OP_THREADS=str(self.opts.edge_threads),
                 **link,
             )
-        worker = name in WORKERS.values() or name == BATCH_WORKER
+        worker = name in WORKERS.values() or name == BATCH_WORKER or extra
         module = "tiermesh.worker" if worker else f"tiermesh.{name}"
         return self._spawn(name, python_module(module), child_env, address)
 
@@ -390,8 +424,8 @@ class Mesh:
         """Stop in drain order; returns each process's exit code."""
         codes: dict[str, int] = {}
         order = [
-            *(FRONT_DOOR, "gateway", "router"),
-            *(*WORKERS.values(), BATCH_WORKER, *EDGE_LINKS, "postprocess"),
+            *(FRONT_DOOR, "gateway", "router", *WORKERS.values(), *self.extra_workers),
+            *(BATCH_WORKER, *EDGE_LINKS, "postprocess"),
         ]
         for name in order:
             for svc in self.services:
