@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.request
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -216,6 +217,19 @@ def gateway_counts(up: UpProcess) -> dict[str, int]:
             doc = json.loads(line)
             return {k: int(doc[k]) for k in ("accepted", "answered", "late_results")}
     raise AssertionError("the gateway never logged `gateway stopped`")
+
+
+def scrape_metrics(url: str) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
+    """Every sample a Prometheus endpoint serves, by (name, labels)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with urllib.request.urlopen(url, timeout=10) as resp:
+        text = resp.read().decode()
+    return {
+        (s.name, frozenset(s.labels.items())): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
 
 
 def report_figures(

@@ -10,7 +10,6 @@ import os
 import re
 import signal
 import time
-import urllib.request
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -20,11 +19,10 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from prometheus_client.parser import text_string_to_metric_families
 from tritonclient.grpc import service_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
-from tests.e2e.conftest import UpProcess, running, start_up
+from tests.e2e.conftest import UpProcess, running, scrape_metrics, start_up
 from tests.e2e.test_requests_e2e import (
     MALFORMED,
     _raw_request,
@@ -69,26 +67,19 @@ def behind(up: UpProcess) -> str:
 
 def answered_calls(up: UpProcess, service: str = "gateway") -> dict[tuple[str, str], float]:
     """ModelInfer calls the Python gateway (or the front door) answered, by (model, code)."""
-    with urllib.request.urlopen(up.metrics_urls()[service], timeout=10) as resp:
-        text = resp.read().decode()
-    return {
-        (s.labels["model"], s.labels["code"]): s.value
-        for family in text_string_to_metric_families(text)
-        for s in family.samples
-        if s.name == "tiermesh_requests_total"
-    }
+    calls = {}
+    for (name, pairs), value in scrape_metrics(up.metrics_urls()[service]).items():
+        if name == "tiermesh_requests_total":
+            labels = dict(pairs)
+            calls[(labels["model"], labels["code"])] = value
+    return calls
 
 
 def door_in_flight(up: UpProcess) -> float:
     """The front door's `tiermesh_requests_in_flight` gauge."""
-    with urllib.request.urlopen(up.metrics_urls()["frontdoor"], timeout=10) as resp:
-        text = resp.read().decode()
-    return next(
-        s.value
-        for family in text_string_to_metric_families(text)
-        for s in family.samples
-        if s.name == "tiermesh_requests_in_flight"
-    )
+    return scrape_metrics(up.metrics_urls()["frontdoor"])[
+        ("tiermesh_requests_in_flight", frozenset())
+    ]
 
 
 def kinds(response: Any) -> dict[str, str]:

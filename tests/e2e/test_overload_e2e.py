@@ -17,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import math
 import time
-import urllib.request
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -27,9 +26,8 @@ from typing import Any
 import numpy as np
 import pytest
 import tritonclient.grpc.aio as grpcaio
-from prometheus_client.parser import text_string_to_metric_families
 
-from tests.e2e.conftest import UpProcess, gateway_counts, report_figures
+from tests.e2e.conftest import UpProcess, gateway_counts, report_figures, scrape_metrics
 from tiermesh.bench import arrivals, runner
 from tiermesh.bench.calls import Sender, model_inputs
 from tiermesh.bench.cpu import process_cpu_s
@@ -93,13 +91,11 @@ class MeshMeter:
 
     def read(self) -> MeshReading:
         cpu_s = sum(process_cpu_s(pid) for pid in self._pids)
-        with urllib.request.urlopen(self._metrics_url, timeout=10) as resp:
-            text = resp.read().decode()
         answered: Counter[str] = Counter()
-        for family in text_string_to_metric_families(text):
-            for s in family.samples:
-                if s.name == "tiermesh_requests_total" and s.labels.get("model") == MODEL:
-                    answered[s.labels["code"]] += int(s.value)
+        for (name, pairs), value in scrape_metrics(self._metrics_url).items():
+            labels = dict(pairs)
+            if name == "tiermesh_requests_total" and labels.get("model") == MODEL:
+                answered[labels["code"]] += int(value)
         return MeshReading(cpu_s, answered)
 
 

@@ -7,7 +7,6 @@ import os
 import signal
 import struct
 import time
-import urllib.request
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
@@ -23,7 +22,7 @@ import tritonclient.grpc.aio as aioclient
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
-from tests.e2e.conftest import UpProcess
+from tests.e2e.conftest import UpProcess, scrape_metrics
 from tiermesh.core.keys import StreamKey, compute_unit
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
@@ -304,28 +303,16 @@ def test_response_breakdown_adds_up_and_matches_the_span(mesh_up: UpProcess) -> 
         assert span["attributes"][key] == params[key], key
 
 
-def _scrape(url: str) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
-    from prometheus_client.parser import text_string_to_metric_families
-
-    with urllib.request.urlopen(url, timeout=10) as resp:
-        text = resp.read().decode()
-    return {
-        (s.name, frozenset(s.labels.items())): s.value
-        for family in text_string_to_metric_families(text)
-        for s in family.samples
-    }
-
-
 def test_metrics_count_the_request_under_its_labels(mesh_up: UpProcess) -> None:
     urls = mesh_up.metrics_urls()
     assert set(urls) == {"gateway", "router", "worker", "postprocess"}
-    before = _scrape(urls["gateway"])
+    before = scrape_metrics(urls["gateway"])
     ok = ("tiermesh_requests_total", frozenset({("model", "mlp"), ("code", "OK")}))
     client = grpcclient.InferenceServerClient(mesh_up.url)
     client.infer("mlp", [mlp_input(np.ones((1, 4), np.float32))], priority=1)
     with pytest.raises(InferenceServerException):
         client.infer("mlp", [mlp_input(np.ones((1, 4), np.float64).astype(np.float32))], timeout=1)
-    after = _scrape(urls["gateway"])
+    after = scrape_metrics(urls["gateway"])
     assert after[ok] == before.get(ok, 0) + 1
     late = ("tiermesh_requests_total", frozenset({("model", "mlp"), ("code", "DEADLINE_EXCEEDED")}))
     assert after[late] == before.get(late, 0) + 1
@@ -341,14 +328,14 @@ def test_metrics_count_the_request_under_its_labels(mesh_up: UpProcess) -> None:
     assert after[("tiermesh_request_duration_seconds_count", labels)] >= 1
     assert after[("tiermesh_queue_duration_seconds_count", labels)] >= 1
     assert ("process_resident_memory_bytes", frozenset()) in after
-    worker = _scrape(urls["worker"])
+    worker = scrape_metrics(urls["worker"])
     rows = [
         v
         for (name, lab), v in worker.items()
         if name == "tiermesh_rows_computed_total" and ("model", "mlp") in lab
     ]
     assert sum(rows) >= 1
-    router = _scrape(urls["router"])
+    router = scrape_metrics(urls["router"])
     depth = [lab for (name, lab) in router if name == "tiermesh_queue_depth"]
     assert any(("model", "mlp") in lab and ("priority", "1") in lab for lab in depth)
 

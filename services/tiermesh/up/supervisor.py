@@ -204,10 +204,8 @@ class Mesh:
         opts = self.opts
         tls = mesh_tls(opts.tls)  # checked before anything starts
         door = self._front_door(tls.public or tls.internal is not None)
-        extra_workers = (
-            extra_center_workers(self._center_workers()) if "center" in opts.tiers else []
-        )
-        self.extra_workers = extra_workers
+        if "center" in opts.tiers:
+            self.extra_workers = extra_center_workers(self._center_workers())
         if not self.redis_url:
             self.redis_port = free_port()
             self.redis = start_redis(self.redis_port, opts.data_dir / "redis")
@@ -219,7 +217,7 @@ class Mesh:
             for k in (
                 *("router", "postprocess", "worker", "worker-edge", BATCH_WORKER, "delivery"),
                 *(("gateway-behind-door", "door-delivery") if door else ()),
-                *extra_workers,
+                *self.extra_workers,
             )
         }
         if self.http_port == 0:
@@ -255,7 +253,7 @@ class Mesh:
                 for tier in ("center", "edge")
                 if tier in opts.tiers
             ),
-            *((name, f"127.0.0.1:{ports[name]}") for name in extra_workers),
+            *((name, f"127.0.0.1:{ports[name]}") for name in self.extra_workers),
             *([(BATCH_WORKER, f"127.0.0.1:{ports[BATCH_WORKER]}")] if opts.batch_pool else []),
             # A TLS-only public port: its health is checked on the Delivery port (up/tls.py).
             (
@@ -302,10 +300,12 @@ class Mesh:
             svc = self._spawn(FRONT_DOOR, [str(door)], door_env, f"{opts.host}:{opts.port}")
             self._wait_started(svc, None)
 
+    def _setting(self, name: str, default: str) -> str:
+        """A choice the mesh's environment makes when its option leaves it open."""
+        return environ_with(**self.opts.extra_env).get(name, default)
+
     def _center_workers(self) -> int:
-        raw = self.opts.center_workers or environ_with(**self.opts.extra_env).get(
-            "TIERMESH_CENTER_WORKERS", "1"
-        )
+        raw = self.opts.center_workers or self._setting("TIERMESH_CENTER_WORKERS", "1")
         try:
             count = int(raw)
         except ValueError:
@@ -316,16 +316,14 @@ class Mesh:
 
     def _front_door(self, tls: bool) -> Path | None:
         """The Go front door's binary (built now unless cached) when the mesh runs one."""
-        choice = self.opts.front_door or environ_with(**self.opts.extra_env).get(
-            "TIERMESH_FRONT_DOOR", "python"
-        )
+        choice = self.opts.front_door or self._setting("TIERMESH_FRONT_DOOR", "python")
         if choice not in FRONT_DOORS:
             raise StartupError(
                 f"TIERMESH_FRONT_DOOR={choice!r}: choose one of {', '.join(FRONT_DOORS)}"
             )
         if choice == "python":
             return None
-        if tls or environ_with(**self.opts.extra_env).get("TIERMESH_TENANTS_FILE"):
+        if tls or self._setting("TIERMESH_TENANTS_FILE", ""):
             raise StartupError(
                 "the Go front door does not do TLS or authentication yet: run it without "
                 "TLS and without TIERMESH_TENANTS_FILE, or with TIERMESH_FRONT_DOOR=python"

@@ -54,12 +54,6 @@ func (p *pending) resolve(r *tiermeshv1.Result) bool {
 	return true
 }
 
-func (p *pending) size() int {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return len(p.waiting)
-}
-
 // deliveryServer is the door's Delivery service: postprocess hands over the results of the
 // jobs this door placed (their `gateway` is this port).
 type deliveryServer struct {

@@ -43,13 +43,7 @@ type door struct {
 	delivery string // this door's Delivery address, on every job
 
 	inFlight atomic.Int64
-	answered atomic.Int64 // ModelInfer calls answered here
-	passed   atomic.Int64 // calls passed to the Python gateway
 	metrics  *metrics
-}
-
-func statusError(code codes.Code, message string) error {
-	return status.Error(code, message)
 }
 
 func contextError(ctx context.Context) error {
@@ -63,7 +57,7 @@ func contextError(ctx context.Context) error {
 func (d *door) handle(_ interface{}, stream grpc.ServerStream) error {
 	method, _ := grpc.MethodFromServerStream(stream)
 	if method != modelInfer || d.cfg.tracing {
-		d.passed.Add(1)
+		d.metrics.passed.Add(1)
 		return d.proxy.pass(stream, method, nil)
 	}
 	f := &frame{}
@@ -72,14 +66,14 @@ func (d *door) handle(_ interface{}, stream grpc.ServerStream) error {
 	}
 	req := &inference.ModelInferRequest{}
 	if err := proto.Unmarshal(f.data, req); err != nil {
-		d.passed.Add(1)
+		d.metrics.passed.Add(1)
 		return d.proxy.pass(stream, method, f)
 	}
 	ctx := stream.Context()
 	m := d.models.get(req.ModelName)
 	job := d.jobOf(ctx, m, req)
 	if job == nil { // not one the door takes: the Python gateway answers (and says what is wrong)
-		d.passed.Add(1)
+		d.metrics.passed.Add(1)
 		return d.proxy.pass(stream, method, f)
 	}
 	if d.inFlight.Add(1) > d.cfg.maxInFlight {
@@ -94,7 +88,6 @@ func (d *door) handle(_ interface{}, stream grpc.ServerStream) error {
 		d.metrics.ended(job.Model, status.Code(err))
 		return err
 	}
-	d.answered.Add(1)
 	d.metrics.ended(job.Model, codes.OK)
 	return stream.SendMsg(resp)
 }
@@ -142,7 +135,7 @@ func requestID() string {
 // doubt (an unknown model, a parameter it does not read, typed contents, anything the
 // Python gateway would refuse) goes to the Python gateway, which decides and words it.
 func (d *door) jobOf(ctx context.Context, m *model, req *inference.ModelInferRequest) *tiermeshv1.Job {
-	if m == nil || !m.takeable || !(req.ModelVersion == "" || m.versions[req.ModelVersion]) {
+	if m == nil || !m.takeable() || !(req.ModelVersion == "" || m.versions[req.ModelVersion]) {
 		return nil
 	}
 	if md, ok := metadata.FromIncomingContext(ctx); ok && len(md.Get("traceparent")) > 0 {
@@ -168,22 +161,24 @@ func (d *door) jobOf(ctx context.Context, m *model, req *inference.ModelInferReq
 		}
 		requested = append(requested, out.Name)
 	}
+	// As the Python gateway's effective_deadline_ns: the earliest of the gRPC deadline and
+	// the timeout parameter, the default timeout with neither, never past maxWait.
 	now := time.Now()
-	deadline := now.Add(maxWait)
-	bounded := false
-	if dl, has := ctx.Deadline(); has && dl.Before(deadline) {
-		deadline, bounded = dl, true
-	} else if has {
-		bounded = true
+	var limits []time.Time
+	if dl, has := ctx.Deadline(); has {
+		limits = append(limits, dl)
 	}
 	if timeoutUs > 0 {
-		if t := now.Add(time.Duration(timeoutUs) * time.Microsecond); t.Before(deadline) {
+		limits = append(limits, now.Add(time.Duration(timeoutUs)*time.Microsecond))
+	}
+	if len(limits) == 0 {
+		limits = append(limits, now.Add(d.cfg.defaultTimeout))
+	}
+	deadline := now.Add(maxWait)
+	for _, t := range limits {
+		if t.Before(deadline) {
 			deadline = t
 		}
-		bounded = true
-	}
-	if !bounded {
-		deadline = now.Add(d.cfg.defaultTimeout)
 	}
 	return &tiermeshv1.Job{
 		RequestId:        requestID(),
@@ -196,8 +191,6 @@ func (d *door) jobOf(ctx context.Context, m *model, req *inference.ModelInferReq
 		Inputs:           inputs,
 		RequestedOutputs: requested,
 		Timing:           &tiermeshv1.Timing{ReceivedNs: now.UnixNano()},
-		TraceContext:     map[string]string{},
-		Annotations:      map[string]string{},
 	}
 }
 

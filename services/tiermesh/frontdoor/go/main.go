@@ -11,7 +11,8 @@
 // every ModelInfer it does not take, goes byte for byte to the Python gateway behind it,
 // which stays the one place for auth, model control, REST, statistics, streaming and
 // generation, and for every error message. The models it knows, it reads from that
-// gateway (RepositoryIndex, ModelMetadata, ModelConfig) every REFRESH.
+// gateway: its repository index every refreshEvery, ModelMetadata and ModelConfig when a
+// model's versions change (models.go).
 //
 // Configured by the environment `tiermesh up` gives it (README, "Front door").
 package main
@@ -129,7 +130,6 @@ func main() {
 		if err := pprof.StartCPUProfile(f); err != nil {
 			log.Fatalf("CPU profile: %v", err)
 		}
-		defer pprof.StopCPUProfile()
 	}
 
 	upstream, err := grpc.Dial(cfg.upstream, grpc.WithInsecure(),
@@ -157,7 +157,7 @@ func main() {
 	}()
 
 	models := newModels(upstream)
-	go models.keepFresh(REFRESH)
+	go models.keepFresh(refreshEvery)
 	door := &door{
 		cfg:      cfg,
 		models:   models,
@@ -166,7 +166,7 @@ func main() {
 		proxy:    &proxy{conn: upstream},
 		delivery: deliveryLis.Addr().String(),
 	}
-	door.metrics = newMetrics(&door.inFlight, &door.passed)
+	door.metrics = newMetrics(&door.inFlight)
 	if _, err := serveMetrics(cfg.metricsListen, door.metrics); err != nil {
 		log.Fatalf("the metrics port %s: %v", cfg.metricsListen, err)
 	}
@@ -196,7 +196,7 @@ func main() {
 		delivery.Stop()
 		pprof.StopCPUProfile()
 		log.Printf("stopped: %d requests answered here, %d passed to the Python gateway",
-			door.answered.Load(), door.passed.Load())
+			door.metrics.ok(), door.metrics.passed.Load())
 		os.Exit(0)
 	}()
 	fmt.Fprintf(os.Stderr, "frontdoor: serving on %s (delivery %s, Python gateway %s)\n",

@@ -29,12 +29,25 @@ var codeNames = map[codes.Code]string{
 type metrics struct {
 	mu       sync.Mutex
 	answered map[[2]string]uint64 // (model, code) -> ModelInfer calls ended here
-	inFlight *atomic.Int64
-	passed   *atomic.Int64
+	passed   atomic.Int64         // calls passed to the Python gateway
+	inFlight *atomic.Int64        // the door's own count, which its cap reads
 }
 
-func newMetrics(inFlight, passed *atomic.Int64) *metrics {
-	return &metrics{answered: map[[2]string]uint64{}, inFlight: inFlight, passed: passed}
+func newMetrics(inFlight *atomic.Int64) *metrics {
+	return &metrics{answered: map[[2]string]uint64{}, inFlight: inFlight}
+}
+
+// ok is how many ModelInfer calls the door answered OK.
+func (m *metrics) ok() uint64 {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	var n uint64
+	for k, v := range m.answered {
+		if k[1] == "OK" {
+			n += v
+		}
+	}
+	return n
 }
 
 func (m *metrics) ended(model string, code codes.Code) {

@@ -11,9 +11,14 @@ import (
 	"inference"
 )
 
-// REFRESH is how often the door reads the Python gateway's models again: a model loaded,
-// unloaded or changed there is served (or passed through) here within that long.
-const REFRESH = 2 * time.Second
+// refreshEvery is how often the door reads the Python gateway's repository index: a model
+// loaded, unloaded or left without workers there is served (or passed through) here within
+// that long. A model's metadata and config are read again when its versions change, and all
+// of them every fullReadEvery refreshes (a config changed in place).
+const (
+	refreshEvery  = 2 * time.Second
+	fullReadEvery = 15
+)
 
 type tensorSpec struct {
 	name     string
@@ -32,8 +37,13 @@ type model struct {
 	defaultPriority uint64
 	maxTextBytes    int64 // 0: not a text model
 	maxSequence     int64 // 0: no bound
-	// Served here: ready, not generative (decoupled), no response cache.
-	takeable bool
+	indexed         indexed
+	servable        bool // not generative (decoupled), no response cache
+}
+
+// takeable: the door serves the model's requests itself (ready, and servable).
+func (m *model) takeable() bool {
+	return m.indexed.ready && m.servable
 }
 
 func (m *model) input(name string) *tensorSpec {
@@ -50,6 +60,12 @@ type models struct {
 	known  atomic.Value // map[string]*model
 }
 
+// indexed is what the repository index says of one model.
+type indexed struct {
+	versions string // its versions as listed, in order
+	ready    bool   // every version ready
+}
+
 func newModels(conn *grpc.ClientConn) *models {
 	m := &models{client: inference.NewGRPCInferenceServiceClient(conn)}
 	m.known.Store(map[string]*model{})
@@ -61,8 +77,8 @@ func (m *models) get(name string) *model {
 }
 
 func (m *models) keepFresh(every time.Duration) {
-	for {
-		if known, err := m.read(); err == nil {
+	for turn := 0; ; turn++ {
+		if known, err := m.read(turn%fullReadEvery == 0); err == nil {
 			m.known.Store(known)
 		} else {
 			log.Printf("reading the models from the Python gateway: %v", err)
@@ -71,7 +87,9 @@ func (m *models) keepFresh(every time.Duration) {
 	}
 }
 
-func (m *models) read() (map[string]*model, error) {
+// read is the models as the index says now; a model whose versions did not change keeps
+// what was read of it before unless `full`.
+func (m *models) read(full bool) (map[string]*model, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	index, err := m.client.RepositoryIndex(ctx, &inference.RepositoryIndexRequest{})
@@ -79,31 +97,41 @@ func (m *models) read() (map[string]*model, error) {
 		return nil, err
 	}
 	// A model is taken here only while every version the index lists for it is ready.
-	ready := map[string]bool{}
+	entries := map[string]*indexed{}
 	for _, entry := range index.Models {
-		r, seen := ready[entry.Name]
-		ready[entry.Name] = (r || !seen) && entry.State == "READY"
+		e, seen := entries[entry.Name]
+		if !seen {
+			e = &indexed{ready: true}
+			entries[entry.Name] = e
+		}
+		e.versions += entry.Version + ","
+		e.ready = e.ready && entry.State == "READY"
 	}
+	before := m.known.Load().(map[string]*model)
 	known := map[string]*model{}
-	for _, entry := range index.Models {
-		if _, seen := known[entry.Name]; seen {
+	for name, e := range entries {
+		if old, ok := before[name]; ok && !full && old.indexed.versions == e.versions {
+			again := *old
+			again.indexed = *e
+			known[name] = &again
 			continue
 		}
-		meta, err := m.client.ModelMetadata(ctx, &inference.ModelMetadataRequest{Name: entry.Name})
+		meta, err := m.client.ModelMetadata(ctx, &inference.ModelMetadataRequest{Name: name})
 		if err != nil {
 			return nil, err
 		}
-		cfg, err := m.client.ModelConfig(ctx, &inference.ModelConfigRequest{Name: entry.Name})
+		cfg, err := m.client.ModelConfig(ctx, &inference.ModelConfigRequest{Name: name})
 		if err != nil {
 			return nil, err
 		}
-		known[entry.Name] = modelOf(ready[entry.Name], meta, cfg.Config)
+		known[name] = modelOf(*e, meta, cfg.Config)
 	}
 	return known, nil
 }
 
-func modelOf(ready bool, meta *inference.ModelMetadataResponse, cfg *inference.ModelConfig) *model {
+func modelOf(e indexed, meta *inference.ModelMetadataResponse, cfg *inference.ModelConfig) *model {
 	m := &model{
+		indexed:      e,
 		name:         cfg.Name,
 		versions:     map[string]bool{},
 		outputs:      map[string]bool{},
@@ -130,7 +158,7 @@ func modelOf(ready bool, meta *inference.ModelMetadataResponse, cfg *inference.M
 	m.maxSequence = parameterInt(cfg, "max_sequence")
 	decoupled := cfg.ModelTransactionPolicy != nil && cfg.ModelTransactionPolicy.Decoupled
 	cached := cfg.ResponseCache != nil && cfg.ResponseCache.Enable
-	m.takeable = ready && !decoupled && !cached
+	m.servable = !decoupled && !cached
 	return m
 }
 

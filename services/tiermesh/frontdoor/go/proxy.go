@@ -48,26 +48,21 @@ func (p *proxy) pass(server grpc.ServerStream, method string, first *frame) erro
 	if err != nil {
 		return err
 	}
-	sent := make(chan error, 1)
+	// Caller -> gateway until the caller half-closes; it ends with the call at the latest
+	// (this handler's return cancels `out`, and the server stream's reads fail).
 	go func() {
-		if first != nil {
-			if err := client.SendMsg(first); err != nil {
-				sent <- err
-				return
-			}
+		if first != nil && client.SendMsg(first) != nil {
+			return
 		}
 		for {
 			f := &frame{}
 			if err := server.RecvMsg(f); err != nil {
 				if err == io.EOF {
-					sent <- client.CloseSend()
-				} else {
-					sent <- err
+					_ = client.CloseSend()
 				}
 				return
 			}
-			if err := client.SendMsg(f); err != nil {
-				sent <- err
+			if client.SendMsg(f) != nil {
 				return
 			}
 		}

@@ -8,6 +8,7 @@ import (
 	"github.com/golang/protobuf/proto"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 	"tiermeshv1"
 )
 
@@ -68,20 +69,26 @@ func (r *routerClient) route(ctx context.Context, job *tiermeshv1.Job, deadline 
 			return reply, nil
 		}
 		if attempt+1 == routeAttempts {
-			return nil, statusError(codes.Unavailable, "router unavailable: "+reply.Message)
+			return nil, status.Error(codes.Unavailable, "router unavailable: "+reply.Message)
 		}
 		wait := routeBackoff << attempt
 		if left := time.Until(deadline); left < wait {
 			wait = left
 		}
-		time.Sleep(wait)
+		pause := time.NewTimer(wait)
+		select {
+		case <-pause.C:
+		case <-ctx.Done():
+			pause.Stop()
+			return nil, contextError(ctx)
+		}
 	}
 }
 
 func (r *routerClient) once(ctx context.Context, job *tiermeshv1.Job, deadline time.Time) (*tiermeshv1.RouteReply, error) {
 	left := time.Until(deadline)
 	if left <= 0 {
-		return nil, statusError(codes.DeadlineExceeded, "deadline passed before the request was routed")
+		return nil, status.Error(codes.DeadlineExceeded, "deadline passed before the request was routed")
 	}
 	ch := make(chan *tiermeshv1.RouteReply, 1)
 	r.mu.Lock()
@@ -102,7 +109,7 @@ func (r *routerClient) once(ctx context.Context, job *tiermeshv1.Job, deadline t
 	case reply := <-ch:
 		return reply, nil
 	case <-timer.C:
-		return nil, statusError(codes.DeadlineExceeded, "deadline passed before the request was routed")
+		return nil, status.Error(codes.DeadlineExceeded, "deadline passed before the request was routed")
 	case <-ctx.Done():
 		return nil, contextError(ctx)
 	}
