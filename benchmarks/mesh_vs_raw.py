@@ -3,8 +3,9 @@
 One run, one model file (minilm-l3 `model.onnx`), one machine, the same seeded inputs:
 
 - raw: onnxruntime in this process at its best batch size per length (chosen once at the
-  start from --raw-batches), the mix grouped by length: the limit. Also batch 1 at 16
-  tokens, one call after the other: the latency floor.
+  start from --raw-batches), the mix grouped by length: the limit; per length the better
+  of one call at a time and the worker's compute lanes (several calls at once, `Raw`).
+  Also batch 1 at 16 tokens, one call after the other: the latency floor.
 - mesh: `tiermesh up` as `make run` starts it (redis-server, postprocess, router, center
   and edge workers, gateway; default settings and log level), on a private repository
   holding only minilm-l3 with its FP32 variant for every request (no tiers: the edge
@@ -33,6 +34,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.request
 from collections.abc import Callable, Iterator, Sequence
@@ -57,6 +59,7 @@ from tiermesh.core.model_files import mirror_files
 from tiermesh.core.settings import WorkerSettings
 from tiermesh.up.processes import free_port
 from tiermesh.up.supervisor import Mesh, UpOptions
+from tiermesh.worker.lanes import cores_available, plan
 from tiermesh.worker.runner import session_options
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -126,49 +129,94 @@ def spec_text(i: int, n: int, text: str) -> RequestSpec:
 
 
 class Raw:
+    """onnxruntime alone, on the cores the mesh gets: the better of one call at a time
+    with onnxruntime's default threads and the worker's compute lanes (worker/lanes.py
+    `plan`: on 2 cores two one-thread calls at once on one session), per length, so the
+    mesh is held to the best raw use of the cores, not to the one it happens to share."""
+
     def __init__(self, model_path: Path, seqs: dict[int, list[int]], shares: Shares) -> None:
-        threads = WorkerSettings().intra_op_threads
-        self.session = ort.InferenceSession(
-            str(model_path), session_options(threads), providers=["CPUExecutionProvider"]
-        )
+        settings = WorkerSettings()
+        lanes = plan(settings.intra_op_threads, settings.compute_lanes, cores_available())
+        self.modes: dict[str, tuple[ort.InferenceSession, int]] = {
+            "one call": (self._session(model_path, settings.intra_op_threads), 1),
+        }
+        if lanes.lanes > 1:
+            self.modes[f"{lanes.lanes} lanes x {lanes.threads} thread(s)"] = (
+                self._session(model_path, lanes.threads),
+                lanes.lanes,
+            )
         self.seqs = seqs
         self.shares = shares
-        self.best: dict[int, int] = {}
+        self.best: dict[int, int] = {}  # length -> best batch, over the modes
+        self.best_mode: dict[int, str] = {}
+
+    @staticmethod
+    def _session(model_path: Path, threads: int) -> ort.InferenceSession:
+        return ort.InferenceSession(
+            str(model_path), session_options(threads), providers=["CPUExecutionProvider"]
+        )
 
     def feeds(self, n: int, batch: int) -> dict[str, Ids]:
         ids = np.asarray([self.seqs[n]] * batch, dtype=np.int64)
         return {"input_ids": ids, "attention_mask": np.ones_like(ids)}
 
-    def seconds_per_seq(self, n: int, batch: int, min_s: float) -> float:
+    def seconds_per_seq(self, n: int, batch: int, min_s: float, mode: str = "one call") -> float:
+        """Wall seconds per sequence, `lanes` threads calling the mode's session at once."""
+        session, lanes = self.modes[mode]
         feeds = self.feeds(n, batch)
-        self.session.run(None, feeds)
-        calls, t0 = 0, time.perf_counter()
-        while calls < 2 or time.perf_counter() - t0 < min_s:
-            self.session.run(None, feeds)
-            calls += 1
-        return (time.perf_counter() - t0) / (calls * batch)
+        session.run(None, feeds)
+        calls = [0] * lanes
+        t0 = time.perf_counter()
+
+        def lane(i: int) -> None:
+            while calls[i] < 2 or time.perf_counter() - t0 < min_s:
+                session.run(None, feeds)
+                calls[i] += 1
+
+        threads = [threading.Thread(target=lane, args=(i,)) for i in range(lanes)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        return (time.perf_counter() - t0) / (sum(calls) * batch)
 
     def calibrate(self, batches: Sequence[int]) -> None:
         for n in self.shares:
-            times = {b: self.seconds_per_seq(n, b, 0.3) for b in batches}
-            self.best[n] = min(times, key=lambda b: times[b])
-            log(f"raw best batch at {n} tokens: {self.best[n]} ({1 / times[self.best[n]]:.0f}/s)")
+            times = {
+                (mode, b): self.seconds_per_seq(n, b, 0.3, mode)
+                for mode in self.modes
+                for b in batches
+            }
+            mode, batch = min(times, key=lambda k: times[k])
+            self.best[n], self.best_mode[n] = batch, mode
+            log(f"raw best at {n} tokens: batch {batch}, {mode} ({1 / times[mode, batch]:.0f}/s)")
 
     def limit(self) -> dict[str, float]:
-        """The mix's sequences per second at the best batch per length, and each length's."""
-        per = {n: self.seconds_per_seq(n, self.best[n], 0.6) for n in self.shares}
+        """The mix's sequences per second at the best batch and mode per length, and each
+        length's."""
+        per = {
+            n: self.seconds_per_seq(n, self.best[n], 0.6, self.best_mode[n]) for n in self.shares
+        }
         total = sum(self.shares.values())
         mix_s = sum(per[n] * k / total for n, k in self.shares.items())
         return {"mix_rps": 1 / mix_s, **{f"rps_{n}": 1 / per[n] for n in self.shares}}
 
+    def described(self) -> dict[int, str]:
+        return {n: f"{self.best[n]} ({self.best_mode[n]})" for n in self.best}
+
     def b1_p50_ms(self, calls: int) -> float:
+        """Batch 1 at 16 tokens, one call after the other: the faster session's p50."""
         feeds = self.feeds(16, 1)
-        lat = []
-        for _ in range(calls):
-            t0 = time.perf_counter()
-            self.session.run(None, feeds)
-            lat.append(time.perf_counter() - t0)
-        return statistics.median(lat) * 1e3
+        best = float("inf")
+        for session, _ in self.modes.values():
+            session.run(None, feeds)
+            lat = []
+            for _ in range(calls):
+                t0 = time.perf_counter()
+                session.run(None, feeds)
+                lat.append(time.perf_counter() - t0)
+            best = min(best, statistics.median(lat) * 1e3)
+        return best
 
 
 # --- the mesh ------------------------------------------------------------------------
@@ -357,11 +405,12 @@ def med(rounds: list[dict[str, Any]], *path: str) -> float:
 
 
 def report(
-    rounds: list[dict[str, Any]], names: Sequence[str], concurrency: int, best: dict[int, int]
+    rounds: list[dict[str, Any]], names: Sequence[str], concurrency: int, best: dict[int, str]
 ) -> str:
     lines = [
         f"rounds: {len(rounds)}; mesh concurrency {concurrency}; raw best batch {best}",
-        f"raw limit (mix, best batch per length): {med(rounds, 'raw', 'mix_rps'):8.1f} seq/s"
+        f"raw limit (mix, best batch and mode per length): "
+        f"{med(rounds, 'raw', 'mix_rps'):8.1f} seq/s"
         + "".join(f"  [{n}: {med(rounds, 'raw', f'rps_{n}'):.0f}/s]" for n in best),
         f"raw batch-1 p50, 16 tokens:             {med(rounds, 'raw_b1_p50_ms'):8.3f} ms",
     ]
@@ -509,7 +558,7 @@ async def run(args: argparse.Namespace) -> int:
         log(f"OTLP sink received {sink.spans} spans")
     commit = git_commit()
     print(f"mesh_vs_raw {time.strftime('%Y-%m-%d %H:%M')} commit {commit} (+ working tree)")
-    print(report(rounds, list(variants), concurrency, raw.best))
+    print(report(rounds, list(variants), concurrency, raw.described()))
     if args.json:
         args.json.write_text(
             json.dumps(

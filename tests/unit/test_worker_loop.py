@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import threading
 import time
 from collections import defaultdict
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
@@ -251,10 +252,15 @@ async def make(
     telemetry = Telemetry("worker-loop-test")
     channel = make_channel(downstream.postprocess_address)
 
-    async def build(cfg: ModelConfig | None = None, tier: str = "center") -> Harness:
+    async def build(
+        cfg: ModelConfig | None = None,
+        tier: str = "center",
+        lanes: int = 1,
+        runner_type: type[CountingRunner] = CountingRunner,
+    ) -> Harness:
         cfg = cfg or mlp_config()
         streams, clock = MemoryStreams(), Clock()
-        runner = CountingRunner(cfg, model)
+        runner = runner_type(cfg, model)
         worker = Worker(
             tier=tier,
             configs={UNIT: cfg},
@@ -264,6 +270,7 @@ async def make(
             telemetry=telemetry,
             clock_ns=clock.ns,
             sleep=clock.sleep,
+            lanes=lanes,
         )
         await worker.open()
         return Harness(worker, streams, clock, runner, downstream)
@@ -439,3 +446,94 @@ async def test_a_dead_workers_entries_are_reclaimed_and_served(
     assert h.runner.runs == [["orphan"]]
     assert h.acked() == [(LOW, (entry,))]
     assert h.result("orphan").code == grpc.StatusCode.OK and h.worker.reclaimed == 1
+
+
+class HeldRunner(CountingRunner):
+    """Each run waits (in its thread) until the test lets it go; `started` counts runs that
+    began, so a test sees two batches inside onnxruntime at once."""
+
+    def __init__(self, cfg: ModelConfig, path: Path) -> None:
+        super().__init__(cfg, path)
+        self.go = threading.Event()
+        self.started = threading.Semaphore(0)
+
+    def run(self, jobs: Sequence[Job]) -> list[JobOutputs]:
+        self.runs.append([j.request_id for j in jobs])
+        self.started.release()
+        if not self.go.wait(timeout=30):
+            raise TimeoutError("the test never let the run go")
+        return ModelRunner.run(self, jobs)
+
+
+async def started_runs(runner: HeldRunner, n: int) -> None:
+    """Wait (polling, with a deadline) until `n` runs are inside the runner at once."""
+    for _ in range(n):
+        assert await asyncio.to_thread(runner.started.acquire, True, 30), "run never started"
+
+
+async def test_with_two_lanes_the_next_batch_computes_while_the_first_does(
+    make: Callable[..., Awaitable[Harness]],
+) -> None:
+    """The first step returns while its batch is in onnxruntime; the second reads what
+    arrived meanwhile and starts it on the other lane; both are handed off and acked."""
+    h = await make(lanes=2, runner_type=HeldRunner)
+    runner = h.runner
+    assert isinstance(runner, HeldRunner)
+    first = [h.add(f"a{i}", LOW) for i in range(3)]
+    await h.worker.step()
+    await started_runs(runner, 1)
+    second = [h.add(f"b{i}", LOW) for i in range(2)]
+    await h.worker.step()
+    await started_runs(runner, 1)  # both runs are inside the session now
+    assert runner.runs == [["a0", "a1", "a2"], ["b0", "b1"]]
+    assert not h.acked()  # nothing is handed off before it is computed
+    runner.go.set()
+    await h.worker.drain()
+    assert sorted(h.acked()) == sorted([(LOW, tuple(first)), (LOW, tuple(second))])
+    assert {h.result(r).batch_size for r in ("a0", "a1", "a2")} == {3}
+    assert {h.result(r).batch_size for r in ("b0", "b1")} == {2}
+    assert h.worker.computed_rows == 5
+
+
+async def test_with_every_lane_busy_a_step_waits_for_one(
+    make: Callable[..., Awaitable[Harness]],
+) -> None:
+    h = await make(lanes=2, runner_type=HeldRunner)
+    runner = h.runner
+    assert isinstance(runner, HeldRunner)
+    for batch in range(2):
+        h.add(f"r{batch}", LOW)
+        await h.worker.step()
+        await started_runs(runner, 1)
+    entry = h.add("third", LOW)
+    third = asyncio.create_task(h.worker.step())
+    for _ in range(10):  # turns of the event loop, not time: the step has run up to a wait
+        await asyncio.sleep(0)
+    assert not third.done() and len(runner.runs) == 2
+    assert h.streams.pending[LOW].get(entry) is None  # no lane free: not even read
+    runner.go.set()
+    await third
+    await h.worker.drain()
+    assert runner.runs == [["r0"], ["r1"], ["third"]]
+    assert h.result("third").code == grpc.StatusCode.OK
+
+
+async def test_a_lane_that_fails_fails_the_loop(
+    make: Callable[..., Awaitable[Harness]],
+) -> None:
+    """A failure the executor does not catch (a model's own errors it isolates per request,
+    so the executor itself is made to fail) surfaces from `drain` and at the next step, as
+    it would have inline."""
+    h = await make(lanes=2)
+
+    async def broken(*args: Any) -> Any:
+        raise RuntimeError("executor bug")
+
+    h.worker._executor.run = broken  # type: ignore[method-assign]
+    h.add("r", LOW)
+    await h.worker.step()
+    with pytest.raises(RuntimeError, match="executor bug"):
+        await h.worker.drain()
+    h.add("next", LOW)
+    with pytest.raises(RuntimeError, match="executor bug"):
+        await h.worker.step()

@@ -122,7 +122,10 @@ class WorkerSettings(ServiceSettings):
     metrics_port: int = 8024
     worker_id: str = ""
     postprocess_address: str = "127.0.0.1:8013"
+    # onnxruntime threads per session call and batches computing at once (worker/lanes.py
+    # `plan`); both 0: up to 4 lanes sharing the cores, e.g. two one-thread lanes on 2 cores.
     intra_op_threads: int = Field(default=0, ge=0)
+    compute_lanes: int = Field(default=0, ge=0)
     heartbeat_interval_ms: int = Field(default=1000, gt=0)
     heartbeat_ttl_ms: int = Field(default=10_000, gt=0)
     poll_block_ms: int = Field(default=200, gt=0)

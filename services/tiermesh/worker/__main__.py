@@ -33,6 +33,7 @@ from tiermesh.core.tls import internal_channel_credentials, internal_server_cred
 from tiermesh.worker.background import BackgroundResults
 from tiermesh.worker.generation import GenerationTimers, GenerationWorker
 from tiermesh.worker.handoff import PostprocessClient
+from tiermesh.worker.lanes import cores_available, plan
 from tiermesh.worker.loop import Worker
 from tiermesh.worker.metrics import GenerationMetrics, WorkerMetrics
 from tiermesh.worker.runner import ComputeTime, ModelRunner
@@ -73,10 +74,13 @@ async def serve(
     served = worker_units(configs, names, watch.state.unloaded)
 
     registry = new_registry()
-    compute_time = ComputeTime(registry)
+    # Batched models: threads per call and lanes. Generative ones keep the threads setting:
+    # their loop runs one engine step at a time.
+    compute = plan(settings.intra_op_threads, settings.compute_lanes, cores_available())
+    compute_time = ComputeTime(registry, per_thread=compute.threads == 1)
 
     def opener(unit: str, cfg: ModelConfig) -> ModelRunner:
-        return open_runner(repo, unit, cfg, settings.intra_op_threads, compute_time)
+        return open_runner(repo, unit, cfg, compute.threads, compute_time)
 
     runners = {unit: opener(unit, cfg) for unit, cfg in served.items()}
     for unit, runner in runners.items():
@@ -129,6 +133,7 @@ async def serve(
         background_share=settings.batch_background_share,
         background_duty=settings.batch_background_duty,
         online=settings.worker_online,
+        lanes=compute.lanes,
     )
     gen_metrics = GenerationMetrics(registry) if generative else None
     generators = [
@@ -177,6 +182,8 @@ async def serve(
         tier=settings.worker_tier,
         health_port=port,
         metrics_port=metrics_server.port,
+        compute_lanes=compute.lanes,
+        threads_per_lane=compute.threads,
     )
     if ready is not None:
         ready({"port": port, "metrics_port": metrics_server.port})

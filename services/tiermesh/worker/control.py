@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Callable
 
 import grpc
 import structlog
@@ -50,7 +51,10 @@ class ModelControl:
         handoff: PostprocessClient,
         background: BackgroundResults | None,
         metrics: WorkerMetrics | None,
+        computing: Callable[[str], bool] = lambda unit: False,
     ) -> None:
+        # computing(unit): a batch of the unit is on a compute lane (its session stays).
+        self._computing = computing
         self._control = control
         self._units = units
         self._scheduler = scheduler
@@ -139,11 +143,12 @@ class ModelControl:
             log.info("queued requests of an unloaded model answered", unit=unit, n=len(entries))
 
     async def retire(self) -> None:
-        """Drop the sessions of closing units once nothing read for them is left (called
-        by the main loop between batches, so no batch of theirs is computing)."""
+        """Drop the sessions of closing units once nothing read for them is left: neither
+        buffered nor computing on a lane."""
         units = self._units
         idle = [u for u in units.closing if u not in units.draining]
-        for unit in [u for u in idle if not self._intake.buffered_for(u)]:
+        done = [u for u in idle if not self._intake.buffered_for(u) and not self._computing(u)]
+        for unit in done:
             units.closing.discard(unit)
             self._intake.forget(unit)
             del units.configs[unit], units.runners[unit]

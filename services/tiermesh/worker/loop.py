@@ -8,19 +8,23 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
+from typing import Any
 
 from tiermesh.core.control_watch import ControlState
+from tiermesh.core.keys import StreamKey
 from tiermesh.core.repository import ModelConfig
 from tiermesh.core.telemetry import Telemetry
 from tiermesh.worker.background import BackgroundResults
+from tiermesh.worker.batching import QueuedJob
 from tiermesh.worker.control import ModelControl
 from tiermesh.worker.executor import Executor
 from tiermesh.worker.handoff import PostprocessClient
 from tiermesh.worker.intake import Intake
+from tiermesh.worker.lanes import Lanes
 from tiermesh.worker.membership import Membership
 from tiermesh.worker.metrics import WorkerMetrics
-from tiermesh.worker.outbox import BatchOutbox
+from tiermesh.worker.outbox import MAX_HANDOFFS_IN_FLIGHT, BatchOutbox
 from tiermesh.worker.runner import ModelRunner
 from tiermesh.worker.scheduler import Scheduler, is_background
 from tiermesh.worker.served import ServedUnits
@@ -58,10 +62,12 @@ class Worker:
         background_duty: float = 1.0,
         online: bool = True,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+        lanes: int = 1,
     ) -> None:
         # online False: a batch pool worker (see ServedUnits). background: batch-job work
         # (background streams) is read, computed in the gaps of online work and written
-        # into its job; None: this worker takes none.
+        # into its job; None: this worker takes none. lanes: batches computing at once
+        # (worker/lanes.py); with one, `step` returns once its batch is computed.
         self.tier = tier
         self._clock_ns = clock_ns
         self._stopping = asyncio.Event()
@@ -92,12 +98,14 @@ class Worker:
             telemetry=telemetry,
             metrics=metrics,
         )
+        self._lanes = Lanes(lanes)
         self._outbox = BatchOutbox(
             streams=streams,
             handoff=handoff,
             scheduler=scheduler,
             clock_ns=clock_ns,
             background=background,
+            in_flight=MAX_HANDOFFS_IN_FLIGHT if lanes == 1 else lanes + 1,
         )
         self._membership = Membership(
             streams=streams,
@@ -123,6 +131,7 @@ class Worker:
             handoff=handoff,
             background=background,
             metrics=metrics,
+            computing=self._lanes.busy,
         )
         self._streams = streams
 
@@ -196,7 +205,9 @@ class Worker:
             while not self._stopping.is_set() or self._intake.buffered():
                 await self.step()
         finally:
-            # Hand-offs are never cancelled: publish, then ack, even while stopping.
+            # Computing batches and hand-offs are never cancelled: publish, then ack, even
+            # while stopping.
+            await self._lanes.settle()
             await self._outbox.drain()
             for task in owned:
                 task.cancel()
@@ -204,18 +215,38 @@ class Worker:
             await self._membership.deregister()
 
     async def step(self) -> None:
-        """One turn of the loop: drop the sessions of units done closing, read what arrived
-        (unless stopping), drop what expired, then pick one stream, fill its batch until the
-        scheduler closes it, and compute it. Its hand-off and ack go on in a task of the
-        outbox (`drain` awaits them); at most two batches are computed and not yet handed
-        off, so a third step waits for a slot."""
+        """One turn of the loop: wait for a free compute lane, drop the sessions of units
+        done closing, read what arrived (unless stopping), drop what expired, then pick one
+        stream, fill its batch until the scheduler closes it, drop what must not compute,
+        and compute it on the lane: with one lane here (the step returns once it is
+        computed), with several in a task of the lanes (the step returns at once, and the
+        next one fills the next batch meanwhile; `drain` awaits them). Its hand-off and ack
+        go on in a task of the outbox. At most one batch per lane, plus one, is computed
+        and not yet handed off, so a step waits for a slot beyond that."""
+        await self._lanes.acquire()
+        try:
+            dispatched = await self._dispatch()
+        except BaseException:
+            self._lanes.release()
+            raise
+        if dispatched is None:
+            self._lanes.release()
+            return
+        key, work = dispatched
+        if self._lanes.count == 1:
+            await self._lanes.run(key.model, work)
+        else:
+            self._lanes.start(key.model, work)
+
+    async def _dispatch(self) -> tuple[StreamKey, Coroutine[Any, Any, None]] | None:
+        """Everything of a step before compute; None when there is nothing to compute."""
         await self._model_control.retire()
         if not self._stopping.is_set():
             await self._intake.read_new()
         await self._intake.sweep_expired()
         key = self._scheduler.pick(self._intake.views(), self._clock_ns())
         if key is None:
-            return
+            return None
         await self._intake.fill(key)
         batch = self._intake.take(key, self._scheduler.batch_rows(self._intake.view(key)))
         started = self._clock_ns()
@@ -224,6 +255,20 @@ class Worker:
         await self._outbox.reserve(background)
         try:
             live = await self._intake.skip(key, batch)
+        except BaseException:
+            self._outbox.release(background, started)
+            raise
+        if not live:
+            self._outbox.release(background, started)
+            return None
+        return key, self._compute(key, live, started, interval)
+
+    async def _compute(
+        self, key: StreamKey, live: list[QueuedJob], started: int, interval: int
+    ) -> None:
+        """Compute one batch (its hand-off slot is reserved) and give it to the outbox."""
+        background = is_background(key)
+        try:
             live, done = await self._executor.run(key, live)
         except BaseException:
             self._outbox.release(background, started)
@@ -234,9 +279,13 @@ class Worker:
         self._outbox.send(key, live, done, started, interval)
 
     async def drain(self) -> None:
-        """Returns once every batch computed so far is handed off and acknowledged (or
-        given up and left pending)."""
-        await self._outbox.drain()
+        """Returns once every batch dispatched so far is computed, handed off and
+        acknowledged (or given up and left pending); raises what a compute lane failed
+        with."""
+        try:
+            await self._lanes.drain()
+        finally:
+            await self._outbox.drain()
 
     async def reclaim(self) -> None:
         """One pass of the reclaimer (`run` does one every reclaim interval)."""

@@ -21,7 +21,8 @@ from tiermesh.worker.scheduler import Scheduler, is_background
 from tiermesh.worker.streams import STREAM_ERRORS, Entry, WorkStreams
 
 log = structlog.get_logger("tiermesh.worker")
-# Hand-offs in flight: the next batch computes while the last one is delivered.
+# Hand-offs in flight per compute lane, plus one: the next batch computes while the last
+# one is delivered.
 MAX_HANDOFFS_IN_FLIGHT = 2
 # Weight of the newest batch in a stream's measured drain rate.
 RATE_ALPHA = 0.3
@@ -32,8 +33,8 @@ class BatchOutbox:
     (batch-job results go into their job instead, worker/background.py), then acknowledges
     the batch's entries with one `done`, in a task of its own that stopping never cancels
     (the loop awaits them all in `drain`). A slot is taken per batch before it computes
-    (`reserve`), so at most MAX_HANDOFFS_IN_FLIGHT batches are computed and not yet handed
-    off."""
+    (`reserve`), so at most `in_flight` batches (MAX_HANDOFFS_IN_FLIGHT with one compute
+    lane, one more than the lanes with several) are computed and not yet handed off."""
 
     def __init__(
         self,
@@ -43,6 +44,7 @@ class BatchOutbox:
         scheduler: Scheduler,
         clock_ns: Callable[[], int],
         background: BackgroundResults | None,
+        in_flight: int = MAX_HANDOFFS_IN_FLIGHT,
     ) -> None:
         self._streams = streams
         self._handoff = handoff
@@ -50,7 +52,7 @@ class BatchOutbox:
         self._clock_ns = clock_ns
         self._background = background
         self._finishing: set[asyncio.Task[None]] = set()
-        self._slots = asyncio.Semaphore(MAX_HANDOFFS_IN_FLIGHT)
+        self._slots = asyncio.Semaphore(in_flight)
         self._rates: dict[StreamKey, float] = {}
         self._last_dispatch: dict[StreamKey, int] = {}
 

@@ -52,12 +52,18 @@ def new_session(
 
 class ComputeTime:
     """Seconds spent inside `InferenceSession.run`, summed over every runner of a worker:
-    wall time, and the process's CPU time (user + system, every thread) while a call was
-    running. Benchmarks subtract the CPU figure from the worker's total to get the cost of
-    everything around the model. The CPU figure is an upper bound of onnxruntime's own: what
-    other threads of the process did during the call is counted too."""
+    wall time, and onnxruntime's CPU time. Benchmarks subtract the CPU figure from the
+    worker's total to get the cost of everything around the model.
 
-    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+    With one intra-op thread per call (`per_thread`: the compute lanes' default) a call
+    computes on the thread that makes it, so its CPU is that thread's CPU time during the
+    call: exact, however many calls overlap. With more, onnxruntime's pool threads compute
+    too, and the figure is the process's CPU (user + system, every thread) while at least
+    one call was running: an upper bound, which counts what other threads (the event loop)
+    did meanwhile."""
+
+    def __init__(self, registry: CollectorRegistry | None = None, per_thread: bool = False) -> None:
+        self._per_thread = per_thread
         self._lock = threading.Lock()
         self._running = 0
         self._cpu_at_start = 0.0
@@ -68,7 +74,8 @@ class ComputeTime:
         )
         self.cpu = Counter(
             "tiermesh_onnxruntime_cpu_seconds",
-            "Process CPU time while an onnxruntime session call was running",
+            "CPU time of onnxruntime session calls (with one intra-op thread, the calling "
+            "thread's; otherwise the process's while a call was running)",
             registry=registry,
         )
 
@@ -77,17 +84,23 @@ class ComputeTime:
         usage = resource.getrusage(resource.RUSAGE_SELF)
         return usage.ru_utime + usage.ru_stime
 
-    def enter(self) -> float:
-        """Called right before a session call; returns the wall clock to hand to `leave`.
-        Overlapping calls count the CPU of the interval once."""
+    def enter(self) -> tuple[float, float]:
+        """Called right before a session call, in its thread; returns what to hand to
+        `leave`. Overlapping calls count the process's CPU of the interval once."""
+        if self._per_thread:
+            return time.perf_counter(), time.thread_time()
         with self._lock:
             if self._running == 0:
                 self._cpu_at_start = self._process_cpu()
             self._running += 1
-        return time.perf_counter()
+        return time.perf_counter(), 0.0
 
-    def leave(self, started: float) -> None:
-        self.wall.inc(time.perf_counter() - started)
+    def leave(self, started: tuple[float, float]) -> None:
+        wall_start, thread_start = started
+        self.wall.inc(time.perf_counter() - wall_start)
+        if self._per_thread:
+            self.cpu.inc(max(0.0, time.thread_time() - thread_start))
+            return
         with self._lock:
             self._running -= 1
             if self._running == 0:
@@ -168,7 +181,7 @@ class ModelRunner:
     def _run(self, inputs: Sequence[TensorData]) -> tuple[TensorData, ...]:
         feeds = {t.name: to_numpy(t) for t in inputs}
         clock = self._compute_time
-        started = clock.enter() if clock is not None else 0.0
+        started = clock.enter() if clock is not None else (0.0, 0.0)
         try:
             arrays = self.session.run(self._outputs, feeds)
         finally:

@@ -1,0 +1,131 @@
+"""Compute lanes: batches of the batched loop that compute at the same time, each an
+onnxruntime call on the same session (one session per unit: its weights are loaded once,
+and a session runs concurrent calls safely). While one lane computes, the loop reads,
+picks and fills the next batch and starts it on a free lane.
+
+Small transformer batches use one core poorly, a second thread of the same call little
+better: on the 2-core reference machine two one-thread lanes compute ~5-20% more sequences
+per second than one two-thread call, and a batch of one is no slower (benchmarks/RESULTS.md,
+issue 21). `plan` decides threads and lanes; `Lanes` owns the lane tasks."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections import Counter
+from collections.abc import Coroutine
+from dataclasses import dataclass
+from typing import Any
+
+import structlog
+
+log = structlog.get_logger("tiermesh.worker")
+# Lanes chosen when neither threads nor lanes are set: one per core, at most this many.
+MAX_AUTO_LANES = 4
+
+
+@dataclass(frozen=True, slots=True)
+class ComputePlan:
+    threads: int  # onnxruntime intra-op threads per session call (0: onnxruntime's choice)
+    lanes: int
+
+
+def plan(intra_op_threads: int, lanes: int, cores: int) -> ComputePlan:
+    """Threads per call and lanes for the batched models of a worker on `cores` cores.
+    Both 0 (the default): up to MAX_AUTO_LANES lanes sharing the cores, one or more
+    threads each. Threads set and lanes not: one lane of those threads (a worker given so
+    much compute keeps to it). Lanes set and threads not: the cores shared among them."""
+    cores = max(1, cores)
+    if lanes == 0 and intra_op_threads > 0:
+        return ComputePlan(intra_op_threads, 1)
+    if lanes == 0:
+        lanes = min(cores, MAX_AUTO_LANES)
+    threads = intra_op_threads or max(1, cores // lanes)
+    return ComputePlan(threads, lanes)
+
+
+def cores_available() -> int:
+    """Cores this process may run on (its CPU affinity, as taskset or a cgroup cpuset set)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+class Lanes:
+    """Owns the tasks of batches computing at once, at most `count`. `acquire` waits for a
+    free lane; `start` runs a batch on it (or, with one lane, the caller awaits `run`
+    instead: the loop stays as simple as it was). A lane task that fails makes the next
+    `acquire` raise, so the loop fails as it would have inline. `busy(unit)`: a batch of
+    the unit is computing (its session must stay)."""
+
+    def __init__(self, count: int) -> None:
+        if count < 1:
+            raise ValueError(f"compute lanes must be at least 1, got {count}")
+        self.count = count
+        self._free = asyncio.Semaphore(count)
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._units: Counter[str] = Counter()
+        self._failure: BaseException | None = None
+
+    async def acquire(self) -> None:
+        self._raise_failure()
+        await self._free.acquire()
+        if self._failure is not None:
+            self._free.release()
+            self._raise_failure()
+
+    def release(self) -> None:
+        self._free.release()
+
+    def busy(self, unit: str) -> bool:
+        return self._units[unit] > 0
+
+    @property
+    def computing(self) -> int:
+        return len(self._tasks)
+
+    async def run(self, unit: str, work: Coroutine[Any, Any, None]) -> None:
+        """Run `work` on the lane acquired, here; the lane is free again after it."""
+        self._units[unit] += 1
+        await self._finish(unit, work)
+
+    def start(self, unit: str, work: Coroutine[Any, Any, None]) -> None:
+        """Run `work` on the lane acquired, in a task owned here (see `drain`); the unit is
+        busy from now on, not only once the task runs."""
+        self._units[unit] += 1
+        task = asyncio.create_task(self._finish(unit, work), name="worker-lane")
+        self._tasks.add(task)
+        task.add_done_callback(self._done)
+
+    async def _finish(self, unit: str, work: Coroutine[Any, Any, None]) -> None:
+        try:
+            await work
+        finally:
+            self._units[unit] -= 1
+            self._free.release()
+
+    async def settle(self) -> None:
+        """Returns once every batch started so far is computed (and its hand-off given to
+        the outbox), failed or not. A computing batch is never cancelled: its session call
+        could not be stopped anyway, and its hand-off must follow."""
+        while self._tasks:
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    async def drain(self) -> None:
+        """`settle`, then raise what a lane failed with."""
+        await self.settle()
+        self._raise_failure()
+
+    def _done(self, task: asyncio.Task[None]) -> None:
+        self._tasks.discard(task)
+        if task.cancelled():
+            return
+        exc = task.exception()
+        if exc is not None and self._failure is None:
+            log.error("compute lane failed", error=repr(exc))
+            self._failure = exc
+
+    def _raise_failure(self) -> None:
+        if self._failure is not None:
+            raise self._failure

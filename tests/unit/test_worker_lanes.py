@@ -1,0 +1,85 @@
+"""worker/lanes.py: the compute plan (pure) and the lanes' bookkeeping."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from tiermesh.worker.lanes import MAX_AUTO_LANES, ComputePlan, Lanes, plan
+
+
+@pytest.mark.parametrize(
+    ("threads", "lanes", "cores", "want"),
+    [
+        (0, 0, 2, ComputePlan(1, 2)),  # the reference machine: two one-thread lanes
+        (0, 0, 1, ComputePlan(1, 1)),
+        (0, 0, 8, ComputePlan(2, MAX_AUTO_LANES)),
+        (0, 0, 16, ComputePlan(4, MAX_AUTO_LANES)),
+        (1, 0, 8, ComputePlan(1, 1)),  # threads given (the edge worker): one lane of them
+        (2, 0, 2, ComputePlan(2, 1)),
+        (0, 1, 2, ComputePlan(2, 1)),  # one lane asked for: it takes the cores
+        (0, 3, 2, ComputePlan(1, 3)),
+        (2, 3, 16, ComputePlan(2, 3)),  # both given: as given
+        (0, 0, 0, ComputePlan(1, 1)),  # no core count known
+    ],
+)
+def test_plan(threads: int, lanes: int, cores: int, want: ComputePlan) -> None:
+    assert plan(threads, lanes, cores) == want
+
+
+def test_lanes_must_be_at_least_one() -> None:
+    with pytest.raises(ValueError, match="at least 1"):
+        Lanes(0)
+
+
+async def test_a_unit_is_busy_while_its_batch_computes_and_the_lane_comes_back() -> None:
+    lanes = Lanes(2)
+    go = asyncio.Event()
+
+    async def work() -> None:
+        await go.wait()
+
+    await lanes.acquire()
+    lanes.start("m@1.fp32", work())
+    await lanes.acquire()
+    lanes.start("m@1.fp32", work())
+    assert lanes.busy("m@1.fp32") and not lanes.busy("other@1.fp32")
+    assert lanes.computing == 2
+    third = asyncio.create_task(lanes.acquire())
+    await asyncio.sleep(0)
+    assert not third.done()  # both lanes taken
+    go.set()
+    await third
+    lanes.release()
+    await lanes.drain()
+    assert not lanes.busy("m@1.fp32") and lanes.computing == 0
+
+
+async def test_a_failed_lane_is_raised_by_drain_and_the_next_acquire() -> None:
+    lanes = Lanes(2)
+
+    async def fails() -> None:
+        raise OSError("disk gone")
+
+    await lanes.acquire()
+    lanes.start("m@1.fp32", fails())
+    await lanes.settle()  # settles without raising
+    with pytest.raises(OSError, match="disk gone"):
+        await lanes.drain()
+    with pytest.raises(OSError, match="disk gone"):
+        await lanes.acquire()
+    assert not lanes.busy("m@1.fp32")
+
+
+async def test_one_lane_runs_its_batch_in_the_caller() -> None:
+    lanes = Lanes(1)
+    ran: list[bool] = []
+
+    async def work() -> None:
+        ran.append(lanes.busy("m@1.fp32"))
+
+    await lanes.acquire()
+    await lanes.run("m@1.fp32", work())
+    assert ran == [True] and lanes.computing == 0
+    await lanes.acquire()  # the lane was given back
