@@ -23,13 +23,14 @@ from tests.conftest import MODELS
 from tests.integration.conftest import Downstream, downstream  # noqa: F401 (a fixture)
 from tiermesh.core import keys
 from tiermesh.core.builtin_models import build_mlp
-from tiermesh.core.jobs import Job, JobResult
+from tiermesh.core.jobs import Job, JobResult, Timing
 from tiermesh.core.keys import StreamKey
 from tiermesh.core.model_config import ModelConfig, parse_config
 from tiermesh.core.server import make_channel
 from tiermesh.core.telemetry import Telemetry
 from tiermesh.core.tensors import from_numpy
 from tiermesh.core.wire import decode_job, encode_job
+from tiermesh.worker.batching import CANCEL_CHECK_FIRST_NS
 from tiermesh.worker.handoff import PostprocessClient
 from tiermesh.worker.loop import Worker
 from tiermesh.worker.runner import JobOutputs, ModelRunner
@@ -84,6 +85,7 @@ class MemoryStreams:
     async def read(
         self, streams: Sequence[StreamKey], count: int, block_ms: int | None, pending: bool = False
     ) -> list[Entry]:
+        await asyncio.sleep(0)  # as a socket read does: other tasks (compute lanes) go on
         out = []
         for stream in streams:
             if pending:
@@ -223,6 +225,7 @@ class Harness:
                 deadline_ns=0 if deadline_ms is None else self.clock.now + deadline_ms * MS,
                 priority=stream.priority,
                 tier=stream.tier,
+                timing=Timing(enqueued_ns=self.clock.now),
             ),
         )
         self.entry_ids[request_id] = entry_id
@@ -328,12 +331,13 @@ async def test_the_hand_off_comes_before_the_ack(make: Callable[..., Awaitable[H
     assert answered_at_ack == [True, True, True]
 
 
-async def test_a_cancelled_request_is_skipped_and_acked(
+async def test_a_cancelled_request_that_waited_is_skipped_before_compute(
     make: Callable[..., Awaitable[Harness]],
 ) -> None:
     h = await make()
     gone = h.add("gone", LOW)
     kept = h.add("kept", LOW)
+    h.clock.now += CANCEL_CHECK_FIRST_NS  # they waited in the stream: flags first
     h.streams.cancel_flags.add("gone")
     await h.steps()
     assert h.runner.runs == [["kept"]]
@@ -341,6 +345,26 @@ async def test_a_cancelled_request_is_skipped_and_acked(
     assert not h.answers["gone"].done()  # its caller left: nothing handed off
     assert h.result("kept").code == grpc.StatusCode.OK
     assert h.worker.cancelled == 1 and h.worker.computed_rows == 1
+
+
+async def test_a_fresh_batch_computes_while_its_cancel_flags_are_read(
+    make: Callable[..., Awaitable[Harness]],
+) -> None:
+    """Requests that just arrived: no round trip before compute; one whose caller left
+    meanwhile is computed but never handed off, and acknowledged at once."""
+    h = await make()
+    gone = h.add("gone", LOW)
+    kept = h.add("kept", LOW)
+    h.streams.cancel_flags.add("gone")
+    h.streams.calls.clear()
+    await h.steps()
+    assert h.runner.runs == [["gone", "kept"]]
+    methods = [m for m, _, _ in h.streams.calls]
+    assert methods == ["read", "cancelled", "done", "done"]
+    assert h.acked() == [(LOW, (gone,)), (LOW, (kept,))]
+    assert not h.answers["gone"].done()
+    assert h.result("kept").code == grpc.StatusCode.OK
+    assert h.worker.cancelled == 1
 
 
 async def test_an_expired_request_is_dropped_before_compute(
@@ -537,3 +561,17 @@ async def test_a_lane_that_fails_fails_the_loop(
     h.add("next", LOW)
     with pytest.raises(RuntimeError, match="executor bug"):
         await h.worker.step()
+
+
+async def test_a_lane_that_fails_ends_run_with_its_error(
+    make: Callable[..., Awaitable[Harness]],
+) -> None:
+    h = await make(lanes=2)
+
+    async def broken(*args: Any) -> Any:
+        raise RuntimeError("executor bug")
+
+    h.worker._executor.run = broken  # type: ignore[method-assign]
+    h.add("r", LOW)
+    with pytest.raises(RuntimeError, match="executor bug"):
+        await asyncio.wait_for(h.worker.run(), 30)

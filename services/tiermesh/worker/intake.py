@@ -190,16 +190,20 @@ class Intake:
                 self.buffer[key] = live
                 await self._drop(key, expired, "expired")
 
-    async def skip(self, key: StreamKey, batch: list[QueuedJob]) -> list[QueuedJob]:
-        """The requests of a batch about to compute that must be: expired ones and those
-        whose caller left (one look at the cancel flags for the batch) are dropped. Nobody
-        waits for their answer (the gateway answered the expired ones itself), so they are
-        acknowledged at once and never handed off."""
+    async def skip(
+        self, key: StreamKey, batch: list[QueuedJob], cancelled_too: bool = True
+    ) -> list[QueuedJob]:
+        """The requests of a batch about to compute that must be: expired ones and (with
+        `cancelled_too`) those whose caller left (one look at the cancel flags for the
+        batch) are dropped. Nobody waits for their answer (the gateway answered the expired
+        ones itself), so they are acknowledged at once and never handed off."""
         live, expired = split_expired(batch, self._clock_ns())
-        try:
-            gone = await self._streams.cancelled([q.job.request_id for q in live])
-        except STREAM_ERRORS:
-            gone = set()
+        gone: set[str] = set()
+        if cancelled_too:
+            try:
+                gone = await self._streams.cancelled([q.job.request_id for q in live])
+            except STREAM_ERRORS:
+                pass
         live, cancelled = split_cancelled(live, gone)
         if self._background is not None and is_background(key):
             try:
@@ -210,6 +214,16 @@ class Intake:
         await self._drop(key, expired, "expired")
         await self._drop(key, cancelled, "cancelled")
         return live
+
+    async def left_meanwhile(self, key: StreamKey, batch: list[QueuedJob]) -> set[str]:
+        """For a batch computing while its cancel flags are read: the request ids whose
+        caller left, dropped (acknowledged at once, never handed off) as `skip` does."""
+        try:
+            gone = await self._streams.cancelled([q.job.request_id for q in batch])
+        except STREAM_ERRORS:
+            return set()
+        await self._drop(key, split_cancelled(batch, gone)[1], "cancelled")
+        return gone
 
     async def _drop(self, key: StreamKey, queued: list[QueuedJob], reason: str) -> None:
         if not queued:

@@ -16,7 +16,7 @@ from tiermesh.core.keys import StreamKey
 from tiermesh.core.repository import ModelConfig
 from tiermesh.core.telemetry import Telemetry
 from tiermesh.worker.background import BackgroundResults
-from tiermesh.worker.batching import QueuedJob
+from tiermesh.worker.batching import QueuedJob, cancel_check_first
 from tiermesh.worker.control import ModelControl
 from tiermesh.worker.executor import Executor
 from tiermesh.worker.handoff import PostprocessClient
@@ -237,6 +237,9 @@ class Worker:
             await self._lanes.run(key.model, work)
         else:
             self._lanes.start(key.model, work)
+            # The batch's task runs up to its compute (and its cancel read is sent) before
+            # this loop reads again: the read would otherwise delay a lone request.
+            await asyncio.sleep(0)
 
     async def _dispatch(self) -> tuple[StreamKey, Coroutine[Any, Any, None]] | None:
         """Everything of a step before compute; None when there is nothing to compute."""
@@ -253,24 +256,42 @@ class Worker:
         interval = self._outbox.interval(key, batch, started)
         background = is_background(key)
         await self._outbox.reserve(background)
+        # Batch jobs and requests that waited read their cancel flags first; fresh online
+        # requests compute meanwhile (worker/batching.py cancel_check_first).
+        first = background or cancel_check_first(batch, started)
         try:
-            live = await self._intake.skip(key, batch)
+            live = await self._intake.skip(key, batch, cancelled_too=first)
         except BaseException:
             self._outbox.release(background, started)
             raise
         if not live:
             self._outbox.release(background, started)
             return None
-        return key, self._compute(key, live, started, interval)
+        return key, self._compute(key, live, started, interval, not first)
 
     async def _compute(
-        self, key: StreamKey, live: list[QueuedJob], started: int, interval: int
+        self,
+        key: StreamKey,
+        live: list[QueuedJob],
+        started: int,
+        interval: int,
+        check_meanwhile: bool,
     ) -> None:
-        """Compute one batch (its hand-off slot is reserved) and give it to the outbox."""
+        """Compute one batch (its hand-off slot is reserved), reading its cancel flags
+        meanwhile when asked, and give it to the outbox."""
         background = is_background(key)
+        check = None
+        if check_meanwhile:
+            check = asyncio.create_task(self._intake.left_meanwhile(key, live))
         try:
             live, done = await self._executor.run(key, live)
+            if check is not None:
+                gone = await check
+                live = [q for q in live if q.job.request_id not in gone]
+                done = [r for r in done if r.request_id not in gone]
         except BaseException:
+            if check is not None:
+                check.cancel()
             self._outbox.release(background, started)
             raise
         if not live and not done:
