@@ -16,7 +16,7 @@ import redis.asyncio as aioredis
 from tests.conftest import copy_repository
 from tests.integration.conftest import Downstream
 from tiermesh.core import keys
-from tiermesh.core.jobs import Job
+from tiermesh.core.jobs import Job, Timing
 from tiermesh.core.keys import StreamKey
 from tiermesh.core.repository import ModelRepository
 from tiermesh.core.server import make_channel
@@ -70,7 +70,9 @@ def make_worker(
     )
 
 
-def job(request_id: str, gateway: str, deadline_ns: int, x: np.ndarray) -> bytes:
+def job(
+    request_id: str, gateway: str, deadline_ns: int, x: np.ndarray, enqueued_ns: int = 0
+) -> bytes:
     return encode_job(
         Job(
             request_id=request_id,
@@ -80,6 +82,7 @@ def job(request_id: str, gateway: str, deadline_ns: int, x: np.ndarray) -> bytes
             deadline_ns=deadline_ns,
             priority=STREAM.priority,
             tier=STREAM.tier,
+            timing=Timing(enqueued_ns=enqueued_ns),
         )
     )
 
@@ -88,7 +91,9 @@ async def test_expired_and_cancelled_jobs_are_dropped_never_computed(
     redis_url: str, model_repo: Path, downstream: Downstream
 ) -> None:
     """Nobody waits for them (the gateway answered the expired one itself, the cancelled
-    one's caller left): they are acknowledged and deleted without compute or hand-off."""
+    one's caller left): they are acknowledged and deleted without compute or hand-off.
+    They were queued a while ago, so the cancel flags are read before compute (a batch
+    of requests that just arrived reads them meanwhile: worker/batching.py)."""
     redis = aioredis.Redis.from_url(redis_url)
     worker = make_worker(redis, model_repo, downstream.postprocess_address)
     old = downstream.pending.register("old")
@@ -98,10 +103,10 @@ async def test_expired_and_cancelled_jobs_are_dropped_never_computed(
     now = time.time_ns()
     x = np.ones((1, 4), np.float32)
     later = now + 30 * 10**9
+    queued = now - 10**9
     for rid, deadline in (("old", now - 1), ("gone", later), ("new", later)):
-        await redis.xadd(
-            STREAM.name, {keys.JOB_FIELD: job(rid, downstream.delivery_address, deadline, x)}
-        )
+        entry = job(rid, downstream.delivery_address, deadline, x, queued)
+        await redis.xadd(STREAM.name, {keys.JOB_FIELD: entry})
     task = asyncio.create_task(worker.run())
     try:
         new_result = await asyncio.wait_for(new, 10)
