@@ -32,6 +32,7 @@ from tiermesh.core.tensors import from_numpy
 from tiermesh.core.wire import decode_job, encode_job
 from tiermesh.worker.batching import CANCEL_CHECK_FIRST_NS
 from tiermesh.worker.handoff import PostprocessClient
+from tiermesh.worker.lanes import INLINE_MAX_NS
 from tiermesh.worker.loop import Worker
 from tiermesh.worker.runner import JobOutputs, ModelRunner
 from tiermesh.worker.streams import Entry
@@ -175,9 +176,16 @@ class CountingRunner(ModelRunner):
     def __init__(self, cfg: ModelConfig, path: Path) -> None:
         super().__init__(cfg, path)
         self.runs: list[list[str]] = []
+        self.threads: list[int] = []  # the thread of each run
+        # Each run takes this long on the worker's injected clock (its compute estimate).
+        self.clock: Clock | None = None
+        self.run_ns = 0
 
     def run(self, jobs: Sequence[Job]) -> list[JobOutputs]:
         self.runs.append([j.request_id for j in jobs])
+        self.threads.append(threading.get_ident())
+        if self.clock is not None:
+            self.clock.now += self.run_ns
         return super().run(jobs)
 
 
@@ -483,6 +491,7 @@ class HeldRunner(CountingRunner):
 
     def run(self, jobs: Sequence[Job]) -> list[JobOutputs]:
         self.runs.append([j.request_id for j in jobs])
+        self.threads.append(threading.get_ident())
         self.started.release()
         if not self.go.wait(timeout=30):
             raise TimeoutError("the test never let the run go")
@@ -575,3 +584,33 @@ async def test_a_lane_that_fails_ends_run_with_its_error(
     h.add("r", LOW)
     with pytest.raises(RuntimeError, match="executor bug"):
         await asyncio.wait_for(h.worker.run(), 30)
+
+
+async def test_a_short_batch_on_an_idle_worker_computes_on_the_loops_thread(
+    make: Callable[..., Awaitable[Harness]],
+) -> None:
+    """The first batch of a stream has no compute estimate yet: a thread. Once one is known
+    and short, and nothing else computes or is being handed off, the loop's own thread, with
+    no cancel read (a caller that left meanwhile gets its answer dropped by its gateway);
+    a batch expected to take long, a thread again."""
+    h = await make(lanes=2)
+    runner = h.runner
+    assert isinstance(runner, CountingRunner)
+    runner.clock, runner.run_ns = h.clock, INLINE_MAX_NS // 4
+    loop_thread = threading.get_ident()
+    h.add("first", LOW)
+    await h.steps()
+    second = h.add("second", LOW)
+    h.streams.cancel_flags.add("second")
+    h.streams.calls.clear()
+    await h.steps()
+    assert runner.threads[0] != loop_thread and runner.threads[1] == loop_thread
+    assert [m for m, _, _ in h.streams.calls] == ["read", "done"]
+    assert h.acked() == [(LOW, (second,))]
+    assert h.result("second").code == grpc.StatusCode.OK
+    for i in range(8):  # 8 rows: the estimate (8 x one row's) is too long for the loop
+        h.add(f"long{i}", LOW)
+    await h.steps()
+    assert runner.runs[2] == [f"long{i}" for i in range(8)]
+    assert runner.threads[2] != loop_thread
+    assert h.worker.inline_batches == 1

@@ -215,6 +215,7 @@ async def serve(
         log.info(
             "worker stopped",
             computed_rows=worker.computed_rows,
+            inline_batches=worker.inline_batches,
             expired=worker.expired,
             cancelled=worker.cancelled,
             cascaded=worker.cascaded,

@@ -53,13 +53,16 @@ class Executor:
         self._telemetry = telemetry
         self._metrics = metrics
         self.computed_rows = 0
+        self.inline_batches = 0  # computed on the loop's thread
         self.cascaded = 0
         self.dead_lettered = 0
 
     async def run(
-        self, key: StreamKey, live: list[QueuedJob]
+        self, key: StreamKey, live: list[QueuedJob], inline: bool = False
     ) -> tuple[list[QueuedJob], list[JobResult]]:
-        """Compute `live` (requests of one stream, none to skip). Returns the requests whose
+        """Compute `live` (requests of one stream, none to skip): in a thread, or with
+        `inline` on the loop's own thread (worker/lanes.py `run_inline`; a failing batch is
+        isolated in threads all the same). Returns the requests whose
         entries are to be acknowledged after the hand-off (those computed, cascaded ones
         included) and the results to hand off (their answers, and ABORTED for poison
         requests, whose entries went to the dead letters already)."""
@@ -79,9 +82,12 @@ class Executor:
             span.set_attribute("messaging.batch.message_count", len(live))
             start = self._clock_ns()
             try:
-                outputs = await asyncio.to_thread(
-                    self._units.runners[key.model].run, [q.job for q in live]
-                )
+                runner, jobs = self._units.runners[key.model], [q.job for q in live]
+                if inline:
+                    self.inline_batches += 1
+                    outputs = runner.run(jobs)
+                else:
+                    outputs = await asyncio.to_thread(runner.run, jobs)
             except Exception as exc:
                 log.warning("batch failed; running its requests one by one", model=key.model)
                 span.record_exception(exc)

@@ -22,6 +22,13 @@ import structlog
 log = structlog.get_logger("tiermesh.worker")
 # Lanes chosen when neither threads nor lanes are set: one per core, at most this many.
 MAX_AUTO_LANES = 4
+# A batch expected to compute within this long, on a worker with nothing else computing or
+# being handed off, runs on the loop's own thread: the hand-over to a thread and back cost
+# ~0.5 ms of a 16-token request's latency at concurrency 1 on the reference machine
+# (benchmarks/RESULTS.md, issue 21), and the loop has nothing to do meanwhile. The loop is
+# held for about this long at most: one or two short texts of MiniLM-L3 on one thread
+# (a batch computed in a thread counts its hand-over in its estimate: ~2.2 ms for one).
+INLINE_MAX_NS = 3_000_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,6 +49,14 @@ def plan(intra_op_threads: int, lanes: int, cores: int) -> ComputePlan:
         lanes = min(cores, MAX_AUTO_LANES)
     threads = intra_op_threads or max(1, cores // lanes)
     return ComputePlan(threads, lanes)
+
+
+def run_inline(computing: int, handoffs: int, waiting: bool, estimate_ns: int) -> bool:
+    """Whether the next batch computes on the loop's thread: no other batch computing, no
+    hand-off in flight and nothing else read and waiting (the loop would have nothing to do
+    meanwhile), and a known compute estimate of at most INLINE_MAX_NS (0: nothing observed
+    yet, so a thread)."""
+    return computing == 0 and handoffs == 0 and not waiting and 0 < estimate_ns <= INLINE_MAX_NS
 
 
 def cores_available() -> int:

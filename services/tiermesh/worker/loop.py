@@ -21,7 +21,7 @@ from tiermesh.worker.control import ModelControl
 from tiermesh.worker.executor import Executor
 from tiermesh.worker.handoff import PostprocessClient
 from tiermesh.worker.intake import Intake
-from tiermesh.worker.lanes import Lanes
+from tiermesh.worker.lanes import Lanes, run_inline
 from tiermesh.worker.membership import Membership
 from tiermesh.worker.metrics import WorkerMetrics
 from tiermesh.worker.outbox import MAX_HANDOFFS_IN_FLIGHT, BatchOutbox
@@ -142,6 +142,11 @@ class Worker:
         return self._executor.computed_rows
 
     @property
+    def inline_batches(self) -> int:
+        """Batches computed on the loop's own thread (lanes.run_inline)."""
+        return self._executor.inline_batches
+
+    @property
     def expired(self) -> int:
         return self._intake.expired
 
@@ -220,8 +225,9 @@ class Worker:
         stream, fill its batch until the scheduler closes it, drop what must not compute,
         and compute it on the lane: with one lane here (the step returns once it is
         computed), with several in a task of the lanes (the step returns at once, and the
-        next one fills the next batch meanwhile; `drain` awaits them). Its hand-off and ack
-        go on in a task of the outbox. At most one batch per lane, plus one, is computed
+        next one fills the next batch meanwhile; `drain` awaits them), or, a short batch on
+        an otherwise idle worker, on the loop's own thread (lanes.run_inline). Its hand-off
+        and ack go on in a task of the outbox. At most one batch per lane, plus one, is computed
         and not yet handed off, so a step waits for a slot beyond that."""
         await self._lanes.acquire()
         try:
@@ -232,8 +238,14 @@ class Worker:
         if dispatched is None:
             self._lanes.release()
             return
-        key, work = dispatched
-        if self._lanes.count == 1:
+        key, work, inline = dispatched
+        if inline:
+            await self._lanes.run(key.model, work)
+            # The hand-off's task, then its stream's pump, take their turns before this
+            # loop reads again: the read's work would otherwise come before the answer's.
+            await asyncio.sleep(0)
+            await asyncio.sleep(0)
+        elif self._lanes.count == 1:
             await self._lanes.run(key.model, work)
         else:
             self._lanes.start(key.model, work)
@@ -241,7 +253,7 @@ class Worker:
             # this loop reads again: the read would otherwise delay a lone request.
             await asyncio.sleep(0)
 
-    async def _dispatch(self) -> tuple[StreamKey, Coroutine[Any, Any, None]] | None:
+    async def _dispatch(self) -> tuple[StreamKey, Coroutine[Any, Any, None], bool] | None:
         """Everything of a step before compute; None when there is nothing to compute."""
         await self._model_control.retire()
         if not self._stopping.is_set():
@@ -267,7 +279,17 @@ class Worker:
         if not live:
             self._outbox.release(background, started)
             return None
-        return key, self._compute(key, live, started, interval, not first)
+        inline = not first and run_inline(
+            self._lanes.computing,
+            self._outbox.in_flight,
+            self._intake.buffered(),
+            self._scheduler.compute_estimate_ns(key, sum(q.job.rows for q in live)),
+        )
+        # Computed inline, a fresh batch reads no cancel flags at all: a caller that left
+        # within those few ms gets its answer dropped by its gateway as late, which costs
+        # less than a Redis round trip on every request at low load.
+        check_meanwhile = not first and not inline
+        return key, self._compute(key, live, started, interval, check_meanwhile, inline), inline
 
     async def _compute(
         self,
@@ -276,15 +298,16 @@ class Worker:
         started: int,
         interval: int,
         check_meanwhile: bool,
+        inline: bool,
     ) -> None:
         """Compute one batch (its hand-off slot is reserved), reading its cancel flags
-        meanwhile when asked, and give it to the outbox."""
+        meanwhile when asked, and give it to the outbox; `inline`: on the loop's thread."""
         background = is_background(key)
         check = None
         if check_meanwhile:
             check = asyncio.create_task(self._intake.left_meanwhile(key, live))
         try:
-            live, done = await self._executor.run(key, live)
+            live, done = await self._executor.run(key, live, inline)
             if check is not None:
                 gone = await check
                 live = [q for q in live if q.job.request_id not in gone]

@@ -65,6 +65,11 @@ class BatchOutbox:
         self._last_dispatch[key] = started
         return interval
 
+    @property
+    def in_flight(self) -> int:
+        """Hand-offs sent and not yet finished."""
+        return len(self._finishing)
+
     async def reserve(self, background: bool) -> None:
         """Wait for a hand-off slot for the batch about to compute (a background batch
         counts for pacing from now on). Pair with `release`, or `send`, which releases."""
