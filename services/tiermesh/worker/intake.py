@@ -198,12 +198,7 @@ class Intake:
         batch) are dropped. Nobody waits for their answer (the gateway answered the expired
         ones itself), so they are acknowledged at once and never handed off."""
         live, expired = split_expired(batch, self._clock_ns())
-        gone: set[str] = set()
-        if cancelled_too:
-            try:
-                gone = await self._streams.cancelled([q.job.request_id for q in live])
-            except STREAM_ERRORS:
-                pass
+        gone = await self._gone(live) if cancelled_too else set()
         live, cancelled = split_cancelled(live, gone)
         if self._background is not None and is_background(key):
             try:
@@ -218,12 +213,17 @@ class Intake:
     async def left_meanwhile(self, key: StreamKey, batch: list[QueuedJob]) -> set[str]:
         """For a batch computing while its cancel flags are read: the request ids whose
         caller left, dropped (acknowledged at once, never handed off) as `skip` does."""
-        try:
-            gone = await self._streams.cancelled([q.job.request_id for q in batch])
-        except STREAM_ERRORS:
-            return set()
+        gone = await self._gone(batch)
         await self._drop(key, split_cancelled(batch, gone)[1], "cancelled")
         return gone
+
+    async def _gone(self, batch: list[QueuedJob]) -> set[str]:
+        """The request ids of `batch` whose caller left (one read of their cancel flags);
+        none when Redis cannot say (they are computed, and their gateway drops the answer)."""
+        try:
+            return await self._streams.cancelled([q.job.request_id for q in batch])
+        except STREAM_ERRORS:
+            return set()
 
     async def _drop(self, key: StreamKey, queued: list[QueuedJob], reason: str) -> None:
         if not queued:
