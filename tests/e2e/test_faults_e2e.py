@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from tests.e2e.conftest import UpProcess
+from tests.e2e.conftest import UpProcess, scrape_metrics
 from tests.e2e.load import Load
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
@@ -43,11 +43,22 @@ def wait_replaced(up: UpProcess, name: str, old_pid: int, timeout_s: float = 30)
     return time.monotonic()
 
 
-def strike(up: UpProcess, load: Load, name: str, sig: int) -> tuple[float, float, float]:
-    """Once traffic flows, send `sig` to the `name` process and wait until the supervisor
-    runs its successor and 50 calls started after the strike have succeeded. Returns when
-    it struck, when the successor appeared, and how long until the first success after."""
+def strike(
+    up: UpProcess,
+    load: Load,
+    name: str,
+    sig: int,
+    ready: Callable[[], bool] = lambda: True,
+) -> tuple[float, float, float]:
+    """Once traffic flows (and `ready` holds, polled with a deadline), send `sig` to the
+    `name` process and wait until the supervisor runs its successor and 50 calls started
+    after the strike have succeeded. Returns when it struck, when the successor appeared,
+    and how long until the first success after."""
     load.wait_for(50)
+    deadline = time.monotonic() + 30
+    while not ready():
+        assert time.monotonic() < deadline, f"{name}: the moment to strike never came"
+        time.sleep(0.002)
     victim = up.children()[name]
     os.kill(victim, sig)
     struck = time.monotonic()
@@ -125,8 +136,16 @@ def test_gateway_sigterm_answers_the_requests_in_flight(
     """SIGTERM the gateway under load: it stops taking calls (UNAVAILABLE), answers every
     call it had taken, exits; the supervisor starts a new one on the same port."""
     up = new_up()
+    metrics = up.metrics_urls()["gateway"]
+
+    def busy() -> bool:
+        # Several calls inside the gateway as it is struck: at a random instant there were
+        # sometimes none (a few ms each, 16 callers that also spend their own time).
+        samples = scrape_metrics(metrics).items()
+        return sum(v for (n, _), v in samples if n == "tiermesh_requests_in_flight") >= 4
+
     with Load(up.url, callers=16) as load:
-        stopped, replaced, recovered = strike(up, load, "gateway", signal.SIGTERM)
+        stopped, replaced, recovered = strike(up, load, "gateway", signal.SIGTERM, busy)
     assert up.interrupt() == 0
     draining = log_events(up, "gateway draining")
     gateways = log_events(up, "gateway stopped")
