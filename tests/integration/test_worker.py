@@ -71,7 +71,7 @@ def make_worker(
 
 
 def job(
-    request_id: str, gateway: str, deadline_ns: int, x: np.ndarray, enqueued_ns: int = 0
+    request_id: str, gateway: str, deadline_ns: int, x: np.ndarray, routed_ns: int = 0
 ) -> bytes:
     return encode_job(
         Job(
@@ -82,7 +82,7 @@ def job(
             deadline_ns=deadline_ns,
             priority=STREAM.priority,
             tier=STREAM.tier,
-            timing=Timing(enqueued_ns=enqueued_ns),
+            timing=Timing(routed_ns=routed_ns),
         )
     )
 

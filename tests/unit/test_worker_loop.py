@@ -233,7 +233,7 @@ class Harness:
                 deadline_ns=0 if deadline_ms is None else self.clock.now + deadline_ms * MS,
                 priority=stream.priority,
                 tier=stream.tier,
-                timing=Timing(enqueued_ns=self.clock.now),
+                timing=Timing(routed_ns=self.clock.now),
             ),
         )
         self.entry_ids[request_id] = entry_id

@@ -25,6 +25,11 @@ class QueuedJob:
     job: Job
     dequeued_ns: int
 
+    @property
+    def queued_ns(self) -> int:
+        """When it was queued: routed, on the router's clock (read, for a job without)."""
+        return self.job.timing.routed_ns or self.dequeued_ns
+
 
 def view_of(key: StreamKey, queued: Sequence[QueuedJob]) -> StreamView:
     """What the scheduler needs to know about one stream's buffered entries (non-empty)."""
@@ -32,7 +37,7 @@ def view_of(key: StreamKey, queued: Sequence[QueuedJob]) -> StreamView:
     return StreamView(
         key=key,
         rows=sum(q.job.rows for q in queued),
-        oldest_enqueued_ns=min(q.job.timing.routed_ns or q.dequeued_ns for q in queued),
+        oldest_enqueued_ns=min(q.queued_ns for q in queued),
         first_dequeued_ns=min(q.dequeued_ns for q in queued),
         earliest_deadline_ns=min(deadlines, default=0),
     )
@@ -71,8 +76,4 @@ def split_cancelled(
 
 def cancel_check_first(batch: Sequence[QueuedJob], now_ns: int) -> bool:
     """Whether to read the batch's cancel flags before computing it (else meanwhile)."""
-    return any(
-        now_ns - (q.job.timing.enqueued_ns or q.job.timing.routed_ns or q.dequeued_ns)
-        >= CANCEL_CHECK_FIRST_NS
-        for q in batch
-    )
+    return any(now_ns - q.queued_ns >= CANCEL_CHECK_FIRST_NS for q in batch)

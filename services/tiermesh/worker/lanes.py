@@ -11,6 +11,7 @@ issue 21). `plan` decides threads and lanes; `Lanes` owns the lane tasks."""
 from __future__ import annotations
 
 import asyncio
+import enum
 import os
 from collections import Counter
 from collections.abc import Coroutine
@@ -29,6 +30,14 @@ MAX_AUTO_LANES = 4
 # held for about this long at most: one or two short texts of MiniLM-L3 on one thread
 # (a batch computed in a thread counts its hand-over in its estimate: ~2.2 ms for one).
 INLINE_MAX_NS = 3_000_000
+
+
+class ComputeMode(enum.Enum):
+    """Where a dispatched batch computes, and when its cancel marks are read."""
+
+    CHECKED = "checked"  # on a lane, the marks read before (requests that waited, batch jobs)
+    BESIDE = "beside"  # on a lane, the marks read while it computes (fresh requests)
+    INLINE = "inline"  # on the loop's thread, no read (run_inline: a short batch, idle worker)
 
 
 @dataclass(frozen=True, slots=True)

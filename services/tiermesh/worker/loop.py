@@ -21,7 +21,7 @@ from tiermesh.worker.control import ModelControl
 from tiermesh.worker.executor import Executor
 from tiermesh.worker.handoff import PostprocessClient
 from tiermesh.worker.intake import Intake
-from tiermesh.worker.lanes import Lanes, run_inline
+from tiermesh.worker.lanes import ComputeMode, Lanes, run_inline
 from tiermesh.worker.membership import Membership
 from tiermesh.worker.metrics import WorkerMetrics
 from tiermesh.worker.outbox import MAX_HANDOFFS_IN_FLIGHT, BatchOutbox
@@ -238,8 +238,8 @@ class Worker:
         if dispatched is None:
             self._lanes.release()
             return
-        key, work, inline = dispatched
-        if inline:
+        key, work, mode = dispatched
+        if mode is ComputeMode.INLINE:
             await self._lanes.run(key.model, work)
             # The hand-off's task, then its stream's pump, take their turns before this
             # loop reads again: the read's work would otherwise come before the answer's.
@@ -253,7 +253,9 @@ class Worker:
             # this loop reads again: the read would otherwise delay a lone request.
             await asyncio.sleep(0)
 
-    async def _dispatch(self) -> tuple[StreamKey, Coroutine[Any, Any, None], bool] | None:
+    async def _dispatch(
+        self,
+    ) -> tuple[StreamKey, Coroutine[Any, Any, None], ComputeMode] | None:
         """Everything of a step before compute; None when there is nothing to compute."""
         await self._model_control.retire()
         if not self._stopping.is_set():
@@ -279,17 +281,21 @@ class Worker:
         if not live:
             self._outbox.release(background, started)
             return None
-        inline = not first and run_inline(
+        if first:
+            mode = ComputeMode.CHECKED
+        elif run_inline(
             self._lanes.computing,
             self._outbox.in_flight,
             self._intake.buffered(),
             self._scheduler.compute_estimate_ns(key, sum(q.job.rows for q in live)),
-        )
-        # Computed inline, a fresh batch reads no cancel flags at all: a caller that left
-        # within those few ms gets its answer dropped by its gateway as late, which costs
-        # less than a Redis round trip on every request at low load.
-        check_meanwhile = not first and not inline
-        return key, self._compute(key, live, started, interval, check_meanwhile, inline), inline
+        ):
+            # No cancel read at all: a caller that left within those few ms gets its answer
+            # dropped by its gateway as late, which costs less than a Redis round trip on
+            # every request at low load.
+            mode = ComputeMode.INLINE
+        else:
+            mode = ComputeMode.BESIDE
+        return key, self._compute(key, live, started, interval, mode), mode
 
     async def _compute(
         self,
@@ -297,17 +303,16 @@ class Worker:
         live: list[QueuedJob],
         started: int,
         interval: int,
-        check_meanwhile: bool,
-        inline: bool,
+        mode: ComputeMode,
     ) -> None:
-        """Compute one batch (its hand-off slot is reserved), reading its cancel flags
-        meanwhile when asked, and give it to the outbox; `inline`: on the loop's thread."""
+        """Compute one batch (its hand-off slot is reserved) as `mode` says, and give it to
+        the outbox."""
         background = is_background(key)
         check = None
-        if check_meanwhile:
+        if mode is ComputeMode.BESIDE:
             check = asyncio.create_task(self._intake.left_meanwhile(key, live))
         try:
-            live, done = await self._executor.run(key, live, inline)
+            live, done = await self._executor.run(key, live, mode is ComputeMode.INLINE)
             if check is not None:
                 gone = await check
                 live = [q for q in live if q.job.request_id not in gone]

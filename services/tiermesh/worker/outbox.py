@@ -60,7 +60,7 @@ class BatchOutbox:
         """Called as a batch is dispatched at `started`: how long it waited for its turn
         since the stream's previous batch (not counting time the stream sat idle), for the
         drain rate."""
-        arrived = min(q.job.timing.routed_ns or q.dequeued_ns for q in batch) if batch else started
+        arrived = min(q.queued_ns for q in batch) if batch else started
         interval = started - max(self._last_dispatch.get(key, started), arrived)
         self._last_dispatch[key] = started
         return interval
