@@ -10,7 +10,7 @@ import redis.asyncio as aioredis
 
 from tiermesh.core import keys
 from tiermesh.core.keys import StreamKey
-from tiermesh.router.admission import Admitter
+from tiermesh.router.admission import Admitter, Enqueue
 from tiermesh.worker.streams import StreamClient
 
 pytestmark = pytest.mark.integration
@@ -110,4 +110,51 @@ async def test_enqueue_is_idempotent_by_request_id(redis_url: str) -> None:
     # Remembered until the deadline has passed (plus a margin), not for ever.
     ttl_ms = await redis.pttl(keys.enqueued_key("r1"))
     assert 10_000 < ttl_ms <= 15_000
+    await redis.aclose()
+
+
+async def test_a_batch_is_decided_in_order_in_one_call(redis_url: str) -> None:
+    """admit_many: one script call whose items see what the items before them queued, each
+    with its own outcome, across streams, units and tiers (one without a worker)."""
+    redis = aioredis.Redis.from_url(redis_url)
+    await StreamClient(redis, "w1").heartbeat(["m"], "center", ttl_ms=60_000)
+    admitter = Admitter(redis)
+    other = StreamKey("m", "center", 2, 1)
+    edge = StreamKey("m", "edge", 1, 0)  # no worker heartbeats on the edge tier
+    tp = {"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"}
+    items = [
+        Enqueue(STREAM, 2, b"a", tp, "r-a"),
+        Enqueue(other, 2, b"b", {}, "r-b"),
+        Enqueue(STREAM, 2, b"c", {}, "r-c"),
+        Enqueue(STREAM, 2, b"a-again", {}, "r-a"),  # a retry within the batch
+        Enqueue(STREAM, 2, b"d", {}, "r-d"),  # the stream is at its bound by now
+        Enqueue(edge, 2, b"e", {}, "r-e"),
+        Enqueue(other, 5, b"f", {}, "r-f", model_streams=[STREAM, other], model_bound=3),
+        Enqueue(other, 5, b"g", {}, "r-g", model_streams=[STREAM, other]),  # no model bound
+    ]
+    outcomes = await admitter.admit_many(items)
+    assert [o.outcome for o in outcomes] == [
+        "ok", "ok", "ok", "dup", "full", "noworker", "modelfull", "ok"
+    ]  # fmt: skip
+    assert outcomes[3].detail == outcomes[0].detail  # the first entry's id
+    assert outcomes[4].detail == "2" and outcomes[6].detail == "3"
+    entries = await redis.xrange(STREAM.name)
+    assert [e[1][keys.JOB_FIELD.encode()] for e in entries] == [b"a", b"c"]
+    assert entries[0][1][keys.TRACEPARENT_FIELD.encode()] == tp["traceparent"].encode()
+    assert [e[1][keys.JOB_FIELD.encode()] for e in await redis.xrange(other.name)] == [b"b", b"g"]
+    assert await redis.xlen(edge.name) == 0
+    await redis.aclose()
+
+
+async def test_a_script_redis_lost_is_loaded_again(redis_url: str) -> None:
+    """Redis restarted or flushed its scripts since the router loaded it: the batch still
+    goes, once."""
+    redis = aioredis.Redis.from_url(redis_url)
+    await StreamClient(redis, "w1").heartbeat(["m"], "center", ttl_ms=60_000)
+    admitter = Admitter(redis)
+    assert (await admitter.admit(STREAM, 10, b"x", {}, request_id=rid())).outcome == "ok"
+    await redis.script_flush()
+    batch = [Enqueue(STREAM, 10, f"y{i}".encode(), {}, rid()) for i in range(3)]
+    assert [a.outcome for a in await admitter.admit_many(batch)] == ["ok"] * 3
+    assert await redis.xlen(STREAM.name) == 4
     await redis.aclose()

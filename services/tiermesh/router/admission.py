@@ -9,6 +9,9 @@ trimmed by length. Every refusal is decided in Redis, at once: nobody waits to f
 Enqueues are idempotent by request id: the entry id is remembered (until the request's
 deadline), and a second admission of the same request (a gateway retrying after losing the
 router's reply) answers `dup` with the first entry id instead of queueing it again.
+
+A batch of jobs is one call of the script (one command, one round trip, every key named
+once), which decides its items in order as separate calls would.
 """
 
 from __future__ import annotations
@@ -18,51 +21,72 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 import redis.asyncio as aioredis
-from redis.exceptions import NoScriptError
 
 from tiermesh.core import keys
 from tiermesh.router.tier_state import read_stream_states
 from tiermesh.router.tiers import TierState
 
-# KEYS: 1 target stream, 2 workers zset, 3 rate hash, 4 enqueued key of the request,
-#       5.. every stream of the model.
-# ARGV: 1 stream bound, 2 model bound (0 = none), 3 rate field, 4 ms left (-1 = no deadline),
-#       5 how long to remember the enqueue (ms), 6.. the entry's field/value pairs.
+# KEYS: every key the batch touches, each once (streams, workers zsets, rate hashes, the
+#       requests' enqueued keys).
+# ARGV: 1 number of items, 2-4 the entry's three field names (job, traceparent, tracestate),
+#       then per item ITEM_ARGS values: the KEYS index of its stream, workers zset, rate hash
+#       and enqueued key; stream bound; model bound (0 = none); rate field; ms left (-1 = no
+#       deadline); how long to remember the enqueue (ms); the job; traceparent; tracestate;
+#       the number of its model's streams (for the model bound), then their KEYS indexes.
+# Returns outcome, detail for each item, in order. Items are decided one after another, as
+# separate calls would be: an item sees the entries the items before it added.
 _SCRIPT = """
-local seen = redis.call('GET', KEYS[4])
-if seen then
-  return {'dup', seen}
-end
 local t = redis.call('TIME')
 local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-if redis.call('ZCOUNT', KEYS[2], now_ms, '+inf') == 0 then
-  return {'noworker', '0'}
-end
-local backlog = redis.call('XLEN', KEYS[1])
-if backlog >= tonumber(ARGV[1]) then
-  return {'full', tostring(backlog)}
-end
-local model_bound = tonumber(ARGV[2])
-if model_bound > 0 then
-  local total = 0
-  for i = 5, #KEYS do total = total + redis.call('XLEN', KEYS[i]) end
-  if total >= model_bound then
-    return {'modelfull', tostring(total)}
+local job_f, tp_f, ts_f = ARGV[2], ARGV[3], ARGV[4]
+local out = {}
+local a = 5
+local function decide(stream, workers, rate, enqueued, bound, model_bound, field, left_ms,
+                      remember_ms, job, tp, ts, first, count)
+  local seen = redis.call('GET', enqueued)
+  if seen then
+    return 'dup', seen
   end
-end
-local left_ms = tonumber(ARGV[4])
-if left_ms >= 0 and backlog > 0 then
-  local rate = tonumber(redis.call('HGET', KEYS[3], ARGV[3]) or '0')
-  if rate and rate > 0 then
-    local drain_ms = math.floor(backlog / rate * 1000)
-    if drain_ms > left_ms then
-      return {'late', tostring(drain_ms)}
+  if redis.call('ZCOUNT', workers, now_ms, '+inf') == 0 then
+    return 'noworker', '0'
+  end
+  local backlog = redis.call('XLEN', stream)
+  if backlog >= bound then
+    return 'full', tostring(backlog)
+  end
+  if model_bound > 0 then
+    local total = 0
+    for i = first, first + count - 1 do
+      total = total + redis.call('XLEN', KEYS[tonumber(ARGV[i])])
+    end
+    if total >= model_bound then
+      return 'modelfull', tostring(total)
     end
   end
+  if left_ms >= 0 and backlog > 0 then
+    local r = tonumber(redis.call('HGET', rate, field) or '0')
+    if r and r > 0 then
+      local drain_ms = math.floor(backlog / r * 1000)
+      if drain_ms > left_ms then
+        return 'late', tostring(drain_ms)
+      end
+    end
+  end
+  local id = redis.call('XADD', stream, '*', job_f, job, tp_f, tp, ts_f, ts)
+  redis.call('SET', enqueued, id, 'PX', remember_ms)
+  return 'ok', id
 end
-local id = redis.call('XADD', KEYS[1], '*', unpack(ARGV, 6))
-redis.call('SET', KEYS[4], id, 'PX', ARGV[5])
-return {'ok', id}
+for _ = 1, tonumber(ARGV[1]) do
+  local count = tonumber(ARGV[a + 12])
+  local outcome, detail = decide(
+    KEYS[tonumber(ARGV[a])], KEYS[tonumber(ARGV[a + 1])], KEYS[tonumber(ARGV[a + 2])],
+    KEYS[tonumber(ARGV[a + 3])], tonumber(ARGV[a + 4]), tonumber(ARGV[a + 5]), ARGV[a + 6],
+    tonumber(ARGV[a + 7]), ARGV[a + 8], ARGV[a + 9], ARGV[a + 10], ARGV[a + 11], a + 13, count)
+  out[#out + 1] = outcome
+  out[#out + 1] = detail
+  a = a + 13 + count
+end
+return out
 """
 
 Outcome = Literal["ok", "dup", "noworker", "full", "modelfull", "late"]
@@ -122,56 +146,49 @@ class Admitter:
         return (await self.admit_many([item]))[0]
 
     async def admit_many(self, items: Sequence[Enqueue]) -> list[Admission]:
-        """Admit every item, each as `admit` does, in one pipeline (one round trip for a
-        whole batch of jobs). Raises redis errors to the caller."""
+        """Admit every item, each as `admit` does, in one script call (one round trip and
+        one command for a whole batch of jobs). Raises redis errors to the caller."""
         if not items:
             return []
-        for attempt in (1, 2):
-            async with self._redis.pipeline(transaction=False) as pipe:
-                for item in items:
-                    pipe.evalsha(self._script.sha, *_script_call(item))
-                replies = await pipe.execute(raise_on_error=False)
-            if not any(isinstance(r, NoScriptError) for r in replies):
-                break
-            if attempt == 2:
-                raise next(r for r in replies if isinstance(r, NoScriptError))
-            # Redis restarted (or was flushed) since the script was loaded: none of these
-            # ran, so load it and send them again.
-            await self._redis.script_load(_SCRIPT)
-        out = []
-        for r in replies:
-            if isinstance(r, Exception):
-                raise r
-            outcome, detail = (x.decode() if isinstance(x, bytes) else str(x) for x in r)
-            out.append(Admission(outcome, detail))  # type: ignore[arg-type]
-        return out
+        script_keys, args = _script_call(items)
+        # The script object loads the script again when Redis lost it (restarted, flushed).
+        reply = await self._script(keys=script_keys, args=args)
+        decoded = [x.decode() if isinstance(x, bytes) else str(x) for x in reply]
+        return [
+            Admission(outcome, detail)  # type: ignore[arg-type]
+            for outcome, detail in zip(decoded[::2], decoded[1::2], strict=True)
+        ]
 
 
-def _script_call(item: Enqueue) -> list[Any]:
-    """numkeys, KEYS and ARGV of the admission script for one item."""
-    remember_ms = (
-        item.ms_left + REMEMBER_MARGIN_MS if item.ms_left >= 0 else REMEMBER_NO_DEADLINE_MS
-    )
-    stream = item.stream
-    script_keys = [
-        stream.name,
-        keys.workers_key(stream.model, stream.tier),
-        keys.rate_key(stream.model, stream.tier),
-        keys.enqueued_key(item.request_id),
-        *(s.name for s in item.model_streams),
-    ]
-    return [
-        len(script_keys),
-        *script_keys,
-        item.bound,
-        item.model_bound,
-        keys.rate_field(stream.bucket),
-        item.ms_left,
-        remember_ms,
-        keys.JOB_FIELD,
-        item.job,
-        keys.TRACEPARENT_FIELD,
-        item.trace_context.get("traceparent", ""),
-        keys.TRACESTATE_FIELD,
-        item.trace_context.get("tracestate", ""),
-    ]
+def _script_call(items: Sequence[Enqueue]) -> tuple[list[str], list[Any]]:
+    """KEYS (each key once) and ARGV of the admission script for a batch of items."""
+    index: dict[str, int] = {}
+
+    def at(key: str) -> int:
+        if key not in index:
+            index[key] = len(index) + 1  # Lua counts from 1
+        return index[key]
+
+    args: list[Any] = [len(items), keys.JOB_FIELD, keys.TRACEPARENT_FIELD, keys.TRACESTATE_FIELD]
+    for item in items:
+        stream = item.stream
+        remember_ms = (
+            item.ms_left + REMEMBER_MARGIN_MS if item.ms_left >= 0 else REMEMBER_NO_DEADLINE_MS
+        )
+        args += (
+            at(stream.name),
+            at(keys.workers_key(stream.model, stream.tier)),
+            at(keys.rate_key(stream.model, stream.tier)),
+            at(keys.enqueued_key(item.request_id)),
+            item.bound,
+            item.model_bound,
+            keys.rate_field(stream.bucket),
+            item.ms_left,
+            remember_ms,
+            item.job,
+            item.trace_context.get("traceparent", ""),
+            item.trace_context.get("tracestate", ""),
+            len(item.model_streams),
+            *(at(s.name) for s in item.model_streams),
+        )
+    return list(index), args
