@@ -20,10 +20,15 @@ def identity(result: JobResult) -> JobResult:
 
 def mean_pool_l2(spec: PoolSpec) -> Step:
     """Sentence embeddings: the mean of the token vectors the mask keeps, L2-normalised.
-    The mask travels as aux (padded like the batch ran it), the token vectors as output."""
+    The mask travels as aux (padded like the batch ran it), the token vectors as output. A
+    worker's session that pooled in its graph (worker/pooling_graph.py) hands on the
+    embedding itself: that result passes unchanged."""
 
     def step(result: JobResult) -> JobResult:
-        tokens = to_numpy(next(o for o in result.outputs if o.name == spec.source))
+        source = next((o for o in result.outputs if o.name == spec.source), None)
+        if source is None:
+            return result
+        tokens = to_numpy(source)
         mask = to_numpy(next(t for t in result.aux if t.name == spec.mask))
         weights = mask.astype(np.float32)[:, :, None]
         summed = (tokens.astype(np.float32) * weights).sum(axis=1)

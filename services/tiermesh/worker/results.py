@@ -18,7 +18,7 @@ def computed(
         q.job,
         worker=worker,
         outputs=_public(cfg, q.job, out.outputs),
-        aux=_aux(cfg, out.padded_inputs),
+        aux=_aux(cfg, out.outputs, out.padded_inputs),
         timing=q.job.timing.with_(batch_start_ns=start, batch_end_ns=end),
         batch_size=rows,
         annotations={**q.job.annotations, **_padding(cfg, q.job, out.padded_inputs)},
@@ -51,8 +51,11 @@ def _public(cfg: ModelConfig, job: Job, outputs: tuple[TensorData, ...]) -> tupl
     return tuple(o for o in outputs if o.name in job.requested_outputs)
 
 
-def _aux(cfg: ModelConfig, padded: tuple[TensorData, ...]) -> tuple[TensorData, ...]:
-    """The inputs a postprocess step needs (the pooling mask), as padded for the batch."""
-    if cfg.pool is None:
+def _aux(
+    cfg: ModelConfig, outputs: tuple[TensorData, ...], padded: tuple[TensorData, ...]
+) -> tuple[TensorData, ...]:
+    """The inputs a postprocess step needs (the pooling mask), as padded for the batch; none
+    when onnxruntime pooled already (the token vectors are not among the outputs)."""
+    if cfg.pool is None or not any(o.name == cfg.pool.source for o in outputs):
         return ()
     return tuple(t for t in padded if t.name == cfg.pool.mask)

@@ -3,6 +3,7 @@ worker calls `run` in a thread so the event loop keeps moving data."""
 
 from __future__ import annotations
 
+import dataclasses
 import resource
 import threading
 import time
@@ -19,6 +20,7 @@ from tiermesh.core.jobs import Job
 from tiermesh.core.model_files import VerifiedModel
 from tiermesh.core.repository import ModelConfig
 from tiermesh.core.tensors import TensorData, concat_batch, from_numpy, split_batch, to_numpy
+from tiermesh.worker.pooling_graph import with_pooling
 
 
 def session_options(intra_op_threads: int) -> ort.SessionOptions:
@@ -123,6 +125,18 @@ def pad_to(tensor: TensorData, shape: tuple[int, ...], value: int) -> TensorData
     return from_numpy(tensor.name, np.pad(arr, widths, constant_values=value), tensor.datatype)
 
 
+def _pooled(cfg: ModelConfig, model: VerifiedModel | Path) -> VerifiedModel | None:
+    """The model with its config's pooling step in the graph (worker/pooling_graph.py), or
+    None: no pool step, or a graph it does not fit (postprocess pools those results)."""
+    if cfg.pool is None or cfg.generation is not None:
+        return None
+    if isinstance(model, VerifiedModel):
+        fused = with_pooling(model.data, cfg.pool)
+        return None if fused is None else dataclasses.replace(model, data=fused)
+    fused = with_pooling(model.read_bytes(), cfg.pool, external_ok=False)
+    return None if fused is None else VerifiedModel(model, fused)
+
+
 class ModelRunner:
     def __init__(
         self,
@@ -140,10 +154,16 @@ class ModelRunner:
         self.cfg = cfg
         self._compute_time = compute_time
         started = time.perf_counter()
-        self.session = new_session(model, intra_op_threads, preoptimized)
-        self.load_s = time.perf_counter() - started
         self._outputs = [o.name for o in cfg.runs_outputs]
         self._types = {o.name: o.datatype for o in cfg.runs_outputs}
+        pooled = _pooled(cfg, model)
+        if pooled is not None and cfg.pool is not None:
+            # onnxruntime pools in the batch's call: its results carry the embedding.
+            model, spec = pooled, cfg.pool
+            self._outputs = [spec.output if n == spec.source else n for n in self._outputs]
+            self._types[spec.output] = "FP32"
+        self.session = new_session(model, intra_op_threads, preoptimized)
+        self.load_s = time.perf_counter() - started
 
     def run(self, jobs: Sequence[Job]) -> list[JobOutputs]:
         """Outputs for each job, in order. Inputs the config pads are padded to the longest
