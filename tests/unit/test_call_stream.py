@@ -92,6 +92,29 @@ async def test_replies_find_their_calls_in_any_order(served) -> None:  # type: i
     assert calls.pump.streams == 1 and calls.pump.messages == 2 and servicer.streams == 1
 
 
+async def test_unsent_counts_calls_until_their_message_is_on_the_wire(served) -> None:  # type: ignore[no-untyped-def]
+    """`unsent`: queued or being written; a call waiting only for its reply is not."""
+    servicer, calls = served
+    began = asyncio.Event()
+    release = asyncio.Event()
+
+    async def gated(msg: Batch) -> Reply:
+        began.set()
+        await release.wait()
+        return Reply(delivered=len(msg.results))
+
+    servicer.handle = gated
+    assert calls.unsent == 0
+    call = asyncio.create_task(calls.call(batch(3), 10))
+    await asyncio.sleep(0)  # the call queued its message; the pump has not run yet
+    assert calls.unsent == 1
+    async with asyncio.timeout(10):
+        await began.wait()  # the peer is handling it: it was written
+    assert calls.unsent == 0 and not call.done()
+    release.set()
+    assert (await call).delivered == 3 and calls.unsent == 0
+
+
 async def test_many_calls_share_one_stream(served) -> None:  # type: ignore[no-untyped-def]
     servicer, calls = served
     replies = await asyncio.gather(*(calls.call(batch(k % 5), 10) for k in range(50)))

@@ -93,18 +93,18 @@ async def test_one_lane_runs_its_batch_in_the_caller() -> None:
 
 
 @pytest.mark.parametrize(
-    ("computing", "handoffs", "waiting", "estimate_ns", "want"),
+    ("computing", "unsent", "waiting", "estimate_ns", "want"),
     [
         (0, 0, False, 500_000, True),
         (0, 0, False, INLINE_MAX_NS, True),
         (0, 0, False, INLINE_MAX_NS + 1, False),  # too long to hold the loop
         (0, 0, False, 0, False),  # nothing observed yet
         (1, 0, False, 500_000, False),  # another lane computes: the loop has work
-        (0, 1, False, 500_000, False),  # a hand-off is on its way
+        (0, 1, False, 500_000, False),  # a hand-off is still to be written
         (0, 0, True, 500_000, False),  # more was read: the next batch can start meanwhile
     ],
 )
 def test_run_inline(
-    computing: int, handoffs: int, waiting: bool, estimate_ns: int, want: bool
+    computing: int, unsent: int, waiting: bool, estimate_ns: int, want: bool
 ) -> None:
-    assert run_inline(computing, handoffs, waiting, estimate_ns) is want
+    assert run_inline(computing, unsent, waiting, estimate_ns) is want

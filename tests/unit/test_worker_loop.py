@@ -586,6 +586,20 @@ async def test_a_lane_that_fails_ends_run_with_its_error(
         await asyncio.wait_for(h.worker.run(), 30)
 
 
+async def _short_batches(
+    make: Callable[..., Awaitable[Harness]],
+) -> tuple[Harness, CountingRunner]:
+    """A two-lane worker whose batches take a quarter of the inline bound, after its first
+    batch (computed in a thread: no estimate before it)."""
+    h = await make(lanes=2)
+    runner = h.runner
+    assert isinstance(runner, CountingRunner)
+    runner.clock, runner.run_ns = h.clock, INLINE_MAX_NS // 4
+    h.add("first", LOW)
+    await h.steps()
+    return h, runner
+
+
 async def test_a_short_batch_on_an_idle_worker_computes_on_the_loops_thread(
     make: Callable[..., Awaitable[Harness]],
 ) -> None:
@@ -593,13 +607,8 @@ async def test_a_short_batch_on_an_idle_worker_computes_on_the_loops_thread(
     and short, and nothing else computes or is being handed off, the loop's own thread, with
     no cancel read (a caller that left meanwhile gets its answer dropped by its gateway);
     a batch expected to take long, a thread again."""
-    h = await make(lanes=2)
-    runner = h.runner
-    assert isinstance(runner, CountingRunner)
-    runner.clock, runner.run_ns = h.clock, INLINE_MAX_NS // 4
+    h, runner = await _short_batches(make)
     loop_thread = threading.get_ident()
-    h.add("first", LOW)
-    await h.steps()
     second = h.add("second", LOW)
     h.streams.cancel_flags.add("second")
     h.streams.calls.clear()
@@ -614,3 +623,36 @@ async def test_a_short_batch_on_an_idle_worker_computes_on_the_loops_thread(
     assert runner.runs[2] == [f"long{i}" for i in range(8)]
     assert runner.threads[2] != loop_thread
     assert h.worker.inline_batches == 1
+
+
+async def test_a_batch_whose_ack_is_on_its_way_leaves_the_loop_free_to_compute(
+    make: Callable[..., Awaitable[Harness]],
+) -> None:
+    """A lone caller's next request often comes while the previous batch's ack is still
+    on its way: that batch is on the wire, so the next short batch computes on the loop's
+    thread all the same."""
+    h, runner = await _short_batches(make)
+    loop_thread = threading.get_ident()
+    acked = h.streams.done
+    held = asyncio.Event()
+
+    async def held_ack(
+        stream: StreamKey, entry_ids: Sequence[str], rate: float | None = None
+    ) -> None:
+        await held.wait()
+        await acked(stream, entry_ids, rate)
+
+    h.streams.done = held_ack  # type: ignore[method-assign]
+    h.add("second", LOW)
+    await h.worker.step()
+    await asyncio.wait_for(asyncio.shield(h.answers["second"]), 10)  # handed off, not acked
+    outbox = h.worker._outbox
+    assert outbox.in_flight == 1 and outbox.unsent == 0
+    h.add("third", LOW)
+    await h.worker.step()
+    assert runner.runs[1:] == [["second"], ["third"]]
+    assert runner.threads[1] == loop_thread and runner.threads[2] == loop_thread
+    held.set()
+    await h.worker.drain()
+    assert [ids for _, ids in h.acked()][-2:] == [(h.entry_ids["second"],), (h.entry_ids["third"],)]
+    assert h.worker.inline_batches == 2

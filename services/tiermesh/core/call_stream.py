@@ -85,6 +85,7 @@ class StreamPump(Generic[Out, In, K]):
         self._task: asyncio.Task[None] | None = None
         self.messages = 0  # written, for tests and statistics
         self.streams = 0  # opened
+        self.writing = False  # a message is being written now
 
     def wake(self) -> None:
         """Something was queued."""
@@ -124,7 +125,11 @@ class StreamPump(Generic[Out, In, K]):
                 while taken is not None:
                     message, keys = taken
                     sent.update(keys)  # before the write: a failed one is answered too
-                    await stream.write(message)
+                    self.writing = True
+                    try:
+                        await stream.write(message)
+                    finally:
+                        self.writing = False
                     self.messages += 1
                     taken = await self._next(reader, sent)
                 error = await reader
@@ -187,6 +192,11 @@ class CallStream(Generic[Req, Rep]):
             del self._waiting[batch_id]
             if future.done() and not future.cancelled():
                 future.exception()  # retrieved: a failure that raced a cancel is not logged
+
+    @property
+    def unsent(self) -> int:
+        """Calls whose message is not on the wire yet (queued, or being written)."""
+        return len(self._queued) + int(self.pump.writing)
 
     async def close(self) -> None:
         await self.pump.close()

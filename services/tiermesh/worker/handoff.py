@@ -33,6 +33,11 @@ class PostprocessClient:
         batch = postprocess_pb2.ResultBatch(results=[result_to_proto(r) for r in results])
         await self._calls.call(batch, self._timeout_s)
 
+    @property
+    def unsent(self) -> int:
+        """Hand-offs whose batch is not on the wire to postprocess yet."""
+        return self._calls.unsent
+
     async def close(self) -> None:
         await self._calls.close()
 

@@ -60,12 +60,14 @@ def plan(intra_op_threads: int, lanes: int, cores: int) -> ComputePlan:
     return ComputePlan(threads, lanes)
 
 
-def run_inline(computing: int, handoffs: int, waiting: bool, estimate_ns: int) -> bool:
+def run_inline(computing: int, unsent: int, waiting: bool, estimate_ns: int) -> bool:
     """Whether the next batch computes on the loop's thread: no other batch computing, no
-    hand-off in flight and nothing else read and waiting (the loop would have nothing to do
-    meanwhile), and a known compute estimate of at most INLINE_MAX_NS (0: nothing observed
-    yet, so a thread)."""
-    return computing == 0 and handoffs == 0 and not waiting and 0 < estimate_ns <= INLINE_MAX_NS
+    hand-off still to be written (`unsent`: one on the wire only waits for its reply and
+    ack, which can wait a few ms) and nothing else read and waiting (the loop would have
+    nothing to do meanwhile), and a known compute estimate of at most INLINE_MAX_NS (0:
+    nothing observed yet, so a thread). A lone caller's next request often comes while the
+    previous batch's ack is still on its way."""
+    return computing == 0 and unsent == 0 and not waiting and 0 < estimate_ns <= INLINE_MAX_NS
 
 
 def cores_available() -> int:

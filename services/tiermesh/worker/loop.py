@@ -285,7 +285,7 @@ class Worker:
             mode = ComputeMode.CHECKED
         elif run_inline(
             self._lanes.computing,
-            self._outbox.in_flight,
+            self._outbox.unsent,
             self._intake.buffered(),
             self._scheduler.compute_estimate_ns(key, sum(q.job.rows for q in live)),
         ):

@@ -52,6 +52,7 @@ class BatchOutbox:
         self._clock_ns = clock_ns
         self._background = background
         self._finishing: set[asyncio.Task[None]] = set()
+        self._unstarted: set[asyncio.Task[None]] = set()  # not yet at their hand-off
         self._slots = asyncio.Semaphore(in_flight)
         self._rates: dict[StreamKey, float] = {}
         self._last_dispatch: dict[StreamKey, int] = {}
@@ -69,6 +70,13 @@ class BatchOutbox:
     def in_flight(self) -> int:
         """Hand-offs sent and not yet finished."""
         return len(self._finishing)
+
+    @property
+    def unsent(self) -> int:
+        """Hand-offs whose batch is not on the wire yet: their task has not run, or their
+        message waits for (or is in) its stream's write. The others only wait for a reply
+        and an ack, which need nothing of the loop for a while."""
+        return len(self._unstarted) + self._handoff.unsent
 
     async def reserve(self, background: bool) -> None:
         """Wait for a hand-off slot for the batch about to compute (a background batch
@@ -100,6 +108,7 @@ class BatchOutbox:
             self._finish(key, batch, done, started, interval), name="worker-handoff"
         )
         self._finishing.add(task)
+        self._unstarted.add(task)
         task.add_done_callback(lambda t: self._finished(t, background, started))
 
     async def drain(self) -> None:
@@ -109,6 +118,7 @@ class BatchOutbox:
 
     def _finished(self, task: asyncio.Task[None], background: bool, started: int) -> None:
         self._finishing.discard(task)
+        self._unstarted.discard(task)
         self.release(background, started)
         if not task.cancelled() and task.exception() is not None:
             log.error("hand-off task failed", error=repr(task.exception()))
@@ -124,6 +134,9 @@ class BatchOutbox:
         """Publish, then ack: entries are deleted only after postprocess took the batch.
         When the hand-off keeps failing they stay pending for recovery. (With nothing to
         hand off - every request cascaded to another tier - it only acknowledges.)"""
+        task = asyncio.current_task()
+        if task is not None:
+            self._unstarted.discard(task)  # its message is queued by the call below
         background = self._background
         if background is not None and is_background(key):
             # Written once all the same when computed again after Redis stayed away.
