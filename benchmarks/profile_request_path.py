@@ -160,6 +160,7 @@ async def run(args: argparse.Namespace) -> int:
                         "raw",
                         "--nonblocking",
                         *(["--native"] if args.native else []),
+                        *(["--gil"] if args.gil else []),
                         "--output",
                         str(Path(tmp) / f"{name}.txt"),
                     ],
@@ -201,6 +202,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--rate", type=int, default=200, help="py-spy samples per second")
     p.add_argument("--ids", action="store_true", help="pre-tokenized ids instead of text")
     p.add_argument("--native", action="store_true", help="include native frames")
+    p.add_argument(
+        "--gil",
+        action="store_true",
+        help="only samples of the thread holding the GIL: where Python code spends CPU "
+        "(without it, a thread waiting in grpc's poller or a lock can count too)",
+    )
     p.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "profile")
     return p.parse_args(argv)
 
