@@ -75,7 +75,7 @@ def test_the_graph_pools_as_postprocess_does() -> None:
     fused = with_pooling(plain, SPEC)
     assert fused is not None
     session = _session(fused)
-    assert [o.name for o in session.get_outputs()] == ["sentence_embedding"]
+    assert [o.name for o in session.get_outputs()] == ["last_hidden_state", "sentence_embedding"]
     feeds = _feeds()
     (embedding,) = session.run(["sentence_embedding"], feeds)
     (tokens,) = _session(plain).run(["last_hidden_state"], feeds)
@@ -93,7 +93,8 @@ def test_the_graph_pools_as_postprocess_does() -> None:
     assert embedding[3].tolist() == [0.0] * HIDDEN  # nothing kept: zeros, not NaN
     # Padding at the end changes nothing: row 1 alone, unpadded.
     alone = {k: v[1:2, :2] for k, v in feeds.items()}
-    np.testing.assert_allclose(session.run(None, alone)[0][0], embedding[1], rtol=1e-6)
+    (pooled_alone,) = session.run(["sentence_embedding"], alone)
+    np.testing.assert_allclose(pooled_alone[0], embedding[1], rtol=1e-6)
 
 
 @pytest.mark.parametrize(

@@ -9,7 +9,11 @@ the same order: float32 sums over the sequence, the count floored at 1e-9, the n
 
 Pure: model bytes in, model bytes out (or None where the graph does not fit: the source is
 not a graph output of three dimensions, the mask not a graph input, or an opset before 13).
-External data stays external: only nodes and the graph's outputs change.
+External data stays external. The nodes, their constants and the new output are appended as
+a second serialised ModelProto (protobuf merges a message written twice, appending repeated
+fields), so the model is parsed once to check it but never serialised again: for
+minilm-l6's 86 MB that is ~0.09 s at load instead of ~1.3 s. The source stays among the
+graph's outputs; the worker asks onnxruntime only for the pooled one.
 """
 
 from __future__ import annotations
@@ -29,10 +33,11 @@ def _opset(model: onnx.ModelProto) -> int:
 
 def with_pooling(data: bytes, spec: PoolSpec, external_ok: bool = True) -> bytes | None:
     """`data` (a serialised ModelProto) with `spec.source` pooled into `spec.output`
-    ([batch, hidden] FP32) in place of the source among the graph's outputs; None when the
-    graph does not fit, or names external data and not `external_ok` (a session made from
-    bytes alone could not find it)."""
-    model = onnx.load_from_string(data)
+    ([batch, hidden] FP32), a graph output beside the source; None when the graph does not
+    fit, or names external data and not `external_ok` (a session made from bytes alone
+    could not find it)."""
+    model = onnx.ModelProto()
+    model.ParseFromString(data)
     graph = model.graph
     if not external_ok and any(t.data_location == TensorProto.EXTERNAL for t in graph.initializer):
         return None
@@ -49,6 +54,8 @@ def with_pooling(data: bytes, spec: PoolSpec, external_ok: bool = True) -> bytes
     def name(s: str) -> str:
         return PREFIX + s
 
+    added = onnx.ModelProto()  # merged into `data`: only what the graph gains
+    graph = added.graph
     graph.initializer.extend(
         [
             helper.make_tensor(name("axis1"), TensorProto.INT64, [1], [1]),
@@ -89,8 +96,6 @@ def with_pooling(data: bytes, spec: PoolSpec, external_ok: bool = True) -> bytes
     pooled = helper.make_tensor_value_info(spec.output, TensorProto.FLOAT, [None, None])
     pooled.type.tensor_type.shape.dim[0].CopyFrom(batch)
     pooled.type.tensor_type.shape.dim[1].CopyFrom(hidden)
-    outputs = [o for o in graph.output if o.name != spec.source]
-    del graph.output[:]
-    graph.output.extend([*outputs, pooled])
-    data_out: bytes = model.SerializeToString()
-    return data_out
+    graph.output.append(pooled)
+    extra: bytes = added.SerializeToString()
+    return data + extra
