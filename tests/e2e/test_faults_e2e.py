@@ -49,11 +49,12 @@ def strike(
     name: str,
     sig: int,
     ready: Callable[[], bool] = lambda: True,
+    struck_hook: Callable[[], None] = lambda: None,
 ) -> tuple[float, float, float]:
     """Once traffic flows (and `ready` holds, polled with a deadline), send `sig` to the
-    `name` process and wait until the supervisor runs its successor and 50 calls started
-    after the strike have succeeded. Returns when it struck, when the successor appeared,
-    and how long until the first success after."""
+    `name` process, call `struck_hook`, and wait until the supervisor runs its successor and
+    50 calls started after the strike have succeeded. Returns when it struck, when the
+    successor appeared, and how long until the first success after."""
     load.wait_for(50)
     deadline = time.monotonic() + 30
     while not ready():
@@ -62,6 +63,7 @@ def strike(
     victim = up.children()[name]
     os.kill(victim, sig)
     struck = time.monotonic()
+    struck_hook()
     replaced = wait_replaced(up, name, victim)
     recovered_s = load.wait_for(1, after=struck) - struck
     load.wait_for(50, after=struck)
@@ -137,15 +139,32 @@ def test_gateway_sigterm_answers_the_requests_in_flight(
     call it had taken, exits; the supervisor starts a new one on the same port."""
     up = new_up()
     metrics = up.metrics_urls()["gateway"]
+    worker = up.children()["worker"]
 
     def busy() -> bool:
-        # Several calls inside the gateway as it is struck: at a random instant there were
-        # sometimes none (a few ms each, 16 callers that also spend their own time).
+        # Calls inside the gateway as it is struck, for certain: at a random instant there
+        # were sometimes none (a call takes a few ms; the 16 callers spend most of the time
+        # in their own code), so the worker is paused until several wait on it.
+        os.kill(worker, signal.SIGSTOP)
         samples = scrape_metrics(metrics).items()
         return sum(v for (n, _), v in samples if n == "tiermesh_requests_in_flight") >= 4
 
-    with Load(up.url, callers=16) as load:
-        stopped, replaced, recovered = strike(up, load, "gateway", signal.SIGTERM, busy)
+    def resume_once_draining() -> None:
+        # The worker resumes only after the gateway counted what it holds, so the count
+        # cannot race the answers.
+        deadline = time.monotonic() + 30
+        while not log_events(up, "gateway draining"):
+            assert time.monotonic() < deadline, "the gateway never began to drain"
+            time.sleep(0.005)
+        os.kill(worker, signal.SIGCONT)
+
+    try:
+        with Load(up.url, callers=16) as load:
+            stopped, replaced, recovered = strike(
+                up, load, "gateway", signal.SIGTERM, busy, resume_once_draining
+            )
+    finally:
+        os.kill(worker, signal.SIGCONT)
     assert up.interrupt() == 0
     draining = log_events(up, "gateway draining")
     gateways = log_events(up, "gateway stopped")
