@@ -13,6 +13,7 @@ import pytest
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
+from tiermesh.core.delivery_client import GatewayClients
 from tiermesh.core.server import make_server
 from tiermesh.core.settings import (
     GatewaySettings,
@@ -25,7 +26,6 @@ from tiermesh.gateway.__main__ import serve as serve_gateway
 from tiermesh.gateway.delivery import DeliveryServicer
 from tiermesh.gateway.pending import PendingRequests
 from tiermesh.postprocess.__main__ import serve as serve_postprocess
-from tiermesh.postprocess.gateways import GatewayClients
 from tiermesh.postprocess.servicer import PostprocessServicer
 from tiermesh.postprocess.steps import Steps
 from tiermesh.router.__main__ import serve as serve_router
@@ -39,6 +39,8 @@ class InProcessMesh:
     exporter: InMemorySpanExporter
     # The router's address (a test may start more gateways on it).
     router: str = ""
+    # Whether the worker delivers a batch with no output step itself (its setting).
+    direct_delivery: bool = True
     # What each service reported when ready (its ports), by name.
     ports: dict[str, dict[str, int]] = field(default_factory=dict)
     stops: list[tuple[asyncio.Event, asyncio.Task[None]]] = field(default_factory=list)
@@ -132,6 +134,9 @@ async def start_mesh(
         raise
     mesh.gateway = f"127.0.0.1:{gw['port']}"
     mesh.router = f"127.0.0.1:{router['port']}"
+    mesh.direct_delivery = worker_overrides.get(
+        "direct_delivery", WorkerSettings.model_fields["direct_delivery"].default
+    )
     return mesh
 
 

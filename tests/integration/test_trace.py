@@ -1,8 +1,12 @@
-"""One request's trace spans gateway, router, queue, worker and postprocess (in-process)."""
+"""One request's trace spans gateway, router, queue, worker and postprocess (in-process),
+with the worker delivering a batch that has no output step itself (the default) or every
+batch going through postprocess."""
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -12,13 +16,32 @@ import tritonclient.grpc.aio as aioclient
 from opentelemetry.trace import SpanKind, StatusCode
 from tritonclient.utils import InferenceServerException
 
-from tests.integration.conftest import InProcessMesh
+from tests.integration.conftest import InProcessMesh, start_mesh
 
 pytestmark = pytest.mark.integration
 MODEL_INFER = "/inference.GRPCInferenceService/ModelInfer"
 
 
-async def test_one_trace_spans_every_service(mesh: InProcessMesh) -> None:
+@pytest.fixture(params=[True, False], ids=["direct", "through-postprocess"])
+async def either_mesh(
+    request: pytest.FixtureRequest, redis_url: str, model_repo: Path
+) -> AsyncIterator[InProcessMesh]:
+    """The mesh with the worker's direct delivery on (the default) and off."""
+    m = await start_mesh(redis_url, model_repo, direct_delivery=request.param)
+    try:
+        yield m
+    finally:
+        await m.close()
+
+
+def postprocessed_by(mesh: InProcessMesh) -> str:
+    """Whose span the postprocess stage is: mlp has no output step, so with direct
+    delivery its worker handed the result on and postprocess never saw it."""
+    return "tiermesh-worker" if mesh.direct_delivery else "tiermesh-postprocess"
+
+
+async def test_one_trace_spans_every_service(either_mesh: InProcessMesh) -> None:
+    mesh = either_mesh
     client = aioclient.InferenceServerClient(mesh.gateway)
     try:
         x = aioclient.InferInput("INPUT0", [1, 4], "FP32")
@@ -40,7 +63,7 @@ async def test_one_trace_spans_every_service(mesh: InProcessMesh) -> None:
         "tiermesh-gateway",
         "tiermesh-router",
         "tiermesh-worker",
-        "tiermesh-postprocess",
+        postprocessed_by(mesh),
     }
     kinds = {s.kind for s in in_trace}
     assert SpanKind.PRODUCER in kinds
@@ -54,13 +77,14 @@ async def test_one_trace_spans_every_service(mesh: InProcessMesh) -> None:
     assert [ln.context.span_id for ln in compute.links] == [batch.context.span_id]
 
 
-async def test_trace_structure_and_batch_links(mesh: InProcessMesh) -> None:
+async def test_trace_structure_and_batch_links(either_mesh: InProcessMesh) -> None:
     """Each request: gateway server span is the root; the router's `route` span (the
     PRODUCER of its stream entry) is the root's child; the worker's queue-wait and compute
     spans and the postprocess and deliver spans are children of the route span, each under
     its service's name, written by the gateway from the request's timing and covering the
     instants the response reports. The batch's CONSUMER span links to every request
     computed in it. The stream of batches itself is in no trace."""
+    mesh = either_mesh
     mesh.exporter.clear()
     client = aioclient.InferenceServerClient(mesh.gateway)
     try:
@@ -98,7 +122,7 @@ async def test_trace_structure_and_batch_links(mesh: InProcessMesh) -> None:
             "route": "tiermesh-router",
             "queue wait": "tiermesh-worker",
             "compute": "tiermesh-worker",
-            "postprocess": "tiermesh-postprocess",
+            "postprocess": postprocessed_by(mesh),
             "deliver": "tiermesh-gateway",
         }
         for name, service in services.items():

@@ -525,10 +525,12 @@ REQUEST_FLOW = [
     ("worker-center", "postprocess", 8013),
     ("worker-edge", "postprocess", 8013),
     ("postprocess", "gateway", 8011),
+    ("worker-center", "gateway", 8011),  # a batch with no output step left
+    ("worker-edge", "gateway", 8011),
     ("postprocess", "redis", 6379),
 ]
 CLOSED = [
-    ("worker-center", "gateway", 8011),
+    ("worker-center", "gateway", 8001),
     ("worker-edge", "router", 8012),
     ("router", "postprocess", 8013),
     ("router", "gateway", 8011),

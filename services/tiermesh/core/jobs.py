@@ -118,6 +118,8 @@ class JobResult:
     text_offset: int = 0
     # The W3C traceparent of the worker's batch span, where the worker traces ("" = none).
     batch_traceparent: str = ""
+    # Delivered by its worker, not postprocess: no output step was left to run.
+    direct: bool = False
 
     @classmethod
     def for_job(cls, job: Job, **fields: object) -> JobResult:

@@ -122,6 +122,10 @@ class WorkerSettings(ServiceSettings):
     metrics_port: int = 8024
     worker_id: str = ""
     postprocess_address: str = "127.0.0.1:8013"
+    # A batch with no output step left to run (a model without one, or pooling in its graph)
+    # goes from the worker straight to its gateways; false: every batch through postprocess.
+    direct_delivery: bool = True
+    delivery_timeout_ms: int = Field(default=5000, gt=0)
     # onnxruntime threads per session call and batches computing at once (worker/lanes.py
     # `plan`); both 0: up to 4 lanes sharing the cores, e.g. two one-thread lanes on 2 cores.
     intra_op_threads: int = Field(default=0, ge=0)

@@ -156,6 +156,7 @@ def result_to_proto(r: JobResult) -> job_pb2.Result:
         partial=r.partial,
         text_offset=r.text_offset,
         batch_traceparent=r.batch_traceparent,
+        direct=r.direct,
     )
 
 
@@ -182,4 +183,5 @@ def result_from_proto(msg: job_pb2.Result) -> JobResult:
         partial=msg.partial,
         text_offset=msg.text_offset,
         batch_traceparent=msg.batch_traceparent,
+        direct=msg.direct,
     )

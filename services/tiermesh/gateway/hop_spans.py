@@ -103,10 +103,12 @@ class HopSpans:
         ]
         if result is not None and t is not None:
             batch = parse_traceparent(result.batch_traceparent)
+            # A result with no output step left skipped postprocess: its worker handed it on.
+            postprocess = self._worker if result.direct else self._postprocess
             stages = (
                 ("queue wait", self._worker, t.enqueued_ns, t.dequeued_ns),
                 ("compute", self._worker, t.batch_start_ns, t.batch_end_ns),
-                ("postprocess", self._postprocess, t.batch_end_ns, t.postprocessed_ns),
+                ("postprocess", postprocess, t.batch_end_ns, t.postprocessed_ns),
                 ("deliver", self._gateway, t.postprocessed_ns, t.delivered_ns),
             )
             for name, resource, start, end in stages:

@@ -6,6 +6,7 @@ import asyncio
 
 import structlog
 
+from tiermesh.core.delivery_client import GatewayClients
 from tiermesh.core.heap import settle_heap
 from tiermesh.core.logging import configure_logging
 from tiermesh.core.metrics import MetricsServer, new_registry
@@ -21,7 +22,6 @@ from tiermesh.core.server import (
 from tiermesh.core.settings import PostprocessSettings
 from tiermesh.core.telemetry import Telemetry
 from tiermesh.core.tls import internal_channel_credentials, internal_server_credentials
-from tiermesh.postprocess.gateways import GatewayClients
 from tiermesh.postprocess.metrics import PostprocessMetrics
 from tiermesh.postprocess.servicer import PostprocessServicer
 from tiermesh.postprocess.steps import Steps

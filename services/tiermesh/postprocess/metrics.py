@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry, Histogram
 
+from tiermesh.core.delivery_client import deliveries_counter
 from tiermesh.core.metrics import LATENCY_BUCKETS
 
 
@@ -16,9 +17,4 @@ class PostprocessMetrics:
             buckets=LATENCY_BUCKETS,
             registry=registry,
         )
-        self.deliveries = Counter(
-            "tiermesh_deliveries",
-            "Results handed to gateways, by outcome",
-            ["outcome"],
-            registry=registry,
-        )
+        self.deliveries = deliveries_counter(registry)

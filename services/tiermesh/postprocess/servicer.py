@@ -5,18 +5,18 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections import Counter, defaultdict
+from collections import Counter
 from collections.abc import AsyncIterator, Callable
 
 import grpc
 import structlog
 
 from tiermesh.core.call_stream import StreamServing
+from tiermesh.core.delivery_client import GatewayClients
 from tiermesh.core.grpc_errors import grpc_method
 from tiermesh.core.jobs import JobResult
 from tiermesh.core.repository import ModelRepository, RepositoryError
 from tiermesh.core.wire import result_from_proto
-from tiermesh.postprocess.gateways import GatewayClients
 from tiermesh.postprocess.metrics import PostprocessMetrics
 from tiermesh.postprocess.steps import Steps
 from tiermesh.v1 import postprocess_pb2, postprocess_pb2_grpc
@@ -58,28 +58,13 @@ class PostprocessServicer(postprocess_pb2_grpc.PostprocessServicer):
         return await self._process(request)
 
     async def _process(self, request: postprocess_pb2.ResultBatch) -> postprocess_pb2.ProcessReply:
-        by_gateway: dict[str, list[JobResult]] = defaultdict(list)
         await self._know({msg.model for msg in request.results})
-        for result in self._postprocess([result_from_proto(msg) for msg in request.results]):
-            by_gateway[result.gateway].append(result)
-        outcomes = await asyncio.gather(
-            *(self._gateways.deliver(gw, rs) for gw, rs in by_gateway.items()),
-            return_exceptions=True,
+        done = self._postprocess([result_from_proto(msg) for msg in request.results])
+        outcome = await self._gateways.deliver_all(done)
+        outcome.count(self._metrics.deliveries if self._metrics is not None else None)
+        return postprocess_pb2.ProcessReply(
+            delivered=outcome.delivered, undeliverable=outcome.undeliverable
         )
-        delivered = undeliverable = 0
-        for (gateway, results), outcome in zip(by_gateway.items(), outcomes, strict=True):
-            if isinstance(outcome, grpc.aio.AioRpcError):
-                # The owning gateway is gone: its callers are gone with it. Count and drop.
-                undeliverable += len(results)
-                log.warning("gateway unreachable", gateway=gateway, n=len(results))
-            elif isinstance(outcome, BaseException):
-                raise outcome
-            else:
-                delivered += len(results)
-        if self._metrics is not None:
-            self._metrics.deliveries.labels("delivered").inc(delivered)
-            self._metrics.deliveries.labels("undeliverable").inc(undeliverable)
-        return postprocess_pb2.ProcessReply(delivered=delivered, undeliverable=undeliverable)
 
     async def _know(self, models: set[str]) -> None:
         """Re-read the repository once for a model it did not hold when read (one loaded

@@ -96,7 +96,7 @@ class Job(_message.Message):
     def __init__(self, request_id: _Optional[str] = ..., client_request_id: _Optional[str] = ..., tenant: _Optional[str] = ..., model: _Optional[str] = ..., version: _Optional[str] = ..., variant: _Optional[str] = ..., priority: _Optional[int] = ..., bucket: _Optional[int] = ..., tier: _Optional[str] = ..., deadline_ns: _Optional[int] = ..., gateway: _Optional[str] = ..., inputs: _Optional[_Iterable[_Union[_tensor_pb2.Tensor, _Mapping]]] = ..., requested_outputs: _Optional[_Iterable[str]] = ..., timing: _Optional[_Union[Timing, _Mapping]] = ..., trace_context: _Optional[_Mapping[str, str]] = ..., annotations: _Optional[_Mapping[str, str]] = ..., generation: _Optional[_Union[Generation, _Mapping]] = ...) -> None: ...
 
 class Result(_message.Message):
-    __slots__ = ("request_id", "client_request_id", "model", "version", "gateway", "code", "message", "outputs", "timing", "trace_context", "tier", "priority", "bucket", "batch_size", "annotations", "aux", "variant", "worker", "partial", "text_offset", "batch_traceparent")
+    __slots__ = ("request_id", "client_request_id", "model", "version", "gateway", "code", "message", "outputs", "timing", "trace_context", "tier", "priority", "bucket", "batch_size", "annotations", "aux", "variant", "worker", "partial", "text_offset", "batch_traceparent", "direct")
     class TraceContextEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -132,6 +132,7 @@ class Result(_message.Message):
     PARTIAL_FIELD_NUMBER: _ClassVar[int]
     TEXT_OFFSET_FIELD_NUMBER: _ClassVar[int]
     BATCH_TRACEPARENT_FIELD_NUMBER: _ClassVar[int]
+    DIRECT_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     client_request_id: str
     model: str
@@ -153,4 +154,5 @@ class Result(_message.Message):
     partial: bool
     text_offset: int
     batch_traceparent: str
-    def __init__(self, request_id: _Optional[str] = ..., client_request_id: _Optional[str] = ..., model: _Optional[str] = ..., version: _Optional[str] = ..., gateway: _Optional[str] = ..., code: _Optional[int] = ..., message: _Optional[str] = ..., outputs: _Optional[_Iterable[_Union[_tensor_pb2.Tensor, _Mapping]]] = ..., timing: _Optional[_Union[Timing, _Mapping]] = ..., trace_context: _Optional[_Mapping[str, str]] = ..., tier: _Optional[str] = ..., priority: _Optional[int] = ..., bucket: _Optional[int] = ..., batch_size: _Optional[int] = ..., annotations: _Optional[_Mapping[str, str]] = ..., aux: _Optional[_Iterable[_Union[_tensor_pb2.Tensor, _Mapping]]] = ..., variant: _Optional[str] = ..., worker: _Optional[str] = ..., partial: _Optional[bool] = ..., text_offset: _Optional[int] = ..., batch_traceparent: _Optional[str] = ...) -> None: ...
+    direct: bool
+    def __init__(self, request_id: _Optional[str] = ..., client_request_id: _Optional[str] = ..., model: _Optional[str] = ..., version: _Optional[str] = ..., gateway: _Optional[str] = ..., code: _Optional[int] = ..., message: _Optional[str] = ..., outputs: _Optional[_Iterable[_Union[_tensor_pb2.Tensor, _Mapping]]] = ..., timing: _Optional[_Union[Timing, _Mapping]] = ..., trace_context: _Optional[_Mapping[str, str]] = ..., tier: _Optional[str] = ..., priority: _Optional[int] = ..., bucket: _Optional[int] = ..., batch_size: _Optional[int] = ..., annotations: _Optional[_Mapping[str, str]] = ..., aux: _Optional[_Iterable[_Union[_tensor_pb2.Tensor, _Mapping]]] = ..., variant: _Optional[str] = ..., worker: _Optional[str] = ..., partial: _Optional[bool] = ..., text_offset: _Optional[int] = ..., batch_traceparent: _Optional[str] = ..., direct: _Optional[bool] = ...) -> None: ...

@@ -12,6 +12,7 @@ import structlog
 
 from tiermesh.batch.store import BatchStore
 from tiermesh.core.control_watch import ControlWatch
+from tiermesh.core.delivery_client import GatewayClients, deliveries_counter
 from tiermesh.core.heap import settle_heap
 from tiermesh.core.logging import configure_logging
 from tiermesh.core.metrics import MetricsServer, new_registry
@@ -32,7 +33,7 @@ from tiermesh.core.telemetry import Telemetry
 from tiermesh.core.tls import internal_channel_credentials, internal_server_credentials
 from tiermesh.worker.background import BackgroundResults
 from tiermesh.worker.generation import GenerationTimers, GenerationWorker
-from tiermesh.worker.handoff import PostprocessClient
+from tiermesh.worker.handoff import DirectHandoff, Handoff, PostprocessClient
 from tiermesh.worker.lanes import cores_available, plan
 from tiermesh.worker.loop import Worker
 from tiermesh.worker.metrics import GenerationMetrics, WorkerMetrics
@@ -104,7 +105,15 @@ async def serve(
     consumer = settings.worker_id or f"{socket.gethostname()}-{settings.worker_tier}-{os.getpid()}"
     metrics_server = MetricsServer(registry, settings.metrics_host, settings.metrics_port)
     stream_client = StreamClient(redis, consumer)
-    postprocess = PostprocessClient(channel)
+    postprocess: Handoff = PostprocessClient(channel)
+    if settings.direct_delivery:
+        postprocess = DirectHandoff(
+            PostprocessClient(channel),
+            GatewayClients(
+                settings.delivery_timeout_ms / 1000, internal_channel_credentials(settings)
+            ),
+            deliveries_counter(registry),
+        )
     worker = Worker(
         tier=settings.worker_tier,
         configs=served,

@@ -21,7 +21,7 @@ from tiermesh.core.keys import StreamKey
 from tiermesh.core.serving import plan_units, worker_units
 from tiermesh.core.wire import decode_job
 from tiermesh.worker.background import BackgroundResults
-from tiermesh.worker.handoff import PostprocessClient
+from tiermesh.worker.handoff import Handoff
 from tiermesh.worker.intake import Intake
 from tiermesh.worker.membership import Membership
 from tiermesh.worker.metrics import WorkerMetrics
@@ -48,7 +48,7 @@ class ModelControl:
         intake: Intake,
         membership: Membership,
         streams: WorkStreams,
-        handoff: PostprocessClient,
+        handoff: Handoff,
         background: BackgroundResults | None,
         metrics: WorkerMetrics | None,
         computing: Callable[[str], bool] = lambda unit: False,

@@ -39,7 +39,7 @@ from tiermesh.generate.inputs import Sampling
 from tiermesh.generate.scheduler import GenRequest
 from tiermesh.generate.service import GenerationService, Stream
 from tiermesh.generate.tensors import text_tensor
-from tiermesh.worker.handoff import PostprocessClient
+from tiermesh.worker.handoff import Handoff
 from tiermesh.worker.metrics import GenerationMetrics
 from tiermesh.worker.outbox import Outbox
 from tiermesh.worker.streams import Entry, StreamClient
@@ -88,7 +88,7 @@ class GenerationWorker:
         service: GenerationService,
         text: Callable[[Sequence[str]], TextStream],
         streams: StreamClient,
-        handoff: PostprocessClient,
+        handoff: Handoff,
         timers: GenerationTimers = GenerationTimers(),
         metrics: GenerationMetrics | None = None,
         tracer: trace.Tracer | None = None,

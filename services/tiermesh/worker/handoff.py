@@ -1,21 +1,46 @@
-"""Hands a finished batch to postprocess: one message per batch on the worker's one
-ProcessStream (core/call_stream.py)."""
+"""Hands a finished batch on: to postprocess, one message per batch on the worker's one
+ProcessStream (core/call_stream.py), or, when no result of it has an output step left to
+run, straight to the gateways that own them (`DirectHandoff`): one hop less per batch."""
 
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Awaitable, Callable, Sequence
+from typing import Protocol
 
 import grpc
 import structlog
+from prometheus_client import Counter
 
 from tiermesh.core.call_stream import CallStream
+from tiermesh.core.delivery_client import GatewayClients
 from tiermesh.core.jobs import JobResult
 from tiermesh.core.wire import result_to_proto
 from tiermesh.v1 import postprocess_pb2, postprocess_pb2_grpc
 
 log = structlog.get_logger("tiermesh.worker")
 HANDOFF_ATTEMPTS = 5
+
+
+class Handoff(Protocol):
+    """Where the worker's finished results go; `process` returns once they were delivered
+    (or their gateway found gone) and raises AioRpcError when the next hop is unreachable."""
+
+    async def process(self, results: Sequence[JobResult]) -> None: ...
+
+    @property
+    def unsent(self) -> int: ...
+
+    async def close(self) -> None: ...
+
+
+def skips_postprocess(results: Sequence[JobResult]) -> bool:
+    """Whether a batch has nothing for postprocess to do: no result carries the inputs an
+    output step reads (`aux`, e.g. the pooling mask), which the worker attaches exactly
+    when a step is left to run (worker/results.py); a failed result passes postprocess
+    untouched."""
+    return not any(r.aux for r in results)
 
 
 class PostprocessClient:
@@ -40,6 +65,42 @@ class PostprocessClient:
 
     async def close(self) -> None:
         await self._calls.close()
+
+
+class DirectHandoff:
+    """Owns the worker's delivery streams: a batch that `skips_postprocess` goes to its
+    gateways from here (stamped postprocessed now, `direct`), any other to postprocess.
+    `close` ends both."""
+
+    def __init__(
+        self,
+        postprocess: PostprocessClient,
+        gateways: GatewayClients,
+        deliveries: Counter | None = None,
+        clock_ns: Callable[[], int] = time.time_ns,
+    ) -> None:
+        self._postprocess = postprocess
+        self._gateways = gateways
+        self._deliveries = deliveries
+        self._clock_ns = clock_ns
+
+    async def process(self, results: Sequence[JobResult]) -> None:
+        if not skips_postprocess(results):
+            await self._postprocess.process(results)
+            return
+        now = self._clock_ns()
+        stamped = [
+            r.with_(timing=r.timing.with_(postprocessed_ns=now), direct=True) for r in results
+        ]
+        (await self._gateways.deliver_all(stamped)).count(self._deliveries)
+
+    @property
+    def unsent(self) -> int:
+        return self._postprocess.unsent + self._gateways.unsent
+
+    async def close(self) -> None:
+        await self._postprocess.close()
+        await self._gateways.close()
 
 
 async def retrying(

@@ -19,7 +19,7 @@ from tiermesh.worker.background import BackgroundResults
 from tiermesh.worker.batching import QueuedJob, cancel_check_first
 from tiermesh.worker.control import ModelControl
 from tiermesh.worker.executor import Executor
-from tiermesh.worker.handoff import PostprocessClient
+from tiermesh.worker.handoff import Handoff
 from tiermesh.worker.intake import Intake
 from tiermesh.worker.lanes import ComputeMode, Lanes, run_inline
 from tiermesh.worker.membership import Membership
@@ -46,7 +46,7 @@ class Worker:
         configs: Mapping[str, ModelConfig],
         runners: Mapping[str, ModelRunner],  # both keyed by compute unit ("mlp@1.fp32")
         streams: WorkStreams,
-        handoff: PostprocessClient,
+        handoff: Handoff,
         telemetry: Telemetry,
         poll_block_ms: int = 200,
         heartbeat_interval_ms: int = 1000,

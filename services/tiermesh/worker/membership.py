@@ -15,7 +15,7 @@ from tiermesh.core import keys
 from tiermesh.core.jobs import JobResult
 from tiermesh.core.wire import decode_job
 from tiermesh.worker.background import BackgroundResults, job_of
-from tiermesh.worker.handoff import PostprocessClient
+from tiermesh.worker.handoff import Handoff
 from tiermesh.worker.intake import Intake
 from tiermesh.worker.served import ServedUnits
 from tiermesh.worker.streams import STREAM_ERRORS, Entry, WorkStreams
@@ -32,7 +32,7 @@ class Membership:
         streams: WorkStreams,
         units: ServedUnits,
         intake: Intake,
-        handoff: PostprocessClient,
+        handoff: Handoff,
         background: BackgroundResults | None,
         stopping: asyncio.Event,
         heartbeat_interval_ms: int,

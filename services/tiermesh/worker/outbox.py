@@ -16,7 +16,7 @@ from tiermesh.core.jobs import JobResult
 from tiermesh.core.keys import StreamKey
 from tiermesh.worker.background import BackgroundResults
 from tiermesh.worker.batching import QueuedJob
-from tiermesh.worker.handoff import PostprocessClient, retrying
+from tiermesh.worker.handoff import Handoff, retrying
 from tiermesh.worker.scheduler import Scheduler, is_background
 from tiermesh.worker.streams import STREAM_ERRORS, Entry, WorkStreams
 
@@ -40,7 +40,7 @@ class BatchOutbox:
         self,
         *,
         streams: WorkStreams,
-        handoff: PostprocessClient,
+        handoff: Handoff,
         scheduler: Scheduler,
         clock_ns: Callable[[], int],
         background: BackgroundResults | None,
@@ -171,7 +171,7 @@ class Outbox:
     pieces of a whole engine step travel as one batch). After `close`, `run` returns once
     everything posted is sent."""
 
-    def __init__(self, handoff: PostprocessClient, streams: WorkStreams) -> None:
+    def __init__(self, handoff: Handoff, streams: WorkStreams) -> None:
         self._handoff = handoff
         self._streams = streams
         # (result or None, entry to acknowledge after it or None), in posting order

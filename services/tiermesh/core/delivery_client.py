@@ -1,0 +1,103 @@
+"""Delivery of finished results to the gateways that own them: per batch one message to each
+gateway, on one DeliverStream per gateway (core/call_stream.py). Postprocess delivers what
+it processed; a worker delivers a batch with no output step left to run itself."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import grpc
+import structlog
+from prometheus_client import CollectorRegistry, Counter
+
+from tiermesh.core.call_stream import CallStream
+from tiermesh.core.jobs import JobResult
+from tiermesh.core.server import make_channel
+from tiermesh.core.wire import result_to_proto
+from tiermesh.v1 import delivery_pb2, delivery_pb2_grpc
+
+log = structlog.get_logger("tiermesh.delivery")
+Calls = CallStream[delivery_pb2.Deliveries, delivery_pb2.DeliverReply]
+
+
+def deliveries_counter(registry: CollectorRegistry) -> Counter:
+    """`tiermesh_deliveries{outcome}` of the process that delivers (postprocess, a worker)."""
+    return Counter(
+        "tiermesh_deliveries",
+        "Results handed to gateways, by outcome",
+        ["outcome"],
+        registry=registry,
+    )
+
+
+@dataclass(frozen=True)
+class Delivered:
+    """What one batch's delivery came to: results a gateway took, and results whose gateway
+    could not be reached (its callers are gone with it: counted and dropped)."""
+
+    delivered: int = 0
+    undeliverable: int = 0
+
+    def count(self, counter: Counter | None) -> None:
+        if counter is not None:
+            counter.labels("delivered").inc(self.delivered)
+            counter.labels("undeliverable").inc(self.undeliverable)
+
+
+class GatewayClients:
+    """One channel and one stream per gateway address, opened on first use, closed by
+    `close`; TLS with `credentials` (internal mTLS), plaintext when None."""
+
+    def __init__(
+        self,
+        timeout_s: float,
+        credentials: grpc.ChannelCredentials | None = None,
+    ) -> None:
+        self._timeout_s = timeout_s
+        self._credentials = credentials
+        self._channels: dict[str, tuple[grpc.aio.Channel, Calls]] = {}
+
+    async def deliver(self, address: str, results: Sequence[JobResult]) -> None:
+        """Raises AioRpcError when the gateway cannot be reached."""
+        opened = self._channels.get(address)
+        if opened is None:
+            channel = make_channel(address, credentials=self._credentials)
+            stub = delivery_pb2_grpc.DeliveryStub(channel)
+            opened = self._channels[address] = (channel, CallStream(stub.DeliverStream, address))
+        _, calls = opened
+        msg = delivery_pb2.Deliveries(results=[result_to_proto(r) for r in results])
+        await calls.call(msg, self._timeout_s)
+
+    async def deliver_all(self, results: Sequence[JobResult]) -> Delivered:
+        """Every result to its gateway, one message per gateway, all at once."""
+        by_gateway: dict[str, list[JobResult]] = defaultdict(list)
+        for result in results:
+            by_gateway[result.gateway].append(result)
+        outcomes = await asyncio.gather(
+            *(self.deliver(gw, rs) for gw, rs in by_gateway.items()),
+            return_exceptions=True,
+        )
+        delivered = undeliverable = 0
+        for (gateway, sent), outcome in zip(by_gateway.items(), outcomes, strict=True):
+            if isinstance(outcome, grpc.aio.AioRpcError):
+                undeliverable += len(sent)
+                log.warning("gateway unreachable", gateway=gateway, n=len(sent))
+            elif isinstance(outcome, BaseException):
+                raise outcome
+            else:
+                delivered += len(sent)
+        return Delivered(delivered, undeliverable)
+
+    @property
+    def unsent(self) -> int:
+        """Deliveries whose message is not on the wire yet."""
+        return sum(calls.unsent for _, calls in self._channels.values())
+
+    async def close(self) -> None:
+        for channel, calls in self._channels.values():
+            await calls.close()
+            await channel.close()
+        self._channels.clear()
