@@ -76,10 +76,18 @@ class GatewayClients:
         by_gateway: dict[str, list[JobResult]] = defaultdict(list)
         for result in results:
             by_gateway[result.gateway].append(result)
-        outcomes = await asyncio.gather(
-            *(self.deliver(gw, rs) for gw, rs in by_gateway.items()),
-            return_exceptions=True,
-        )
+        outcomes: list[BaseException | None]
+        if len(by_gateway) == 1:  # the common case: no task per gateway to wait on
+            ((gateway, sent),) = by_gateway.items()
+            try:
+                outcomes = [await self.deliver(gateway, sent)]
+            except grpc.aio.AioRpcError as err:
+                outcomes = [err]
+        else:
+            outcomes = await asyncio.gather(
+                *(self.deliver(gw, rs) for gw, rs in by_gateway.items()),
+                return_exceptions=True,
+            )
         delivered = undeliverable = 0
         for (gateway, sent), outcome in zip(by_gateway.items(), outcomes, strict=True):
             if isinstance(outcome, grpc.aio.AioRpcError):
