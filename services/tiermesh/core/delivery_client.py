@@ -79,8 +79,9 @@ class GatewayClients:
         outcomes: list[BaseException | None]
         if len(by_gateway) == 1:  # the common case: no task per gateway to wait on
             ((gateway, sent),) = by_gateway.items()
+            outcomes = [None]
             try:
-                outcomes = [await self.deliver(gateway, sent)]
+                await self.deliver(gateway, sent)
             except grpc.aio.AioRpcError as err:
                 outcomes = [err]
         else:
