@@ -105,15 +105,17 @@ async def serve(
     consumer = settings.worker_id or f"{socket.gethostname()}-{settings.worker_tier}-{os.getpid()}"
     metrics_server = MetricsServer(registry, settings.metrics_host, settings.metrics_port)
     stream_client = StreamClient(redis, consumer)
-    postprocess: Handoff = PostprocessClient(channel)
-    if settings.direct_delivery:
-        postprocess = DirectHandoff(
+    postprocess: Handoff = (
+        DirectHandoff(
             PostprocessClient(channel),
             GatewayClients(
                 settings.delivery_timeout_ms / 1000, internal_channel_credentials(settings)
             ),
             deliveries_counter(registry),
         )
+        if settings.direct_delivery
+        else PostprocessClient(channel)
+    )
     worker = Worker(
         tier=settings.worker_tier,
         configs=served,

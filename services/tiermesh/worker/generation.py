@@ -1,7 +1,8 @@
 """A worker's loop for one generative compute unit: read requests from its streams into the
 continuous-batching engine (tiermesh.generate), turn each request's tokens into text (stop
-strings included) and send them to postprocess: pieces as they come when the caller streams,
-then the whole answer. Only moves data; the decisions are the engine's scheduler's.
+strings included) and send them on (worker/handoff.py: to their gateways, there is no output
+step): pieces as they come when the caller streams, then the whole answer. Only moves data;
+the decisions are the engine's scheduler's.
 
 Entries are acknowledged once the final answer was handed off (publish, then ack), or once
 nobody waits for it (the caller left, the deadline passed). While a request runs its entry

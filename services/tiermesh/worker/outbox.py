@@ -1,7 +1,8 @@
-"""Results on their way to postprocess, each stream entry acknowledged after the result it
-stands for was handed off (publish, then ack). `BatchOutbox`: the batched loop's, one
-hand-off and one acknowledgement per computed batch. `Outbox`: the generative loop's, whose
-requests post pieces, answers and plain acknowledgements at any time, sent in order."""
+"""Results on their way to postprocess or their gateways (worker/handoff.py), each stream
+entry acknowledged after the result it stands for was handed off (publish, then ack).
+`BatchOutbox`: the batched loop's, one hand-off and one acknowledgement per computed batch.
+`Outbox`: the generative loop's, whose requests post pieces, answers and plain
+acknowledgements at any time, sent in order."""
 
 from __future__ import annotations
 
@@ -29,8 +30,8 @@ RATE_ALPHA = 0.3
 
 
 class BatchOutbox:
-    """Owns the hand-off tasks of computed batches: each hands its results to postprocess
-    (batch-job results go into their job instead, worker/background.py), then acknowledges
+    """Owns the hand-off tasks of computed batches: each hands its results on (handoff.py;
+    batch-job results go into their job instead, worker/background.py), then acknowledges
     the batch's entries with one `done`, in a task of its own that stopping never cancels
     (the loop awaits them all in `drain`). A slot is taken per batch before it computes
     (`reserve`), so at most `in_flight` batches (MAX_HANDOFFS_IN_FLIGHT with one compute
@@ -131,7 +132,7 @@ class BatchOutbox:
         started: int,
         interval: int,
     ) -> None:
-        """Publish, then ack: entries are deleted only after postprocess took the batch.
+        """Publish, then ack: entries are deleted only after the next hop took the batch.
         When the hand-off keeps failing they stay pending for recovery. (With nothing to
         hand off - every request cascaded to another tier - it only acknowledges.)"""
         task = asyncio.current_task()
