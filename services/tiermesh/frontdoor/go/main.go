@@ -157,6 +157,9 @@ func main() {
 	}()
 
 	models := newModels(upstream)
+	// Known before the first call: a call that came before the first read went to the
+	// Python gateway (ready models included), so what the door answered varied with timing.
+	models.refresh(true)
 	go models.keepFresh(refreshEvery)
 	door := &door{
 		cfg:      cfg,

@@ -76,14 +76,20 @@ func (m *models) get(name string) *model {
 	return m.known.Load().(map[string]*model)[name]
 }
 
+// keepFresh reads the index every `every`, after the first read (refresh, before serving).
 func (m *models) keepFresh(every time.Duration) {
-	for turn := 0; ; turn++ {
-		if known, err := m.read(turn%fullReadEvery == 0); err == nil {
-			m.known.Store(known)
-		} else {
-			log.Printf("reading the models from the Python gateway: %v", err)
-		}
+	for turn := 1; ; turn++ {
 		time.Sleep(every)
+		m.refresh(turn%fullReadEvery == 0)
+	}
+}
+
+// refresh reads the index once (every model's metadata and config when `full`).
+func (m *models) refresh(full bool) {
+	if known, err := m.read(full); err == nil {
+		m.known.Store(known)
+	} else {
+		log.Printf("reading the models from the Python gateway: %v", err)
 	}
 }
 
