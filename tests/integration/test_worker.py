@@ -191,6 +191,31 @@ async def test_batch_wait_never_blocks_in_redis(
     await redis.aclose()
 
 
+async def test_reclaim_many_takes_over_every_streams_idle_entries_in_one_round_trip(
+    redis_url: str,
+) -> None:
+    """Up to each stream's room; a stream whose group is gone is left out, not the rest."""
+    redis = aioredis.Redis.from_url(redis_url)
+    other = StreamKey(UNIT, "center", 1, 0)
+    nogroup = StreamKey(UNIT, "edge", 2, 0)
+    dead = StreamClient(redis, "dead-worker")
+    await dead.ensure_groups([STREAM, other])
+    await redis.xadd(nogroup.name, {keys.JOB_FIELD: b"x"})  # a stream without the group
+    for key, n in ((STREAM, 3), (other, 1)):
+        for _ in range(n):
+            await redis.xadd(key.name, {keys.JOB_FIELD: b"x"})
+    assert len(await dead.read([STREAM, other], 10, None)) == 4  # read, then it "dies"
+    alive = StreamClient(redis, "w2")
+    try:
+        taken = await alive.reclaim_many({STREAM: 2, other: 5, nogroup: 5}, 0)
+        assert {k: len(v) for k, v in taken.items()} == {STREAM: 2, other: 1}
+        assert await alive.reclaim_many({}, 0) == {}
+        pending = await redis.xpending_range(STREAM.name, keys.GROUP, "-", "+", 10)
+        assert sorted(p["consumer"] for p in pending) == [b"dead-worker", b"w2", b"w2"]
+    finally:
+        await redis.aclose()
+
+
 async def test_a_dead_workers_entries_are_reclaimed(
     redis_url: str, model_repo: Path, downstream: Downstream
 ) -> None:

@@ -10,7 +10,7 @@ import itertools
 import threading
 import time
 from collections import defaultdict
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -120,6 +120,12 @@ class MemoryStreams:
             self._deliveries[entry_id] += 1
         self._note("reclaim", stream, theirs)
         return [Entry(stream, i, self.entries[stream][i]) for i in theirs]
+
+    async def reclaim_many(
+        self, rooms: Mapping[StreamKey, int], min_idle_ms: int
+    ) -> dict[StreamKey, list[Entry]]:
+        taken = {s: await self.reclaim(s, min_idle_ms, n) for s, n in rooms.items()}
+        return {s: entries for s, entries in taken.items() if entries}
 
     async def deliveries(self, stream: StreamKey, entry_ids: Sequence[str]) -> dict[str, int]:
         self._note("deliveries", stream, entry_ids)

@@ -7,15 +7,18 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, cast
 
 import redis.asyncio as aioredis
+import structlog
 from redis.exceptions import ResponseError
 
 from tiermesh.core import keys
 from tiermesh.core.keys import StreamKey
+
+log = structlog.get_logger("tiermesh.worker")
 
 # What a stream call raises when Redis is away; the loop logs it and goes on.
 STREAM_ERRORS: tuple[type[Exception], ...] = (aioredis.RedisError, OSError)
@@ -48,6 +51,10 @@ class WorkStreams(Protocol):
     ) -> None: ...
 
     async def reclaim(self, stream: StreamKey, min_idle_ms: int, count: int) -> list[Entry]: ...
+
+    async def reclaim_many(
+        self, rooms: Mapping[StreamKey, int], min_idle_ms: int
+    ) -> dict[StreamKey, list[Entry]]: ...
 
     async def deliveries(self, stream: StreamKey, entry_ids: Sequence[str]) -> dict[str, int]: ...
 
@@ -147,6 +154,31 @@ class StreamClient:
         )
         claimed = cast(list[tuple[bytes, dict[bytes, bytes] | None]], reply[1] if reply else [])
         return [Entry(stream, eid.decode(), fields) for eid, fields in claimed if fields]
+
+    async def reclaim_many(
+        self, rooms: Mapping[StreamKey, int], min_idle_ms: int
+    ) -> dict[StreamKey, list[Entry]]:
+        """`reclaim` over several streams (up to `rooms[stream]` entries each) in one round
+        trip: the streams where something was taken over. A stream whose XAUTOCLAIM failed
+        (its group gone) is logged and left out; a lost connection raises."""
+        if not rooms:
+            return {}
+        pipe = self._redis.pipeline(transaction=False)
+        for stream, count in rooms.items():
+            pipe.xautoclaim(
+                stream.name, keys.GROUP, self.consumer, min_idle_ms, start_id="0-0", count=count
+            )
+        replies = await pipe.execute(raise_on_error=False)
+        taken: dict[StreamKey, list[Entry]] = {}
+        for stream, reply in zip(rooms, replies, strict=True):
+            if isinstance(reply, Exception):
+                log.warning("reclaim failed", stream=stream.name, error=str(reply))
+                continue
+            claimed = cast(list[tuple[bytes, dict[bytes, bytes] | None]], reply[1] if reply else [])
+            entries = [Entry(stream, eid.decode(), fields) for eid, fields in claimed if fields]
+            if entries:
+                taken[stream] = entries
+        return taken
 
     async def touch(self, stream: StreamKey, entry_ids: Sequence[str]) -> None:
         """Reset the idle time of entries this consumer is still working on (a long
