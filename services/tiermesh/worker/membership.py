@@ -100,7 +100,7 @@ class Membership:
             for key in self._units.keys
             if key.model in self._units.serving and (room := self._intake.room(key)) > 0
         }
-        try:  # one round trip for every stream, not one each (~100 a second, idle or not)
+        try:  # one round trip for every stream, not one each (~58 a second, idle or not)
             taken = await self._streams.reclaim_many(rooms, self._reclaim_min_idle_ms)
         except STREAM_ERRORS as exc:
             log.warning("reclaim failed", error=str(exc))
