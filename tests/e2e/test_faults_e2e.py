@@ -141,7 +141,7 @@ def test_gateway_sigterm_answers_the_requests_in_flight(
     metrics = up.metrics_urls()["gateway"]
     worker = up.children()["worker"]
 
-    def busy() -> bool:
+    def paused_with_calls_waiting() -> bool:
         # Calls inside the gateway as it is struck, for certain: at a random instant there
         # were sometimes none (a call takes a few ms; the 16 callers spend most of the time
         # in their own code), so the worker is paused until several wait on it.
@@ -161,7 +161,7 @@ def test_gateway_sigterm_answers_the_requests_in_flight(
     try:
         with Load(up.url, callers=16) as load:
             stopped, replaced, recovered = strike(
-                up, load, "gateway", signal.SIGTERM, busy, resume_once_draining
+                up, load, "gateway", signal.SIGTERM, paused_with_calls_waiting, resume_once_draining
             )
     finally:
         os.kill(worker, signal.SIGCONT)

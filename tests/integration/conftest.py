@@ -39,8 +39,6 @@ class InProcessMesh:
     exporter: InMemorySpanExporter
     # The router's address (a test may start more gateways on it).
     router: str = ""
-    # Whether the worker delivers a batch with no output step itself (its setting).
-    direct_delivery: bool = True
     # What each service reported when ready (its ports), by name.
     ports: dict[str, dict[str, int]] = field(default_factory=dict)
     stops: list[tuple[asyncio.Event, asyncio.Task[None]]] = field(default_factory=list)
@@ -134,9 +132,6 @@ async def start_mesh(
         raise
     mesh.gateway = f"127.0.0.1:{gw['port']}"
     mesh.router = f"127.0.0.1:{router['port']}"
-    mesh.direct_delivery = worker_overrides.get(
-        "direct_delivery", WorkerSettings.model_fields["direct_delivery"].default
-    )
     return mesh
 
 

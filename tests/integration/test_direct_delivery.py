@@ -15,19 +15,14 @@ import redis.asyncio as aioredis
 from prometheus_client import CollectorRegistry
 
 from tests.integration.conftest import Downstream
-from tests.integration.test_worker import STREAM, UNIT, job
+from tests.integration.test_worker import STREAM, job, make_worker
 from tiermesh.core import keys
 from tiermesh.core.delivery_client import GatewayClients, deliveries_counter
 from tiermesh.core.jobs import JobResult, Timing
-from tiermesh.core.repository import ModelRepository
 from tiermesh.core.server import make_channel
-from tiermesh.core.telemetry import Telemetry
 from tiermesh.core.tensors import from_numpy
 from tiermesh.up.processes import free_port
 from tiermesh.worker.handoff import DirectHandoff, PostprocessClient, skips_postprocess
-from tiermesh.worker.loop import Worker
-from tiermesh.worker.runner import ModelRunner
-from tiermesh.worker.streams import StreamClient
 
 pytestmark = pytest.mark.integration
 MASK = from_numpy("attention_mask", np.ones((1, 3), np.int64), "INT64")
@@ -123,18 +118,9 @@ async def test_a_worker_with_direct_delivery_answers_and_acknowledges(
     """The worker's whole path: read, compute, deliver to the gateway (postprocess is not
     even running), acknowledge and delete the entry."""
     redis = aioredis.Redis.from_url(redis_url)
-    repo = ModelRepository(model_repo)
-    cfg = repo.load()["mlp"]
     registry = CollectorRegistry()
-    worker = Worker(
-        tier="center",
-        configs={UNIT: cfg},
-        runners={UNIT: ModelRunner(cfg, repo.checked_file("mlp"))},
-        streams=StreamClient(redis, "w1"),
-        handoff=handoff(f"127.0.0.1:{free_port()}", registry),
-        telemetry=Telemetry("worker-test"),
-        poll_block_ms=50,
-    )
+    nobody = f"127.0.0.1:{free_port()}"
+    worker = make_worker(redis, model_repo, nobody, handoff=handoff(nobody, registry))
     waiting = downstream.pending.register("w")
     x = np.full((1, 4), 2, np.float32)
     entry = job("w", downstream.delivery_address, time.time_ns() + 30 * 10**9, x)

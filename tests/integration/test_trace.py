@@ -25,23 +25,21 @@ MODEL_INFER = "/inference.GRPCInferenceService/ModelInfer"
 @pytest.fixture(params=[True, False], ids=["direct", "through-postprocess"])
 async def either_mesh(
     request: pytest.FixtureRequest, redis_url: str, model_repo: Path
-) -> AsyncIterator[InProcessMesh]:
-    """The mesh with the worker's direct delivery on (the default) and off."""
+) -> AsyncIterator[tuple[InProcessMesh, str]]:
+    """The mesh with the worker's direct delivery on (the default) and off, and whose span
+    its postprocess stage is: mlp has no output step, so with direct delivery its worker
+    handed the result on and postprocess never saw it."""
     m = await start_mesh(redis_url, model_repo, direct_delivery=request.param)
     try:
-        yield m
+        yield m, "tiermesh-worker" if request.param else "tiermesh-postprocess"
     finally:
         await m.close()
 
 
-def postprocessed_by(mesh: InProcessMesh) -> str:
-    """Whose span the postprocess stage is: mlp has no output step, so with direct
-    delivery its worker handed the result on and postprocess never saw it."""
-    return "tiermesh-worker" if mesh.direct_delivery else "tiermesh-postprocess"
-
-
-async def test_one_trace_spans_every_service(either_mesh: InProcessMesh) -> None:
-    mesh = either_mesh
+async def test_one_trace_spans_every_service(
+    either_mesh: tuple[InProcessMesh, str],
+) -> None:
+    mesh, postprocessed_by = either_mesh
     client = aioclient.InferenceServerClient(mesh.gateway)
     try:
         x = aioclient.InferInput("INPUT0", [1, 4], "FP32")
@@ -63,7 +61,7 @@ async def test_one_trace_spans_every_service(either_mesh: InProcessMesh) -> None
         "tiermesh-gateway",
         "tiermesh-router",
         "tiermesh-worker",
-        postprocessed_by(mesh),
+        postprocessed_by,
     }
     kinds = {s.kind for s in in_trace}
     assert SpanKind.PRODUCER in kinds
@@ -77,14 +75,16 @@ async def test_one_trace_spans_every_service(either_mesh: InProcessMesh) -> None
     assert [ln.context.span_id for ln in compute.links] == [batch.context.span_id]
 
 
-async def test_trace_structure_and_batch_links(either_mesh: InProcessMesh) -> None:
+async def test_trace_structure_and_batch_links(
+    either_mesh: tuple[InProcessMesh, str],
+) -> None:
     """Each request: gateway server span is the root; the router's `route` span (the
     PRODUCER of its stream entry) is the root's child; the worker's queue-wait and compute
     spans and the postprocess and deliver spans are children of the route span, each under
     its service's name, written by the gateway from the request's timing and covering the
     instants the response reports. The batch's CONSUMER span links to every request
     computed in it. The stream of batches itself is in no trace."""
-    mesh = either_mesh
+    mesh, postprocessed_by = either_mesh
     mesh.exporter.clear()
     client = aioclient.InferenceServerClient(mesh.gateway)
     try:
@@ -122,7 +122,7 @@ async def test_trace_structure_and_batch_links(either_mesh: InProcessMesh) -> No
             "route": "tiermesh-router",
             "queue wait": "tiermesh-worker",
             "compute": "tiermesh-worker",
-            "postprocess": postprocessed_by(mesh),
+            "postprocess": postprocessed_by,
             "deliver": "tiermesh-gateway",
         }
         for name, service in services.items():

@@ -24,7 +24,7 @@ from tiermesh.core.telemetry import Telemetry
 from tiermesh.core.tensors import from_numpy
 from tiermesh.core.wire import encode_job
 from tiermesh.up.processes import free_port
-from tiermesh.worker.handoff import PostprocessClient
+from tiermesh.worker.handoff import Handoff, PostprocessClient
 from tiermesh.worker.loop import Worker
 from tiermesh.worker.runner import ModelRunner
 from tiermesh.worker.streams import Entry, StreamClient
@@ -53,8 +53,10 @@ def make_worker(
     repo_path: Path,
     postprocess: str,
     streams: StreamClient | None = None,
+    handoff: Handoff | None = None,
     **options: Any,
 ) -> Worker:
+    """A worker of mlp; its results go to `postprocess` unless `handoff` says otherwise."""
     telemetry = Telemetry("worker-test")
     repo = ModelRepository(repo_path)
     cfg = repo.load()["mlp"]
@@ -63,7 +65,7 @@ def make_worker(
         configs={UNIT: cfg},
         runners={UNIT: ModelRunner(cfg, repo.checked_file("mlp"))},
         streams=streams or StreamClient(redis, "w1"),
-        handoff=PostprocessClient(make_channel(postprocess), timeout_s=1),
+        handoff=handoff or PostprocessClient(make_channel(postprocess), timeout_s=1),
         telemetry=telemetry,
         poll_block_ms=50,
         **options,

@@ -76,29 +76,21 @@ class GatewayClients:
         by_gateway: dict[str, list[JobResult]] = defaultdict(list)
         for result in results:
             by_gateway[result.gateway].append(result)
-        outcomes: list[BaseException | None]
-        if len(by_gateway) == 1:  # the common case: no task per gateway to wait on
-            ((gateway, sent),) = by_gateway.items()
-            outcomes = [None]
-            try:
-                await self.deliver(gateway, sent)
-            except grpc.aio.AioRpcError as err:
-                outcomes = [err]
+        if len(by_gateway) == 1:  # the common case: no task to start and wait for
+            reached = [await self._reached(*next(iter(by_gateway.items())))]
         else:
-            outcomes = await asyncio.gather(
-                *(self.deliver(gw, rs) for gw, rs in by_gateway.items()),
-                return_exceptions=True,
-            )
-        delivered = undeliverable = 0
-        for (gateway, sent), outcome in zip(by_gateway.items(), outcomes, strict=True):
-            if isinstance(outcome, grpc.aio.AioRpcError):
-                undeliverable += len(sent)
-                log.warning("gateway unreachable", gateway=gateway, n=len(sent))
-            elif isinstance(outcome, BaseException):
-                raise outcome
-            else:
-                delivered += len(sent)
-        return Delivered(delivered, undeliverable)
+            reached = await asyncio.gather(*(self._reached(*item) for item in by_gateway.items()))
+        delivered = sum(len(rs) for rs, ok in zip(by_gateway.values(), reached, strict=True) if ok)
+        return Delivered(delivered, len(results) - delivered)
+
+    async def _reached(self, gateway: str, results: Sequence[JobResult]) -> bool:
+        """Whether `gateway` took `results` (False: it could not be reached)."""
+        try:
+            await self.deliver(gateway, results)
+        except grpc.aio.AioRpcError:
+            log.warning("gateway unreachable", gateway=gateway, n=len(results))
+            return False
+        return True
 
     @property
     def unsent(self) -> int:

@@ -152,8 +152,7 @@ class StreamClient:
         reply = await self._redis.xautoclaim(
             stream.name, keys.GROUP, self.consumer, min_idle_ms, start_id="0-0", count=count
         )
-        claimed = cast(list[tuple[bytes, dict[bytes, bytes] | None]], reply[1] if reply else [])
-        return [Entry(stream, eid.decode(), fields) for eid, fields in claimed if fields]
+        return _claimed(stream, reply)
 
     async def reclaim_many(
         self, rooms: Mapping[StreamKey, int], min_idle_ms: int
@@ -174,9 +173,7 @@ class StreamClient:
             if isinstance(reply, Exception):
                 log.warning("reclaim failed", stream=stream.name, error=str(reply))
                 continue
-            claimed = cast(list[tuple[bytes, dict[bytes, bytes] | None]], reply[1] if reply else [])
-            entries = [Entry(stream, eid.decode(), fields) for eid, fields in claimed if fields]
-            if entries:
+            if entries := _claimed(stream, reply):
                 taken[stream] = entries
         return taken
 
@@ -258,6 +255,12 @@ class StreamClient:
             for model in models:
                 pipe.zrem(keys.workers_key(model, tier), self.consumer)
             await pipe.execute()
+
+
+def _claimed(stream: StreamKey, reply: Any) -> list[Entry]:
+    """The entries of an XAUTOCLAIM reply (those deleted meanwhile come without fields)."""
+    claimed = cast(list[tuple[bytes, dict[bytes, bytes] | None]], reply[1] if reply else [])
+    return [Entry(stream, eid.decode(), fields) for eid, fields in claimed if fields]
 
 
 def _id_key(entry_id: str) -> tuple[int, int]:
