@@ -6,6 +6,7 @@ gateway behind it byte for byte and comes back with that gateway's own code and 
 from __future__ import annotations
 
 import ast
+import asyncio
 import os
 import re
 import signal
@@ -17,11 +18,14 @@ from typing import Any
 import grpc
 import numpy as np
 import pytest
+import redis
+import redis.asyncio as aioredis
 import tritonclient.grpc as grpcclient
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from tritonclient.grpc import service_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
+from tests.conftest import DRIFTING, GOOD
 from tests.e2e.conftest import UpProcess, running, scrape_metrics, start_up
 from tests.e2e.test_requests_e2e import (
     MALFORMED,
@@ -32,7 +36,12 @@ from tests.e2e.test_requests_e2e import (
     reference,
     worker_paused,
 )
+from tests.e2e.test_rollout_e2e import MODEL as ROLLOUT_MODEL
+from tests.e2e.test_rollout_e2e import cli as rollout_cli
+from tiermesh.core.keys import cancel_key
 from tiermesh.frontdoor.build import missing_tools
+from tiermesh.rollout.store import RolloutStore
+from tiermesh.rollout.window import VersionStats, window_seconds
 
 pytestmark = [
     pytest.mark.e2e,
@@ -242,3 +251,105 @@ def test_a_killed_router_is_reached_again_on_a_new_stream(door_up: UpProcess) ->
     np.testing.assert_allclose(result.as_numpy("OUTPUT0"), reference(door_up, x), rtol=1e-6)
     assert door_up.children()["router"] != router
     assert seen <= {"StatusCode.UNAVAILABLE", "StatusCode.DEADLINE_EXCEEDED"}, seen
+
+
+def mlp_statistics(up: UpProcess) -> tuple[int, int, int]:
+    """(successes, failures, inferences) of mlp in the gateway's ModelStatistics."""
+    client = grpcclient.InferenceServerClient(up.url)
+    doc = client.get_inference_statistics("mlp", as_json=True)["model_stats"]
+    stats = [s.get("inference_stats", {}) for s in doc]
+    return (
+        sum(int(s.get("success", {}).get("count", 0)) for s in stats),
+        sum(int(s.get("fail", {}).get("count", 0)) for s in stats),
+        sum(int(s.get("inference_count", 0)) for s in doc),
+    )
+
+
+def mlp_latencies(up: UpProcess) -> float:
+    """How many mlp answers the gateway's latency histogram holds."""
+    return sum(
+        value
+        for (name, pairs), value in scrape_metrics(up.metrics_urls()["gateway"]).items()
+        if name == "tiermesh_request_duration_seconds_count" and dict(pairs)["model"] == "mlp"
+    )
+
+
+def wait_for(predicate: Any, what: str, seconds: float = 15) -> None:
+    deadline = time.monotonic() + seconds
+    while not predicate():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.05)
+
+
+def test_the_gateway_books_what_the_door_answered(door_up: UpProcess) -> None:
+    successes, failures, inferences = mlp_statistics(door_up)
+    latencies = mlp_latencies(door_up)
+    door_before = answered_calls(door_up, "frontdoor").get(("mlp", "OK"), 0)
+    client = grpcclient.InferenceServerClient(door_up.url)
+    for rows in (1, 2, 3):
+        client.infer("mlp", [mlp_input(np.ones((rows, 4), np.float32))])
+    with pytest.raises(InferenceServerException):  # refused by the door itself: a failure
+        client.infer("mlp", [mlp_input(np.ones((1, 4), np.float32))], timeout=1)
+    assert answered_calls(door_up, "frontdoor").get(("mlp", "OK"), 0) - door_before == 3
+    # Booked at the Python gateway within moments: ModelStatistics and the histograms.
+    wait_for(
+        lambda: mlp_statistics(door_up) == (successes + 3, failures + 1, inferences + 6),
+        f"the door's calls never reached the gateway's statistics: {mlp_statistics(door_up)}",
+    )
+    wait_for(lambda: mlp_latencies(door_up) == latencies + 3, "nor its latency histogram")
+
+
+def test_a_caller_who_leaves_is_marked_for_the_workers(door_up: UpProcess) -> None:
+    store = redis.Redis.from_url(door_up.redis_url())
+    pattern = cancel_key("*")
+    marked = set(store.scan_iter(match=pattern))
+    client = grpcclient.InferenceServerClient(door_up.url)
+    with worker_paused(door_up):
+        with pytest.raises(InferenceServerException) as info:
+            client.infer("mlp", [mlp_input(np.ones((1, 4), np.float32))], client_timeout=0.5)
+        assert info.value.status() == "StatusCode.DEADLINE_EXCEEDED"
+        wait_for(
+            lambda: len(set(store.scan_iter(match=pattern)) - marked) == 1,
+            "the door's queued job was never marked cancelled",
+        )
+
+
+async def rollout_window(url: str, version: str, since_ms: int) -> VersionStats:
+    """What the gateways recorded of one version of the rollout model since `since_ms`."""
+    redis = aioredis.Redis.from_url(url)
+    try:
+        seconds = window_seconds(time.time(), 600, since_ms)
+        return await RolloutStore(redis).window(ROLLOUT_MODEL, version, seconds)
+    finally:
+        await redis.aclose()
+
+
+def test_canary_drift_and_outcomes_count_what_the_door_answered(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    """A rollout of the drifting version at 0%: the door answers every call from stable,
+    the router mirrors copies to the canary, and the gateway pairs the door's stable
+    answers with the canary's (output drift) and counts both versions' outcomes."""
+    tmp = tmp_path_factory.mktemp("door-rollout")
+    env = {"TIERMESH_FRONT_DOOR": "go"}
+    with running(tmp, extra_env=env, span_files=False, rollout_model=ROLLOUT_MODEL) as up:
+        started_ms = int(time.time() * 1000)
+        rollout_cli(up, tmp / "models", "start", "--canary", DRIFTING, "--percent", "0")
+        client = grpcclient.InferenceServerClient(up.url)
+        url = up.redis_url()
+
+        def window(version: str) -> VersionStats:
+            return asyncio.run(rollout_window(url, version, started_ms))
+
+        x = np.array([[0.5, -1.0, 2.0, 0.25]], np.float32)
+        deadline = time.monotonic() + 30
+        while window(DRIFTING).cosine_n < 3:  # until the routers mirror and pairs compare
+            answer = client.infer(ROLLOUT_MODEL, [mlp_input(x)])
+            assert answer.get_response().model_version == GOOD
+            assert time.monotonic() < deadline, f"no drift recorded: {window(DRIFTING)}"
+        door_ok = answered_calls(up, "frontdoor").get((ROLLOUT_MODEL, "OK"), 0)
+        python_ok = answered_calls(up).get((ROLLOUT_MODEL, "OK"), 0)
+        canary, stable = window(DRIFTING), window(GOOD)
+    assert python_ok == 0 and door_ok >= 3  # every call was the door's
+    assert canary.cosine_mean is not None and canary.cosine_mean < 0.99
+    assert canary.ok >= 3 and stable.ok >= 3 and stable.errors == 0

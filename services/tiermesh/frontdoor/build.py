@@ -21,7 +21,7 @@ from google.protobuf import descriptor_pb2  # type: ignore[import-untyped]
 from google.protobuf.descriptor import FileDescriptor  # type: ignore[import-untyped]
 from tritonclient.grpc import model_config_pb2, service_pb2
 
-from tiermesh.v1 import delivery_pb2, job_pb2, router_pb2, tensor_pb2
+from tiermesh.v1 import books_pb2, delivery_pb2, job_pb2, router_pb2, tensor_pb2
 
 SOURCES = Path(__file__).parent / "go"
 TOOLS = ("go", "protoc", "protoc-gen-go")
@@ -36,6 +36,7 @@ STUBS = {
         job_pb2.DESCRIPTOR,
         router_pb2.DESCRIPTOR,
         delivery_pb2.DESCRIPTOR,
+        books_pb2.DESCRIPTOR,
     ),
 }
 

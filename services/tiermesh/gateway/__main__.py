@@ -37,6 +37,7 @@ from tiermesh.core.tls import (
 from tiermesh.gateway.audit import AuditLog
 from tiermesh.gateway.auth import Tenants
 from tiermesh.gateway.batch_jobs import BatchJobsServicer
+from tiermesh.gateway.books import BooksServicer, DoorBooks
 from tiermesh.gateway.cache import ResponseCache
 from tiermesh.gateway.call_spans import CallSpans, add_servicer
 from tiermesh.gateway.capture import Capture, CaptureMetrics, initial_state
@@ -57,7 +58,7 @@ from tiermesh.gateway.tenants import TenantsFileError, load_tenants
 from tiermesh.gateway.upstream import Cancellations, Liveness, RouterClient, Upstream
 from tiermesh.rollout.recorder import Recorder
 from tiermesh.rollout.store import RolloutStore
-from tiermesh.v1 import batch_pb2_grpc, delivery_pb2_grpc
+from tiermesh.v1 import batch_pb2_grpc, books_pb2_grpc, delivery_pb2_grpc
 
 log = structlog.get_logger("tiermesh.gateway")
 
@@ -139,6 +140,9 @@ async def serve(
         stats=stats,
         hop_spans=HopSpans(telemetry),
     )
+    # The calls a Go front door answered itself, booked here (books.py).
+    books = DoorBooks(repo, plane.dispatcher, upstream.cancellations, recorder)
+    books_pb2_grpc.add_BooksServicer_to_server(BooksServicer(books), internal)
     export_prices(registry, load_prices(settings.prices_file))
     plane.capture = capture = _capture(settings, redis, tenants, registry)
     # The KServe v2 REST door: the same plane behind JSON and binary-data bodies.

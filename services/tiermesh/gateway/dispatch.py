@@ -69,6 +69,11 @@ class Call:
         )
 
 
+def rows_of(result: JobResult) -> int:
+    """The rows an answer holds (its first output's first dimension; 1 without one)."""
+    return result.outputs[0].shape[0] if result.outputs and result.outputs[0].shape else 1
+
+
 def _shed_key(job: Job) -> ShedKey:
     return (job.model, job.variant, job.priority)
 
@@ -146,18 +151,29 @@ class Dispatcher:
         span = trace.get_current_span()
         if span.is_recording():
             span.set_attributes(response_facts(result, responded, cache_hit))
-        rows = result.outputs[0].shape[0] if result.outputs and result.outputs[0].shape else 1
-        version = result.version
         if cache_hit:
             received = result.timing.received_ns
-            self.statistics.cache_hit(result.model, version, rows, received, responded)
+            rows = rows_of(result)
+            self.statistics.cache_hit(result.model, result.version, rows, received, responded)
         else:
-            self._metrics.timeline(result, result.priority, result.timing.breakdown_ms(responded))
-            batch = (result.worker, result.timing.batch_start_ns)
-            self.statistics.computed(
-                result.model, version, rows, result.timing, responded, batch, result.batch_size
-            )
+            self.computed(result, responded)
         return Answer(result, responded, cache_hit)
+
+    def computed(self, result: JobResult, responded_ns: int) -> None:
+        """The latency histograms and statistics of an answer a worker computed (this
+        gateway's, or one its front door answered: books.py)."""
+        timing = result.timing
+        self._metrics.timeline(result, result.priority, timing.breakdown_ms(responded_ns))
+        batch = (result.worker, timing.batch_start_ns)
+        self.statistics.computed(
+            result.model,
+            result.version,
+            rows_of(result),
+            timing,
+            responded_ns,
+            batch,
+            result.batch_size,
+        )
 
     def _cache_digest(self, cfg: ModelConfig, job: Job) -> str | None:
         """The response-cache key of a request, or None when the model does not cache."""

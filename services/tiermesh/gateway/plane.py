@@ -132,6 +132,11 @@ class DataPlane:
         self._dispatch.draining = value
 
     @property
+    def dispatcher(self) -> Dispatcher:
+        """For the books of calls the front door answered (books.py)."""
+        return self._dispatch
+
+    @property
     def accepted(self) -> int:
         """Requests placed on a queue."""
         return self._dispatch.accepted

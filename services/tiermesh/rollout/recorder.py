@@ -46,9 +46,17 @@ class Recorder:
         self._pairs = ShadowPairs()
         self.lost_flushes = 0
 
-    def answered(self, model: str, version: str, code: grpc.StatusCode, received_ns: int) -> None:
-        """A request routed to `version` got its final answer (or ran out of time)."""
-        now = self._clock_ns()
+    def answered(
+        self,
+        model: str,
+        version: str,
+        code: grpc.StatusCode,
+        received_ns: int,
+        ended_ns: int = 0,
+    ) -> None:
+        """A request routed to `version` got its final answer (or ran out of time), at
+        `ended_ns` (0: now)."""
+        now = ended_ns or self._clock_ns()
         latency_ms = (now - received_ns) / 1e6 if received_ns else None
         model = self._models.get(model, model)
         self._counts.outcome(model, version, now // 10**9, code.name, latency_ms)

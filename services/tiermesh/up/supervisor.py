@@ -292,6 +292,8 @@ class Mesh:
                 "TIERMESH_GATEWAY_PORT": str(opts.port),
                 "TIERMESH_FRONT_DOOR_UPSTREAM": f"127.0.0.1:{ports['gateway-behind-door']}",
                 "TIERMESH_FRONT_DOOR_DELIVERY_PORT": str(ports["door-delivery"]),
+                # The gateway's internal port, where the door books what it answered.
+                "TIERMESH_FRONT_DOOR_BOOKS": f"127.0.0.1:{ports['delivery']}",
                 "TIERMESH_METRICS_PORT": str(
                     self.metrics_ports.setdefault(FRONT_DOOR, free_port())
                 ),

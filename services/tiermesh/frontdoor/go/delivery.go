@@ -59,12 +59,16 @@ func (p *pending) resolve(r *tiermeshv1.Result) bool {
 type deliveryServer struct {
 	tiermeshv1.UnimplementedDeliveryServer
 	pending *pending
+	books   *books // nil: a canary's answer is dropped
 }
 
 func (d *deliveryServer) deliver(msg *tiermeshv1.Deliveries) *tiermeshv1.DeliverReply {
 	reply := &tiermeshv1.DeliverReply{BatchId: msg.BatchId}
 	for _, r := range msg.Results {
 		if _, shadow := r.Annotations[shadowOf]; shadow && !r.Partial {
+			if d.books != nil { // a canary's answer: compared at the gateway
+				d.books.shadow(r)
+			}
 			continue
 		}
 		if d.pending.resolve(r) {

@@ -41,6 +41,7 @@ type door struct {
 	pending  *pending
 	proxy    *proxy
 	delivery string // this door's Delivery address, on every job
+	books    *books // nil: the calls answered here are not booked at the gateway
 
 	inFlight atomic.Int64
 	metrics  *metrics
@@ -76,28 +77,48 @@ func (d *door) handle(_ interface{}, stream grpc.ServerStream) error {
 		d.metrics.passed.Add(1)
 		return d.proxy.pass(stream, method, f)
 	}
+	entry := &tiermeshv1.Entry{
+		RequestId: job.RequestId, Model: job.Model, Version: job.Version, ReceivedNs: job.Timing.ReceivedNs,
+	}
 	if d.inFlight.Add(1) > d.cfg.maxInFlight {
 		d.inFlight.Add(-1)
-		d.metrics.ended(job.Model, codes.ResourceExhausted)
+		d.ended(entry, codes.ResourceExhausted)
 		stream.SetTrailer(metadata.Pairs(retryAfterKey, strconv.FormatInt(d.cfg.retryAfterMs, 10)))
 		return status.Errorf(codes.ResourceExhausted, "too many requests in flight at this gateway (%d)", d.cfg.maxInFlight)
 	}
 	defer d.inFlight.Add(-1)
-	resp, err := d.infer(ctx, stream, job)
+	resp, err := d.infer(ctx, stream, job, entry)
+	d.ended(entry, status.Code(err))
 	if err != nil {
-		d.metrics.ended(job.Model, status.Code(err))
 		return err
 	}
-	d.metrics.ended(job.Model, codes.OK)
 	return stream.SendMsg(resp)
 }
 
-func (d *door) infer(ctx context.Context, stream grpc.ServerStream, job *tiermeshv1.Job) (proto.Message, error) {
+// ended counts a call the door answered or refused, and books it at the Python gateway.
+func (d *door) ended(entry *tiermeshv1.Entry, code codes.Code) {
+	d.metrics.ended(entry.Model, code)
+	if d.books == nil {
+		return
+	}
+	entry.Code = int32(code)
+	if entry.EndedNs == 0 {
+		entry.EndedNs = time.Now().UnixNano()
+	}
+	d.books.call(entry)
+}
+
+// infer routes the job and waits for its result; what it learns on the way goes in entry
+// (where the job was placed, its result, whether the caller left while it was queued).
+func (d *door) infer(ctx context.Context, stream grpc.ServerStream, job *tiermeshv1.Job, entry *tiermeshv1.Entry) (proto.Message, error) {
 	deadline := time.Unix(0, job.DeadlineNs)
 	results := d.pending.register(job.RequestId)
 	defer d.pending.discard(job.RequestId)
 	reply, err := d.router.route(ctx, job, deadline)
 	if err != nil {
+		if ctx.Err() != nil { // the job may be queued already: its workers are told
+			d.callerLeft(entry, deadline)
+		}
 		return nil, err
 	}
 	if reply.Code != 0 {
@@ -106,19 +127,49 @@ func (d *door) infer(ctx context.Context, stream grpc.ServerStream, job *tiermes
 		}
 		return nil, status.Error(codes.Code(reply.Code), reply.Message)
 	}
+	entry.Routed, entry.RoutedVersion, entry.ShadowRequestId = true, reply.Version, reply.ShadowRequestId
+	if reply.ShadowRequestId != "" && d.books != nil {
+		d.books.mirrored(&tiermeshv1.Mirrored{ShadowRequestId: reply.ShadowRequestId, Model: job.Model, DeadlineNs: job.DeadlineNs})
+	}
 	timer := time.NewTimer(time.Until(deadline))
 	defer timer.Stop()
 	select {
 	case result := <-results:
+		entry.Result = bookedResult(result, reply.ShadowRequestId != "")
 		if result.Code != 0 {
 			return nil, status.Error(codes.Code(result.Code), result.Message)
 		}
-		return responseOf(result, time.Now().UnixNano()), nil
+		entry.EndedNs = time.Now().UnixNano()
+		return responseOf(result, entry.EndedNs), nil
 	case <-timer.C:
 		return nil, status.Error(codes.DeadlineExceeded, "deadline exceeded while waiting for the result")
 	case <-ctx.Done():
+		d.callerLeft(entry, deadline)
 		return nil, contextError(ctx)
 	}
+}
+
+// callerLeft: the workers are to skip the job if they have not computed it yet.
+func (d *door) callerLeft(entry *tiermeshv1.Entry, deadline time.Time) {
+	entry.CallerLeft = true
+	entry.MsLeft = time.Until(deadline).Milliseconds()
+}
+
+// bookedResult is what the gateway's books read of a result: everything but the output
+// bytes, which only a mirrored call's result keeps (they are compared with the canary's).
+func bookedResult(r *tiermeshv1.Result, mirrored bool) *tiermeshv1.Result {
+	if mirrored {
+		return r
+	}
+	out := &tiermeshv1.Result{
+		RequestId: r.RequestId, Model: r.Model, Version: r.Version, Code: r.Code, Message: r.Message,
+		Timing: r.Timing, Tier: r.Tier, Priority: r.Priority, Bucket: r.Bucket,
+		BatchSize: r.BatchSize, Variant: r.Variant, Worker: r.Worker,
+	}
+	for _, t := range r.Outputs {
+		out.Outputs = append(out.Outputs, &tiermeshv1.Tensor{Name: t.Name, Datatype: t.Datatype, Shape: t.Shape})
+	}
+	return out
 }
 
 func requestID() string {

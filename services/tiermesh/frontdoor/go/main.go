@@ -37,6 +37,7 @@ type config struct {
 	listen          string // the public port
 	upstream        string // the Python gateway
 	router          string
+	books           string // the Python gateway's internal port ("" = nothing booked there)
 	deliveryListen  string // this door's Delivery port (postprocess dials it)
 	metricsListen   string // Prometheus text format at /metrics ("" = none)
 	defaultTimeout  time.Duration
@@ -101,6 +102,7 @@ func loadConfig() config {
 		listen:          net.JoinHostPort(env("TIERMESH_GATEWAY_HOST", "127.0.0.1"), env("TIERMESH_GATEWAY_PORT", "8001")),
 		upstream:        upstream,
 		router:          env("TIERMESH_ROUTER_ADDRESS", "127.0.0.1:8011"),
+		books:           env("TIERMESH_FRONT_DOOR_BOOKS", ""),
 		deliveryListen:  net.JoinHostPort("127.0.0.1", env("TIERMESH_FRONT_DOOR_DELIVERY_PORT", "0")),
 		metricsListen:   metricsAddress(),
 		defaultTimeout:  time.Duration(envInt("TIERMESH_DEFAULT_TIMEOUT_MS", 30000)) * time.Millisecond,
@@ -147,9 +149,18 @@ func main() {
 	if err != nil {
 		log.Fatalf("the Delivery port %s: %v", cfg.deliveryListen, err)
 	}
+	var booked *books
+	if cfg.books != "" {
+		booksConn, err := grpc.Dial(cfg.books, grpc.WithInsecure(),
+			grpc.WithDefaultCallOptions(grpc.MaxCallSendMsgSize(cfg.maxMessageBytes)))
+		if err != nil {
+			log.Fatalf("the Python gateway's books at %s: %v", cfg.books, err)
+		}
+		booked = newBooks(booksConn)
+	}
 	pending := newPending()
 	delivery := grpc.NewServer(grpc.MaxRecvMsgSize(cfg.maxMessageBytes))
-	tiermeshv1.RegisterDeliveryServer(delivery, &deliveryServer{pending: pending})
+	tiermeshv1.RegisterDeliveryServer(delivery, &deliveryServer{pending: pending, books: booked})
 	go func() {
 		if err := delivery.Serve(deliveryLis); err != nil {
 			log.Fatalf("Delivery: %v", err)
@@ -168,6 +179,7 @@ func main() {
 		pending:  pending,
 		proxy:    &proxy{conn: upstream},
 		delivery: deliveryLis.Addr().String(),
+		books:    booked,
 	}
 	door.metrics = newMetrics(&door.inFlight)
 	if _, err := serveMetrics(cfg.metricsListen, door.metrics); err != nil {
@@ -197,6 +209,12 @@ func main() {
 			public.Stop()
 		}
 		delivery.Stop()
+		if booked != nil {
+			booked.flush(2 * time.Second)
+			if n := booked.dropped.Load(); n > 0 {
+				log.Printf("%d calls were not booked at the Python gateway (it was away)", n)
+			}
+		}
 		pprof.StopCPUProfile()
 		log.Printf("stopped: %d requests answered here, %d passed to the Python gateway",
 			door.metrics.ok(), door.metrics.passed.Load())

@@ -1,0 +1,145 @@
+package main
+
+import (
+	"context"
+	"log"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"google.golang.org/grpc"
+	"tiermeshv1"
+)
+
+const (
+	// Unsent entries beyond this many are dropped (and counted) while the gateway is away.
+	maxUnsentBooks = 100_000
+	booksCallWait  = 5 * time.Second
+	booksRetryWait = 200 * time.Millisecond
+)
+
+// books reports the calls the door answered itself to the Python gateway's Books service
+// (gateway/books.py), which counts them in its ModelStatistics, latency histograms and
+// rollout books, and marks the jobs of callers who left as cancelled. Whatever has gathered
+// goes as one Record call once the previous one is answered: one entry a call at
+// concurrency 1, many under load, no timer.
+type books struct {
+	stub tiermeshv1.BooksClient
+
+	mu      sync.Mutex
+	unsent  tiermeshv1.Entries
+	wake    chan struct{}
+	dropped atomic.Int64 // entries lost while the gateway was away
+}
+
+func newBooks(conn *grpc.ClientConn) *books {
+	b := &books{stub: tiermeshv1.NewBooksClient(conn), wake: make(chan struct{}, 1)}
+	go b.pump()
+	return b
+}
+
+func count(e *tiermeshv1.Entries) int {
+	return len(e.Entries) + len(e.Shadows) + len(e.Mirrored)
+}
+
+// unsentCount is how much waits to be sent.
+func (b *books) unsentCount() int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return count(&b.unsent)
+}
+
+// add queues what fill appends to the unsent books, unless too much is unsent already.
+func (b *books) add(fill func(*tiermeshv1.Entries)) {
+	b.mu.Lock()
+	if count(&b.unsent) >= maxUnsentBooks {
+		b.mu.Unlock()
+		b.dropped.Add(1)
+		return
+	}
+	fill(&b.unsent)
+	b.mu.Unlock()
+	signal1(b.wake)
+}
+
+func (b *books) call(e *tiermeshv1.Entry) {
+	b.add(func(u *tiermeshv1.Entries) { u.Entries = append(u.Entries, e) })
+}
+
+func (b *books) mirrored(m *tiermeshv1.Mirrored) {
+	b.add(func(u *tiermeshv1.Entries) { u.Mirrored = append(u.Mirrored, m) })
+}
+
+func (b *books) shadow(r *tiermeshv1.Result) {
+	b.add(func(u *tiermeshv1.Entries) { u.Shadows = append(u.Shadows, r) })
+}
+
+func (b *books) take() *tiermeshv1.Entries {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if count(&b.unsent) == 0 {
+		return nil
+	}
+	out := b.unsent
+	b.unsent = tiermeshv1.Entries{}
+	return &out
+}
+
+// putBack returns a batch the gateway did not take, ahead of what came since, within the
+// bound.
+func (b *books) putBack(batch *tiermeshv1.Entries) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if count(&b.unsent)+count(batch) > maxUnsentBooks {
+		b.dropped.Add(int64(len(batch.Entries)))
+		return
+	}
+	b.unsent.Entries = append(batch.Entries, b.unsent.Entries...)
+	b.unsent.Shadows = append(batch.Shadows, b.unsent.Shadows...)
+	b.unsent.Mirrored = append(batch.Mirrored, b.unsent.Mirrored...)
+}
+
+// send makes one Record call of whatever is unsent; false when it failed (kept for later).
+func (b *books) send() bool {
+	batch := b.take()
+	if batch == nil {
+		return true
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), booksCallWait)
+	defer cancel()
+	if _, err := b.stub.Record(ctx, batch); err != nil {
+		b.putBack(batch)
+		return false
+	}
+	return true
+}
+
+func (b *books) pump() {
+	failing := false
+	for range b.wake {
+		for b.unsentCount() > 0 {
+			if b.send() {
+				if failing {
+					log.Printf("booking at the Python gateway again")
+					failing = false
+				}
+				continue
+			}
+			if !failing {
+				log.Printf("the Python gateway does not take the books now; retrying")
+				failing = true
+			}
+			time.Sleep(booksRetryWait)
+		}
+	}
+}
+
+// flush sends what is unsent before the door stops, within `wait`.
+func (b *books) flush(wait time.Duration) {
+	end := time.Now().Add(wait)
+	for b.unsentCount() > 0 && time.Now().Before(end) {
+		if !b.send() {
+			time.Sleep(booksRetryWait)
+		}
+	}
+}

@@ -1,0 +1,149 @@
+"""The gateway's books for the calls its Go front door answered itself (frontdoor/go,
+books.go): ModelStatistics, the latency histograms, the rollout counts and output drift,
+and the cancellation mark of a caller who left. The door reports them in batches on the
+internal port (books.proto); each entry is booked as the gateway books a call it answered
+(dispatch.py), so the figures count every call on the public port. The door counts its
+own `tiermesh_requests_total`; nothing here counts it again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import grpc
+
+from tiermesh.core.errors import code_from_int
+from tiermesh.core.grpc_errors import grpc_method
+from tiermesh.core.jobs import JobResult
+from tiermesh.core.repository import ModelRepository
+from tiermesh.core.wire import result_from_proto
+from tiermesh.gateway.dispatch import Dispatcher
+from tiermesh.gateway.upstream import Cancellations
+from tiermesh.rollout.recorder import Recorder
+from tiermesh.v1 import books_pb2, books_pb2_grpc
+
+
+@dataclass(frozen=True, slots=True)
+class Mirror:
+    """The router mirrored a copy of a call to the canary as `shadow_request_id`."""
+
+    shadow_request_id: str
+    model: str
+    deadline_ns: int
+
+
+@dataclass(frozen=True, slots=True)
+class DoorCall:
+    """One call the front door answered or refused (books.proto, Entry)."""
+
+    request_id: str
+    model: str
+    version: str  # as the caller named it ("" = the default)
+    code: grpc.StatusCode
+    received_ns: int
+    ended_ns: int
+    routed: bool = False
+    routed_version: str = ""
+    shadow_request_id: str = ""
+    result: JobResult | None = None
+    caller_left: bool = False
+    ms_left: int = 0
+
+
+class DoorBooks:
+    """Books what the door reports; owned by the gateway's __main__."""
+
+    def __init__(
+        self,
+        repo: ModelRepository,
+        dispatcher: Dispatcher,
+        cancellations: Cancellations,
+        recorder: Recorder | None,
+    ) -> None:
+        self._repo = repo
+        self._dispatch = dispatcher
+        self._cancellations = cancellations
+        self._recorder = recorder
+        self.booked = 0
+
+    async def record(
+        self,
+        mirrors: Iterable[Mirror],
+        calls: Iterable[DoorCall],
+        shadows: Iterable[JobResult],
+    ) -> int:
+        """Book the mirrored copies first (a call's or a canary's answer pairs with them),
+        then each call and each canary answer; the callers who left are marked, all marks
+        at once. Returns how many calls were booked."""
+        recorder = self._recorder
+        if recorder is not None:
+            for m in mirrors:
+                recorder.mirrored(m.shadow_request_id, m.model, m.deadline_ns)
+        left: list[DoorCall] = []
+        count = 0
+        for call in calls:
+            self._book(call)
+            if call.caller_left:
+                left.append(call)
+            count += 1
+        if recorder is not None:
+            for result in shadows:
+                recorder.shadow(result)
+        if left:
+            await asyncio.gather(*(self._cancellations.mark(c.request_id, c.ms_left) for c in left))
+        self.booked += count
+        return count
+
+    def _book(self, call: DoorCall) -> None:
+        result = call.result
+        answered = call.code == grpc.StatusCode.OK and result is not None
+        if answered:
+            self._dispatch.computed(result, call.ended_ns)  # type: ignore[arg-type]
+        else:
+            cfg = self._repo.get(call.model)
+            if cfg is not None:  # as plane.py books a call that ended without an answer
+                version = call.version or cfg.stable.version
+                statistics = self._dispatch.statistics
+                statistics.failed(cfg.name, version, call.received_ns, call.ended_ns)
+        recorder = self._recorder
+        if recorder is None or not call.routed:
+            return
+        version = (result.version if result is not None else "") or call.routed_version
+        recorder.answered(call.model, version, call.code, call.received_ns, call.ended_ns)
+        if call.shadow_request_id and result is not None:
+            recorder.primary(call.shadow_request_id, result)
+
+
+def door_call(entry: books_pb2.Entry) -> DoorCall:
+    """The domain form of one reported call."""
+    return DoorCall(
+        request_id=entry.request_id,
+        model=entry.model,
+        version=entry.version,
+        code=code_from_int(entry.code),
+        received_ns=entry.received_ns,
+        ended_ns=entry.ended_ns,
+        routed=entry.routed,
+        routed_version=entry.routed_version,
+        shadow_request_id=entry.shadow_request_id,
+        result=result_from_proto(entry.result) if entry.HasField("result") else None,
+        caller_left=entry.caller_left,
+        ms_left=entry.ms_left,
+    )
+
+
+class BooksServicer(books_pb2_grpc.BooksServicer):
+    """The front door's Record calls, on the gateway's internal port."""
+
+    def __init__(self, books: DoorBooks) -> None:
+        self._books = books
+
+    @grpc_method
+    async def Record(self, request, context):  # type: ignore[no-untyped-def]
+        mirrors = [Mirror(m.shadow_request_id, m.model, m.deadline_ns) for m in request.mirrored]
+        calls = [door_call(entry) for entry in request.entries]
+        shadows = [result_from_proto(msg) for msg in request.shadows]
+        booked = await self._books.record(mirrors, calls, shadows)
+        return books_pb2.Recorded(entries=booked)
