@@ -13,6 +13,7 @@ import signal
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -27,6 +28,7 @@ from tritonclient.utils import InferenceServerException
 
 from tests.conftest import DRIFTING, GOOD
 from tests.e2e.conftest import UpProcess, running, scrape_metrics, start_up
+from tests.e2e.test_capture_replay_e2e import tm as bench_cli
 from tests.e2e.test_requests_e2e import (
     MALFORMED,
     _raw_request,
@@ -38,6 +40,7 @@ from tests.e2e.test_requests_e2e import (
 )
 from tests.e2e.test_rollout_e2e import MODEL as ROLLOUT_MODEL
 from tests.e2e.test_rollout_e2e import cli as rollout_cli
+from tiermesh.bench import replay
 from tiermesh.core.keys import cancel_key
 from tiermesh.frontdoor.build import missing_tools
 from tiermesh.rollout.store import RolloutStore
@@ -281,9 +284,22 @@ def wait_for(predicate: Any, what: str, seconds: float = 15) -> None:
         time.sleep(0.05)
 
 
+def books_balance(up: UpProcess) -> bool:
+    """Whether the gateway's ModelStatistics and latency histogram of mlp hold every call
+    the door and the gateway ended (by their own request counters)."""
+    ended: dict[tuple[str, str], float] = {}
+    for service in ("gateway", "frontdoor"):
+        for key, n in answered_calls(up, service).items():
+            ended[key] = ended.get(key, 0) + n
+    ok = ended.get(("mlp", "OK"), 0)
+    failed = sum(n for (model, code), n in ended.items() if model == "mlp" and code != "OK")
+    successes, failures, _ = mlp_statistics(up)
+    return (successes, failures) == (ok, failed) and mlp_latencies(up) == ok
+
+
 def test_the_gateway_books_what_the_door_answered(door_up: UpProcess) -> None:
+    wait_for(lambda: books_balance(door_up), "earlier calls never all reached the books")
     successes, failures, inferences = mlp_statistics(door_up)
-    latencies = mlp_latencies(door_up)
     door_before = answered_calls(door_up, "frontdoor").get(("mlp", "OK"), 0)
     client = grpcclient.InferenceServerClient(door_up.url)
     for rows in (1, 2, 3):
@@ -296,22 +312,23 @@ def test_the_gateway_books_what_the_door_answered(door_up: UpProcess) -> None:
         lambda: mlp_statistics(door_up) == (successes + 3, failures + 1, inferences + 6),
         f"the door's calls never reached the gateway's statistics: {mlp_statistics(door_up)}",
     )
-    wait_for(lambda: mlp_latencies(door_up) == latencies + 3, "nor its latency histogram")
+    wait_for(lambda: books_balance(door_up), "nor its latency histogram")
 
 
 def test_a_caller_who_leaves_is_marked_for_the_workers(door_up: UpProcess) -> None:
     store = redis.Redis.from_url(door_up.redis_url())
     pattern = cancel_key("*")
     marked = set(store.scan_iter(match=pattern))
-    client = grpcclient.InferenceServerClient(door_up.url)
-    with worker_paused(door_up):
-        with pytest.raises(InferenceServerException) as info:
-            client.infer("mlp", [mlp_input(np.ones((1, 4), np.float32))], client_timeout=0.5)
-        assert info.value.status() == "StatusCode.DEADLINE_EXCEEDED"
-        wait_for(
-            lambda: len(set(store.scan_iter(match=pattern)) - marked) == 1,
-            "the door's queued job was never marked cancelled",
+    x = np.ones((1, 4), np.float32)
+    request = _raw_request("mlp", "INPUT0", "FP32", [1, 4], x.tobytes())
+    with worker_paused(door_up), grpc.insecure_channel(door_up.url) as channel:
+        call = service_pb2_grpc.GRPCInferenceServiceStub(channel).ModelInfer.future(
+            request, timeout=30
         )
+        wait_for(lambda: door_in_flight(door_up) >= 1, "the call never reached the door")
+        call.cancel()  # the caller leaves while its job waits in the stream
+        new = lambda: set(store.scan_iter(match=pattern)) - marked  # noqa: E731
+        wait_for(lambda: len(new()) == 1, f"not one job marked cancelled: {new()}")
 
 
 async def rollout_window(url: str, version: str, since_ms: int) -> VersionStats:
@@ -353,3 +370,30 @@ def test_canary_drift_and_outcomes_count_what_the_door_answered(
     assert python_ok == 0 and door_ok >= 3  # every call was the door's
     assert canary.cosine_mean is not None and canary.cosine_mean < 0.99
     assert canary.ok >= 3 and stable.ok >= 3 and stable.errors == 0
+
+
+def test_traffic_capture_samples_what_the_door_answered(door_up: UpProcess, tmp_path: Path) -> None:
+    url = door_up.redis_url()
+    bench_cli("capture", "--redis-url", url, "clear")
+    bench_cli("capture", "--redis-url", url, "start", "--rate", "1")
+    python_ok = answered_calls(door_up).get(("mlp", "OK"), 0)
+    client = grpcclient.InferenceServerClient(door_up.url)
+    out = tmp_path / "captured.jsonl"
+    try:
+        deadline = time.monotonic() + 20
+        while True:  # the door learns the rate within a probe of the gateway's books
+            client.infer("mlp", [mlp_input(np.ones((2, 4), np.float32))], priority=1)
+            bench_cli("capture", "--redis-url", url, "export", "--out", str(out))
+            records = [r for r in replay.load(out) if r["model"] == "mlp"]
+            if records:
+                break
+            assert time.monotonic() < deadline, "nothing the door answered was captured"
+    finally:
+        bench_cli("capture", "--redis-url", url, "stop")
+    assert answered_calls(door_up).get(("mlp", "OK"), 0) == python_ok  # all the door's
+    record = records[0]
+    assert (record["code"], record["priority"], record["tier"]) == ("OK", 1, "center")
+    assert record["inputs"] == [
+        {"name": "INPUT0", "datatype": "FP32", "shape": [2, 4], "bytes": 32}
+    ]
+    assert record["timing_ms"]["total"] > 0

@@ -140,11 +140,11 @@ async def serve(
         stats=stats,
         hop_spans=HopSpans(telemetry),
     )
-    # The calls a Go front door answered itself, booked here (books.py).
-    books = DoorBooks(repo, plane.dispatcher, upstream.cancellations, recorder)
-    books_pb2_grpc.add_BooksServicer_to_server(BooksServicer(books), internal)
     export_prices(registry, load_prices(settings.prices_file))
     plane.capture = capture = _capture(settings, redis, tenants, registry)
+    # The calls a Go front door answered itself, booked here (books.py).
+    books = DoorBooks(repo, plane.dispatcher, upstream.cancellations, recorder, capture)
+    books_pb2_grpc.add_BooksServicer_to_server(BooksServicer(books), internal)
     # The KServe v2 REST door: the same plane behind JSON and binary-data bodies.
     rest = RestDoor(plane, settings, telemetry.tracer) if settings.http_port >= 0 else None
     public = make_server(

@@ -1,9 +1,10 @@
 """The gateway's books for the calls its Go front door answered itself (frontdoor/go,
 books.go): ModelStatistics, the latency histograms, the rollout counts and output drift,
-and the cancellation mark of a caller who left. The door reports them in batches on the
-internal port (books.proto); each entry is booked as the gateway books a call it answered
-(dispatch.py), so the figures count every call on the public port. The door counts its
-own `tiermesh_requests_total`; nothing here counts it again.
+the cancellation mark of a caller who left, and traffic capture (the door samples its
+calls at the share each reply gives it and sends those with their job). The door reports
+them in batches on the internal port (books.proto); each entry is booked as the gateway
+books a call it answered (dispatch.py), so the figures count every call on the public
+port. The door counts its own `tiermesh_requests_total`; nothing here counts it again.
 """
 
 from __future__ import annotations
@@ -16,9 +17,10 @@ import grpc
 
 from tiermesh.core.errors import code_from_int
 from tiermesh.core.grpc_errors import grpc_method
-from tiermesh.core.jobs import JobResult
+from tiermesh.core.jobs import Job, JobResult
 from tiermesh.core.repository import ModelRepository
-from tiermesh.core.wire import result_from_proto
+from tiermesh.core.wire import job_from_proto, result_from_proto
+from tiermesh.gateway.capture import Capture, Observed
 from tiermesh.gateway.dispatch import Dispatcher
 from tiermesh.gateway.upstream import Cancellations
 from tiermesh.rollout.recorder import Recorder
@@ -50,6 +52,7 @@ class DoorCall:
     result: JobResult | None = None
     caller_left: bool = False
     ms_left: int = 0
+    job: Job | None = None  # a call the door sampled for traffic capture
 
 
 class DoorBooks:
@@ -61,12 +64,18 @@ class DoorBooks:
         dispatcher: Dispatcher,
         cancellations: Cancellations,
         recorder: Recorder | None,
+        capture: Capture | None = None,
     ) -> None:
         self._repo = repo
         self._dispatch = dispatcher
         self._cancellations = cancellations
         self._recorder = recorder
+        self._capture = capture
         self.booked = 0
+
+    def capture_rate(self) -> float:
+        """The share of its calls the door is to send with their job (capture on)."""
+        return self._capture.rate_now() if self._capture is not None else 0.0
 
     async def record(
         self,
@@ -98,6 +107,19 @@ class DoorBooks:
 
     def _book(self, call: DoorCall) -> None:
         result = call.result
+        if call.job is not None and self._capture is not None:  # sampled at the door
+            self._capture.keep(
+                Observed(
+                    call.request_id,
+                    call.model,
+                    "",
+                    call.code.name,
+                    call.received_ns,
+                    call.ended_ns,
+                    call.job,
+                    result,
+                )
+            )
         answered = call.code == grpc.StatusCode.OK and result is not None
         if answered:
             self._dispatch.computed(result, call.ended_ns)  # type: ignore[arg-type]
@@ -131,6 +153,7 @@ def door_call(entry: books_pb2.Entry) -> DoorCall:
         result=result_from_proto(entry.result) if entry.HasField("result") else None,
         caller_left=entry.caller_left,
         ms_left=entry.ms_left,
+        job=job_from_proto(entry.job) if entry.HasField("job") else None,
     )
 
 
@@ -146,4 +169,4 @@ class BooksServicer(books_pb2_grpc.BooksServicer):
         calls = [door_call(entry) for entry in request.entries]
         shadows = [result_from_proto(msg) for msg in request.shadows]
         booked = await self._books.record(mirrors, calls, shadows)
-        return books_pb2.Recorded(entries=booked)
+        return books_pb2.Recorded(entries=booked, capture_rate=self._books.capture_rate())

@@ -223,6 +223,12 @@ class Capture:
             return False
         return state.sampling(self._clock_ms()) and self._sample() < state.rate
 
+    def rate_now(self) -> float:
+        """The share of requests sampled now (0 while capture is off or its window over),
+        for the front door, which samples the calls it answers itself (books.py)."""
+        state = self.state
+        return state.rate if state.sampling(self._clock_ms()) else 0.0
+
     def keep(self, obs: Observed) -> None:
         """Queue a sampled request for the writer."""
         if len(self._queue) >= MAX_QUEUED:

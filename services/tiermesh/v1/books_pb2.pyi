@@ -8,7 +8,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class Entry(_message.Message):
-    __slots__ = ("request_id", "model", "version", "code", "received_ns", "ended_ns", "routed", "routed_version", "shadow_request_id", "result", "caller_left", "ms_left")
+    __slots__ = ("request_id", "model", "version", "code", "received_ns", "ended_ns", "routed", "routed_version", "shadow_request_id", "result", "caller_left", "ms_left", "job")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
@@ -21,6 +21,7 @@ class Entry(_message.Message):
     RESULT_FIELD_NUMBER: _ClassVar[int]
     CALLER_LEFT_FIELD_NUMBER: _ClassVar[int]
     MS_LEFT_FIELD_NUMBER: _ClassVar[int]
+    JOB_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     model: str
     version: str
@@ -33,7 +34,8 @@ class Entry(_message.Message):
     result: _job_pb2.Result
     caller_left: bool
     ms_left: int
-    def __init__(self, request_id: _Optional[str] = ..., model: _Optional[str] = ..., version: _Optional[str] = ..., code: _Optional[int] = ..., received_ns: _Optional[int] = ..., ended_ns: _Optional[int] = ..., routed: _Optional[bool] = ..., routed_version: _Optional[str] = ..., shadow_request_id: _Optional[str] = ..., result: _Optional[_Union[_job_pb2.Result, _Mapping]] = ..., caller_left: _Optional[bool] = ..., ms_left: _Optional[int] = ...) -> None: ...
+    job: _job_pb2.Job
+    def __init__(self, request_id: _Optional[str] = ..., model: _Optional[str] = ..., version: _Optional[str] = ..., code: _Optional[int] = ..., received_ns: _Optional[int] = ..., ended_ns: _Optional[int] = ..., routed: _Optional[bool] = ..., routed_version: _Optional[str] = ..., shadow_request_id: _Optional[str] = ..., result: _Optional[_Union[_job_pb2.Result, _Mapping]] = ..., caller_left: _Optional[bool] = ..., ms_left: _Optional[int] = ..., job: _Optional[_Union[_job_pb2.Job, _Mapping]] = ...) -> None: ...
 
 class Mirrored(_message.Message):
     __slots__ = ("shadow_request_id", "model", "deadline_ns")
@@ -56,7 +58,9 @@ class Entries(_message.Message):
     def __init__(self, entries: _Optional[_Iterable[_Union[Entry, _Mapping]]] = ..., shadows: _Optional[_Iterable[_Union[_job_pb2.Result, _Mapping]]] = ..., mirrored: _Optional[_Iterable[_Union[Mirrored, _Mapping]]] = ...) -> None: ...
 
 class Recorded(_message.Message):
-    __slots__ = ("entries",)
+    __slots__ = ("entries", "capture_rate")
     ENTRIES_FIELD_NUMBER: _ClassVar[int]
+    CAPTURE_RATE_FIELD_NUMBER: _ClassVar[int]
     entries: int
-    def __init__(self, entries: _Optional[int] = ...) -> None: ...
+    capture_rate: float
+    def __init__(self, entries: _Optional[int] = ..., capture_rate: _Optional[float] = ...) -> None: ...

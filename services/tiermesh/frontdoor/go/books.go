@@ -3,6 +3,8 @@ package main
 import (
 	"context"
 	"log"
+	"math"
+	"math/rand"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -16,13 +18,18 @@ const (
 	maxUnsentBooks = 100_000
 	booksCallWait  = 5 * time.Second
 	booksRetryWait = 200 * time.Millisecond
+	booksGather    = 50 * time.Millisecond
+	// An idle door asks the gateway this often whether traffic capture is on (a busy one
+	// learns it from every reply): a capture started with `tiermesh bench capture start`
+	// samples the door's calls within about this long, as the gateway's own flush does.
+	captureProbeEvery = 250 * time.Millisecond
 )
 
 // books reports the calls the door answered itself to the Python gateway's Books service
 // (gateway/books.py), which counts them in its ModelStatistics, latency histograms and
 // rollout books, and marks the jobs of callers who left as cancelled. Whatever has gathered
-// goes as one Record call once the previous one is answered: one entry a call at
-// concurrency 1, many under load, no timer.
+// within booksGather of the first entry goes as one Record call, once the previous one is
+// answered.
 type books struct {
 	stub tiermeshv1.BooksClient
 
@@ -30,6 +37,9 @@ type books struct {
 	unsent  tiermeshv1.Entries
 	wake    chan struct{}
 	dropped atomic.Int64 // entries lost while the gateway was away
+	// The share of calls reported with their job (traffic capture), as the gateway's last
+	// reply said (float64 bits).
+	captureRate atomic.Uint64
 }
 
 func newBooks(conn *grpc.ClientConn) *books {
@@ -107,16 +117,46 @@ func (b *books) send() bool {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), booksCallWait)
 	defer cancel()
-	if _, err := b.stub.Record(ctx, batch); err != nil {
+	reply, err := b.stub.Record(ctx, batch)
+	if err != nil {
 		b.putBack(batch)
 		return false
 	}
+	b.captureRate.Store(math.Float64bits(reply.CaptureRate))
 	return true
+}
+
+// sampled: this call goes to the gateway with its job, for traffic capture.
+func (b *books) sampled() bool {
+	rate := math.Float64frombits(b.captureRate.Load())
+	return rate > 0 && rand.Float64() < rate
+}
+
+// probe asks the gateway for the capture rate while the door has nothing to report.
+func (b *books) probe() {
+	ctx, cancel := context.WithTimeout(context.Background(), booksCallWait)
+	defer cancel()
+	if reply, err := b.stub.Record(ctx, &tiermeshv1.Entries{}); err == nil {
+		b.captureRate.Store(math.Float64bits(reply.CaptureRate))
+	}
 }
 
 func (b *books) pump() {
 	failing := false
-	for range b.wake {
+	tick := time.NewTicker(captureProbeEvery)
+	defer tick.Stop()
+	for {
+		select {
+		case <-b.wake:
+			// Books are not on any caller's path: gathering for a moment makes one call
+			// carry many entries (one Record a call costs the gateway a grpc.aio call each).
+			time.Sleep(booksGather)
+		case <-tick.C:
+			if b.unsentCount() == 0 {
+				b.probe()
+			}
+			continue
+		}
 		for b.unsentCount() > 0 {
 			if b.send() {
 				if failing {

@@ -80,6 +80,9 @@ func (d *door) handle(_ interface{}, stream grpc.ServerStream) error {
 	entry := &tiermeshv1.Entry{
 		RequestId: job.RequestId, Model: job.Model, Version: job.Version, ReceivedNs: job.Timing.ReceivedNs,
 	}
+	if d.books != nil && d.books.sampled() { // captured at the gateway, job and all
+		entry.Job = job
+	}
 	if d.inFlight.Add(1) > d.cfg.maxInFlight {
 		d.inFlight.Add(-1)
 		d.ended(entry, codes.ResourceExhausted)
@@ -135,7 +138,7 @@ func (d *door) infer(ctx context.Context, stream grpc.ServerStream, job *tiermes
 	defer timer.Stop()
 	select {
 	case result := <-results:
-		entry.Result = bookedResult(result, reply.ShadowRequestId != "")
+		entry.Result = bookedResult(result, reply.ShadowRequestId != "", entry.Job != nil)
 		if result.Code != 0 {
 			return nil, status.Error(codes.Code(result.Code), result.Message)
 		}
@@ -156,8 +159,9 @@ func (d *door) callerLeft(entry *tiermeshv1.Entry, deadline time.Time) {
 }
 
 // bookedResult is what the gateway's books read of a result: everything but the output
-// bytes, which only a mirrored call's result keeps (they are compared with the canary's).
-func bookedResult(r *tiermeshv1.Result, mirrored bool) *tiermeshv1.Result {
+// bytes, which only a mirrored call's result keeps (they are compared with the canary's),
+// and the annotations, which only a sampled call's keeps (the capture reads its tokens).
+func bookedResult(r *tiermeshv1.Result, mirrored, sampled bool) *tiermeshv1.Result {
 	if mirrored {
 		return r
 	}
@@ -168,6 +172,9 @@ func bookedResult(r *tiermeshv1.Result, mirrored bool) *tiermeshv1.Result {
 	}
 	for _, t := range r.Outputs {
 		out.Outputs = append(out.Outputs, &tiermeshv1.Tensor{Name: t.Name, Datatype: t.Datatype, Shape: t.Shape})
+	}
+	if sampled {
+		out.Annotations = r.Annotations
 	}
 	return out
 }
