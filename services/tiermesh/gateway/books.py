@@ -71,7 +71,6 @@ class DoorBooks:
         self._cancellations = cancellations
         self._recorder = recorder
         self._capture = capture
-        self.booked = 0
 
     def capture_rate(self) -> float:
         """The share of its calls the door is to send with their job (capture on)."""
@@ -102,7 +101,6 @@ class DoorBooks:
                 recorder.shadow(result)
         if left:
             await asyncio.gather(*(self._cancellations.mark(c.request_id, c.ms_left) for c in left))
-        self.booked += count
         return count
 
     def _book(self, call: DoorCall) -> None:
@@ -120,9 +118,8 @@ class DoorBooks:
                     result,
                 )
             )
-        answered = call.code == grpc.StatusCode.OK and result is not None
-        if answered:
-            self._dispatch.computed(result, call.ended_ns)  # type: ignore[arg-type]
+        if call.code == grpc.StatusCode.OK and result is not None:
+            self._dispatch.computed(result, call.ended_ns)
         else:
             cfg = self._repo.get(call.model)
             if cfg is not None:  # as plane.py books a call that ended without an answer
