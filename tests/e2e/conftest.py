@@ -211,12 +211,21 @@ def gateway_counts(up: UpProcess) -> dict[str, int]:
     """What the gateway counted over its life, from its `gateway stopped` log line (read
     once `tiermesh up` has stopped): requests `accepted` (placed on a queue), `answered`
     (their result reached the waiting call) and `late_results` (results for a call already
-    answered or gone: duplicates and stragglers, dropped)."""
+    answered or gone: duplicates and stragglers, dropped); with the Go front door in front
+    of it, the door's own counts (its stop line) added."""
+    counts: dict[str, int] | None = None
+    door = {"accepted": 0, "answered": 0, "late_results": 0}
     for line in up.log.read_text().splitlines():
         if '"gateway stopped"' in line:
             doc = json.loads(line)
-            return {k: int(doc[k]) for k in ("accepted", "answered", "late_results")}
-    raise AssertionError("the gateway never logged `gateway stopped`")
+            counts = {k: int(doc[k]) for k in ("accepted", "answered", "late_results")}
+        found = re.search(
+            r"frontdoor: stopped: .*\(accepted (\d+), answered (\d+), late_results (\d+)\)", line
+        )
+        if found:
+            door = dict(zip(door, map(int, found.groups()), strict=True))
+    assert counts is not None, "the gateway never logged `gateway stopped`"
+    return {k: counts[k] + door[k] for k in counts}
 
 
 def scrape_metrics(url: str) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:

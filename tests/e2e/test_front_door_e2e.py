@@ -397,3 +397,9 @@ def test_traffic_capture_samples_what_the_door_answered(door_up: UpProcess, tmp_
         {"name": "INPUT0", "datatype": "FP32", "shape": [2, 4], "bytes": 32}
     ]
     assert record["timing_ms"]["total"] > 0
+
+
+def test_the_door_reports_its_cpu_as_every_process_does(door_up: UpProcess) -> None:
+    """`tiermesh bench --mesh-metrics` and the dashboards read process_cpu_seconds_total."""
+    samples = scrape_metrics(door_up.metrics_urls()["frontdoor"])
+    assert samples[("process_cpu_seconds_total", frozenset())] > 0

@@ -82,20 +82,23 @@ class MeshReading:
 
 class MeshMeter:
     """Reads the mesh of one `tiermesh up` between phases: its processes' CPU from /proc
-    (the supervisor, the services and redis-server) and the gateway's OK count from its
-    Prometheus endpoint."""
+    (the supervisor, the services and redis-server) and the calls answered by code from the
+    Prometheus endpoints of the gateway and of its front door."""
 
     def __init__(self, up: UpProcess) -> None:
         self._pids = [up.proc.pid, *up.children().values()]
-        self._metrics_url = up.metrics_urls()["gateway"]
+        # The Go front door counts the calls it answered itself; the gateway, the rest.
+        urls = up.metrics_urls()
+        self._metrics_urls = [urls[name] for name in ("frontdoor", "gateway") if name in urls]
 
     def read(self) -> MeshReading:
         cpu_s = sum(process_cpu_s(pid) for pid in self._pids)
         answered: Counter[str] = Counter()
-        for (name, pairs), value in scrape_metrics(self._metrics_url).items():
-            labels = dict(pairs)
-            if name == "tiermesh_requests_total" and labels.get("model") == MODEL:
-                answered[labels["code"]] += int(value)
+        for url in self._metrics_urls:
+            for (name, pairs), value in scrape_metrics(url).items():
+                labels = dict(pairs)
+                if name == "tiermesh_requests_total" and labels.get("model") == MODEL:
+                    answered[labels["code"]] += int(value)
         return MeshReading(cpu_s, answered)
 
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"io"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"tiermeshv1"
@@ -60,6 +61,7 @@ type deliveryServer struct {
 	tiermeshv1.UnimplementedDeliveryServer
 	pending *pending
 	books   *books // nil: a canary's answer is dropped
+	late    *atomic.Int64
 }
 
 func (d *deliveryServer) deliver(msg *tiermeshv1.Deliveries) *tiermeshv1.DeliverReply {
@@ -75,6 +77,7 @@ func (d *deliveryServer) deliver(msg *tiermeshv1.Deliveries) *tiermeshv1.Deliver
 			reply.Resolved++
 		} else {
 			reply.Late++
+			d.late.Add(1)
 		}
 	}
 	return reply

@@ -130,6 +130,7 @@ func (d *door) infer(ctx context.Context, stream grpc.ServerStream, job *tiermes
 		}
 		return nil, status.Error(codes.Code(reply.Code), reply.Message)
 	}
+	d.metrics.accepted.Add(1)
 	entry.Routed, entry.RoutedVersion, entry.ShadowRequestId = true, reply.Version, reply.ShadowRequestId
 	if reply.ShadowRequestId != "" && d.books != nil {
 		d.books.mirrored(&tiermeshv1.Mirrored{ShadowRequestId: reply.ShadowRequestId, Model: job.Model, DeadlineNs: job.DeadlineNs})
@@ -138,6 +139,7 @@ func (d *door) infer(ctx context.Context, stream grpc.ServerStream, job *tiermes
 	defer timer.Stop()
 	select {
 	case result := <-results:
+		d.metrics.resolved.Add(1)
 		entry.Result = bookedResult(result, reply.ShadowRequestId != "", entry.Job != nil)
 		if result.Code != 0 {
 			return nil, status.Error(codes.Code(result.Code), result.Message)

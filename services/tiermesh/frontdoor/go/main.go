@@ -26,6 +26,7 @@ import (
 	"runtime/debug"
 	"runtime/pprof"
 	"strconv"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -160,7 +161,8 @@ func main() {
 	}
 	pending := newPending()
 	delivery := grpc.NewServer(grpc.MaxRecvMsgSize(cfg.maxMessageBytes))
-	tiermeshv1.RegisterDeliveryServer(delivery, &deliveryServer{pending: pending, books: booked})
+	var late atomic.Int64 // results nobody here waited for
+	tiermeshv1.RegisterDeliveryServer(delivery, &deliveryServer{pending: pending, books: booked, late: &late})
 	go func() {
 		if err := delivery.Serve(deliveryLis); err != nil {
 			log.Fatalf("Delivery: %v", err)
@@ -216,8 +218,10 @@ func main() {
 			}
 		}
 		pprof.StopCPUProfile()
-		log.Printf("stopped: %d requests answered here, %d passed to the Python gateway",
-			door.metrics.ok(), door.metrics.passed.Load())
+		m := door.metrics
+		log.Printf("stopped: %d requests answered here, %d passed to the Python gateway "+
+			"(accepted %d, answered %d, late_results %d)",
+			m.ok(), m.passed.Load(), m.accepted.Load(), m.resolved.Load(), late.Load())
 		os.Exit(0)
 	}()
 	fmt.Fprintf(os.Stderr, "frontdoor: serving on %s (delivery %s, Python gateway %s)\n",

@@ -8,6 +8,8 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
+	"time"
 
 	"google.golang.org/grpc/codes"
 )
@@ -30,7 +32,10 @@ type metrics struct {
 	mu       sync.Mutex
 	answered map[[2]string]uint64 // (model, code) -> ModelInfer calls ended here
 	passed   atomic.Int64         // calls passed to the Python gateway
-	inFlight *atomic.Int64        // the door's own count, which its cap reads
+	// As the Python gateway's stop line counts them: jobs placed on a queue, those whose
+	// result reached the waiting call (late results: deliveryServer.late).
+	accepted, resolved atomic.Int64
+	inFlight           *atomic.Int64 // the door's own count, which its cap reads
 }
 
 func newMetrics(inFlight *atomic.Int64) *metrics {
@@ -91,6 +96,15 @@ func (m *metrics) ServeHTTP(w http.ResponseWriter, _ *http.Request) {
 	b.WriteString("# HELP tiermesh_front_door_passed_total Calls the front door passed to the Python gateway\n")
 	b.WriteString("# TYPE tiermesh_front_door_passed_total counter\n")
 	fmt.Fprintf(&b, "tiermesh_front_door_passed_total %d\n", m.passed.Load())
+	// As prometheus-client's process collector names it: `tiermesh bench --mesh-metrics`
+	// and the dashboards read every process's CPU from it.
+	var usage syscall.Rusage
+	if syscall.Getrusage(syscall.RUSAGE_SELF, &usage) == nil {
+		cpu := time.Duration(usage.Utime.Nano() + usage.Stime.Nano()).Seconds()
+		b.WriteString("# HELP process_cpu_seconds_total Total user and system CPU time spent in seconds.\n")
+		b.WriteString("# TYPE process_cpu_seconds_total counter\n")
+		fmt.Fprintf(&b, "process_cpu_seconds_total %g\n", cpu)
+	}
 	_, _ = w.Write([]byte(b.String()))
 }
 
