@@ -2,8 +2,8 @@
 # Make sure Debian's Go toolchain for the Go front door (services/tiermesh/frontdoor) is
 # here: `go`, `protoc`, `protoc-gen-go` and grpc-go's sources under /usr/share/gocode
 # (GOPATH mode: the build downloads nothing). Installs the missing Debian packages; used by
-# `make test` (the front door's tests build and run it) and `make frontdoor`. `make run`
-# does not need it: the mesh's default front door is the Python gateway itself.
+# `make test` (the front door's tests build and run it), `make frontdoor` and `make run`
+# (which serves from the Python gateway alone where this fails).
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 # shellcheck source=scripts/apt_install.sh

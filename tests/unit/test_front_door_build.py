@@ -79,11 +79,11 @@ def test_a_failed_build_says_why_and_leaves_nothing(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("opts", "words"),
     [
-        (UpOptions(front_door="rust"), "TIERMESH_FRONT_DOOR='rust': choose one of python, go"),
+        (UpOptions(front_door="rust"), "'rust': choose one of auto, go, python"),
         (UpOptions(extra_env={"TIERMESH_FRONT_DOOR": "c"}), "TIERMESH_FRONT_DOOR='c'"),
         (
             UpOptions(front_door="go", extra_env={"TIERMESH_TENANTS_FILE": "tenants.yaml"}),
-            "the Go front door does not do TLS or authentication yet",
+            "the Go front door does not do API keys yet",
         ),
     ],
 )
@@ -106,3 +106,48 @@ def test_the_go_sources_are_gofmt_clean() -> None:
             ["gofmt", "-l", str(folder)], capture_output=True, text=True, check=True
         )
         assert listed.stdout == "", f"gofmt -w {listed.stdout}"
+
+
+def chosen(tmp_path: Path, **opts: Any) -> tuple[Path | None, str]:
+    """The door `up` would start with these options (nothing is started), and why."""
+    mesh = Mesh(UpOptions(data_dir=tmp_path / "data", **opts))
+    door = mesh._front_door(tls=False)
+    return door, mesh.door_choice
+
+
+@pytest.mark.parametrize(
+    ("env", "why"),
+    [
+        ({"TIERMESH_TENANTS_FILE": "tenants.yaml"}, "does not do API keys yet"),
+        ({"OTEL_EXPORTER_OTLP_ENDPOINT": "127.0.0.1:4317"}, "does not do spans yet"),
+        ({"TIERMESH_TRACE_DIR": "/tmp/spans"}, "does not do spans yet"),
+        ({"TIERMESH_FRONT_DOOR": "python"}, "TIERMESH_FRONT_DOOR=python"),
+    ],
+)
+def test_auto_keeps_the_python_gateway_for_what_only_it_does(
+    env: dict[str, str], why: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for key in ("OTEL_EXPORTER_OTLP_ENDPOINT", "TIERMESH_TRACE_DIR", "TIERMESH_FRONT_DOOR"):
+        monkeypatch.delenv(key, raising=False)
+    door, choice = chosen(tmp_path, extra_env=env)
+    assert door is None and choice.startswith("python") and why in choice
+
+
+def test_auto_without_a_go_toolchain_serves_python_and_says_how_to_get_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(door_build.shutil, "which", lambda tool: None)
+    for key in ("OTEL_EXPORTER_OTLP_ENDPOINT", "TIERMESH_TRACE_DIR", "TIERMESH_FRONT_DOOR"):
+        monkeypatch.delenv(key, raising=False)
+    door, choice = chosen(tmp_path)
+    assert door is None and "make frontdoor" in choice and "apt-get install" in choice
+    with pytest.raises(StartupError, match="apt-get install"):  # asked for by name: refused
+        chosen(tmp_path, front_door="go")
+
+
+@needs_go
+def test_auto_is_the_go_door_by_default(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    for key in ("OTEL_EXPORTER_OTLP_ENDPOINT", "TIERMESH_TRACE_DIR", "TIERMESH_FRONT_DOOR"):
+        monkeypatch.delenv(key, raising=False)
+    door, choice = chosen(tmp_path)
+    assert door is not None and door.is_file() and choice.startswith("go")

@@ -222,11 +222,13 @@ def add_up_parser(sub: Subcommands) -> None:
     )
     up.add_argument(
         "--front-door",
-        choices=("python", "go"),
+        choices=("auto", "go", "python"),
         default=None,
-        help="the public gRPC port's process: the Python gateway itself, or the Go front door "
-        "in front of it (built from Debian's Go packages: scripts/ensure_go.sh; no TLS or "
-        "auth yet); default: $TIERMESH_FRONT_DOOR, else python",
+        help="the public gRPC port's process: the Go front door in front of the Python "
+        "gateway (built from Debian's Go packages: make frontdoor), or the Python gateway "
+        "itself; auto: go unless TLS, API keys or tracing are configured (the Go door does "
+        "not do them yet) or the Go toolchain is missing; default: $TIERMESH_FRONT_DOOR, "
+        "else auto",
     )
     up.add_argument(
         "--edge-link-ms",

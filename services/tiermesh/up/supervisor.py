@@ -67,8 +67,10 @@ class UpOptions:
     extra_env: dict[str, str] = field(default_factory=dict)
     # TLS on the public port and mutual TLS between services (none by default).
     tls: TlsFiles = field(default_factory=TlsFiles)
-    # The public gRPC port's process: "python" (the gateway itself) or "go" (the Go front
-    # door in front of it, tiermesh/frontdoor); "" = $TIERMESH_FRONT_DOOR, else "python".
+    # The public gRPC port's process: "go" (the Go front door in front of the gateway,
+    # tiermesh/frontdoor), "python" (the gateway itself) or "auto" (go unless the mesh needs
+    # what only the Python gateway does, or there is no Go toolchain); "" =
+    # $TIERMESH_FRONT_DOOR, else "auto".
     front_door: str = ""
     # Online workers on the center tier (0 = $TIERMESH_CENTER_WORKERS, else 1): each its own
     # process and onnxruntime session, taking from the same streams.
@@ -100,9 +102,14 @@ def extra_center_workers(count: int) -> list[str]:
     return [f"worker-{i}" for i in range(2, count + 1)]
 
 
-# The Go front door's process (UpOptions.front_door "go").
+# The Go front door's process (UpOptions.front_door "go", or "auto" choosing it).
 FRONT_DOOR = "frontdoor"
-FRONT_DOORS = ("python", "go")
+FRONT_DOORS = ("auto", "go", "python")
+
+
+def door_refuses(tls: bool, tenants_file: str) -> list[str]:
+    """What a mesh asks of its public port that the Go front door does not do yet."""
+    return [*(["TLS"] if tls else []), *(["API keys"] if tenants_file else [])]
 
 
 # Starts of one service within `tiermesh up`'s own start before it gives up.
@@ -199,6 +206,8 @@ class Mesh:
         self.http_port = opts.http_port
         self.trace_ui: TraceUI | None = None
         self.extra_workers: list[str] = []
+        # Which process serves the public gRPC port, and why (the banner says it).
+        self.door_choice = ""
 
     def start(self) -> None:
         opts = self.opts
@@ -317,26 +326,44 @@ class Mesh:
         return count
 
     def _front_door(self, tls: bool) -> Path | None:
-        """The Go front door's binary (built now unless cached) when the mesh runs one."""
-        choice = self.opts.front_door or self._setting("TIERMESH_FRONT_DOOR", "python")
+        """The Go front door's binary (built now unless cached) when the mesh runs one;
+        `door_choice` says which door serves and why."""
+        choice = self.opts.front_door or self._setting("TIERMESH_FRONT_DOOR", "auto")
         if choice not in FRONT_DOORS:
             raise StartupError(
                 f"TIERMESH_FRONT_DOOR={choice!r}: choose one of {', '.join(FRONT_DOORS)}"
             )
         if choice == "python":
+            self.door_choice = "python (TIERMESH_FRONT_DOOR=python)"
             return None
-        if tls or self._setting("TIERMESH_TENANTS_FILE", ""):
+        refused = door_refuses(tls, self._setting("TIERMESH_TENANTS_FILE", ""))
+        if choice == "go" and refused:
             raise StartupError(
-                "the Go front door does not do TLS or authentication yet: run it without "
-                "TLS and without TIERMESH_TENANTS_FILE, or with TIERMESH_FRONT_DOOR=python"
+                f"the Go front door does not do {' or '.join(refused)} yet: run it without "
+                "them, or with TIERMESH_FRONT_DOOR=python"
             )
+        if choice == "auto":
+            tracing = self.opts.trace_ui or any(
+                self._setting(key, "")
+                for key in ("OTEL_EXPORTER_OTLP_ENDPOINT", "TIERMESH_TRACE_DIR")
+            )
+            # Spans: a tracing mesh's door would pass every call on, one hop more for each.
+            lacks = [*refused, *(["spans"] if tracing else [])]
+            if lacks:
+                self.door_choice = f"python (the Go door does not do {' or '.join(lacks)} yet)"
+                return None
         from tiermesh.convert.fetch import default_cache_dir
         from tiermesh.frontdoor.build import FrontDoorUnavailable, build
 
         try:
-            return build(default_cache_dir())
+            binary = build(default_cache_dir())
         except FrontDoorUnavailable as exc:
-            raise StartupError(str(exc)) from None
+            if choice == "go":
+                raise StartupError(str(exc)) from None
+            self.door_choice = f"python ({exc}; `make frontdoor` installs and builds it)"
+            return None
+        self.door_choice = "go (TIERMESH_FRONT_DOOR=python for the Python gateway alone)"
+        return binary
 
     def _spawn_service(
         self,
@@ -525,6 +552,7 @@ def run(opts: UpOptions) -> int:
                 for name, port in mesh.metrics_ports.items()
             )
             + (f"\nTraces: {mesh.trace_ui.ui_url}" if mesh.trace_ui else "")
+            + f"\nFront door: {mesh.door_choice}"
             + "\nTry, from another shell:\n"
             f"  .venv/bin/tiermesh infer --url {endpoint} --model mlp --data '[[1, 2, 3, 4]]'\n"
             "Ctrl-C drains and stops every process.\n",
