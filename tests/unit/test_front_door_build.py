@@ -108,6 +108,17 @@ def test_the_go_sources_are_gofmt_clean() -> None:
         assert listed.stdout == "", f"gofmt -w {listed.stdout}"
 
 
+# What would make `auto` choose the Python gateway, unset for these tests.
+QUIET = (
+    "OTEL_EXPORTER_OTLP_ENDPOINT",
+    "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+    "OTEL_TRACES_EXPORTER",
+    "TIERMESH_TRACE_DIR",
+    "TIERMESH_FRONT_DOOR",
+    "TIERMESH_TENANTS_FILE",
+)
+
+
 def chosen(tmp_path: Path, **opts: Any) -> tuple[Path | None, str]:
     """The door `up` would start with these options (nothing is started), and why."""
     mesh = Mesh(UpOptions(data_dir=tmp_path / "data", **opts))
@@ -121,13 +132,14 @@ def chosen(tmp_path: Path, **opts: Any) -> tuple[Path | None, str]:
         ({"TIERMESH_TENANTS_FILE": "tenants.yaml"}, "does not do API keys yet"),
         ({"OTEL_EXPORTER_OTLP_ENDPOINT": "127.0.0.1:4317"}, "does not do spans yet"),
         ({"TIERMESH_TRACE_DIR": "/tmp/spans"}, "does not do spans yet"),
-        ({"TIERMESH_FRONT_DOOR": "python"}, "TIERMESH_FRONT_DOOR=python"),
+        ({"OTEL_TRACES_EXPORTER": "otlp"}, "does not do spans yet"),
+        ({"TIERMESH_FRONT_DOOR": "python"}, "asked for"),
     ],
 )
 def test_auto_keeps_the_python_gateway_for_what_only_it_does(
     env: dict[str, str], why: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    for key in ("OTEL_EXPORTER_OTLP_ENDPOINT", "TIERMESH_TRACE_DIR", "TIERMESH_FRONT_DOOR"):
+    for key in QUIET:
         monkeypatch.delenv(key, raising=False)
     door, choice = chosen(tmp_path, extra_env=env)
     assert door is None and choice.startswith("python") and why in choice
@@ -137,7 +149,7 @@ def test_auto_without_a_go_toolchain_serves_python_and_says_how_to_get_it(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(door_build.shutil, "which", lambda tool: None)
-    for key in ("OTEL_EXPORTER_OTLP_ENDPOINT", "TIERMESH_TRACE_DIR", "TIERMESH_FRONT_DOOR"):
+    for key in QUIET:
         monkeypatch.delenv(key, raising=False)
     door, choice = chosen(tmp_path)
     assert door is None and "make frontdoor" in choice and "apt-get install" in choice
@@ -147,7 +159,7 @@ def test_auto_without_a_go_toolchain_serves_python_and_says_how_to_get_it(
 
 @needs_go
 def test_auto_is_the_go_door_by_default(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    for key in ("OTEL_EXPORTER_OTLP_ENDPOINT", "TIERMESH_TRACE_DIR", "TIERMESH_FRONT_DOOR"):
+    for key in QUIET:
         monkeypatch.delenv(key, raising=False)
     door, choice = chosen(tmp_path)
     assert door is not None and door.is_file() and choice.startswith("go")

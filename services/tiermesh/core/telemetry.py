@@ -201,14 +201,18 @@ def _one_line(span: ReadableSpan) -> str:
     return str(span.to_json(indent=None)) + "\n"
 
 
-def _otlp_wanted() -> bool:
-    exporter = os.environ.get("OTEL_TRACES_EXPORTER", "")
+def _otlp_wanted(env: Mapping[str, str] = os.environ) -> bool:
+    exporter = env.get("OTEL_TRACES_EXPORTER", "")
     if exporter:
         return "otlp" in exporter.split(",")
     return bool(
-        os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT")
-        or os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
+        env.get("OTEL_EXPORTER_OTLP_ENDPOINT") or env.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
     )
+
+
+def spans_written(env: Mapping[str, str]) -> bool:
+    """Whether the services started with `env` write spans (OTLP export or a trace dir)."""
+    return _otlp_wanted(env) or bool(env.get("TIERMESH_TRACE_DIR"))
 
 
 def inject_current() -> dict[str, str]:

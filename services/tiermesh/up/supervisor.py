@@ -334,7 +334,7 @@ class Mesh:
                 f"TIERMESH_FRONT_DOOR={choice!r}: choose one of {', '.join(FRONT_DOORS)}"
             )
         if choice == "python":
-            self.door_choice = "python (TIERMESH_FRONT_DOOR=python)"
+            self.door_choice = "python (asked for)"
             return None
         refused = door_refuses(tls, self._setting("TIERMESH_TENANTS_FILE", ""))
         if choice == "go" and refused:
@@ -343,10 +343,9 @@ class Mesh:
                 "them, or with TIERMESH_FRONT_DOOR=python"
             )
         if choice == "auto":
-            tracing = self.opts.trace_ui or any(
-                self._setting(key, "")
-                for key in ("OTEL_EXPORTER_OTLP_ENDPOINT", "TIERMESH_TRACE_DIR")
-            )
+            from tiermesh.core.telemetry import spans_written
+
+            tracing = self.opts.trace_ui or spans_written(environ_with(**self.opts.extra_env))
             # Spans: a tracing mesh's door would pass every call on, one hop more for each.
             lacks = [*refused, *(["spans"] if tracing else [])]
             if lacks:

@@ -26,6 +26,7 @@ import (
 	"runtime/debug"
 	"runtime/pprof"
 	"strconv"
+	"strings"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -80,6 +81,21 @@ func envSeconds(key string, fallback float64) time.Duration {
 	return time.Duration(s * float64(time.Second))
 }
 
+// spansWritten: the mesh writes spans (as core/telemetry.spans_written decides it), so every
+// ModelInfer goes to the Python gateway, which writes them.
+func spansWritten() bool {
+	if exporter := env("OTEL_TRACES_EXPORTER", ""); exporter != "" {
+		for _, name := range strings.Split(exporter, ",") {
+			if name == "otlp" {
+				return true
+			}
+		}
+	} else if env("OTEL_EXPORTER_OTLP_ENDPOINT", "") != "" || env("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "") != "" {
+		return true
+	}
+	return env("TIERMESH_TRACE_DIR", "") != ""
+}
+
 func metricsAddress() string {
 	port := env("TIERMESH_METRICS_PORT", "")
 	if port == "" {
@@ -110,7 +126,7 @@ func loadConfig() config {
 		maxInFlight:     envInt("TIERMESH_MAX_IN_FLIGHT", 4096),
 		retryAfterMs:    envInt("TIERMESH_RETRY_AFTER_MS", 100),
 		grace:           envSeconds("TIERMESH_SHUTDOWN_GRACE_S", 10),
-		tracing:         env("OTEL_EXPORTER_OTLP_ENDPOINT", "") != "" || env("TIERMESH_TRACE_DIR", "") != "",
+		tracing:         spansWritten(),
 		maxMessageBytes: 64 << 20,
 	}
 }
