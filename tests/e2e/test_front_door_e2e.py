@@ -31,6 +31,7 @@ from tests.e2e.conftest import UpProcess, running, scrape_metrics, start_up
 from tests.e2e.test_capture_replay_e2e import tm as bench_cli
 from tests.e2e.test_requests_e2e import (
     MALFORMED,
+    _eventually_spans,
     _raw_request,
     assert_malformed_is_invalid,
     concurrent_mlp_calls,
@@ -43,6 +44,7 @@ from tests.e2e.test_rollout_e2e import cli as rollout_cli
 from tiermesh.bench import replay
 from tiermesh.core.keys import cancel_key
 from tiermesh.frontdoor.build import missing_tools
+from tiermesh.gateway.books import MODEL_INFER
 from tiermesh.rollout.store import RolloutStore
 from tiermesh.rollout.window import VersionStats, window_seconds
 
@@ -403,3 +405,39 @@ def test_the_door_reports_its_cpu_as_every_process_does(door_up: UpProcess) -> N
     """`tiermesh bench --mesh-metrics` and the dashboards read process_cpu_seconds_total."""
     samples = scrape_metrics(door_up.metrics_urls()["frontdoor"])
     assert samples[("process_cpu_seconds_total", frozenset())] > 0
+
+
+def test_a_traced_call_the_door_answers_has_every_hop_on_its_trace(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    """The door asked for by name in a mesh that writes spans: it answers traced calls
+    itself, and the gateway writes their spans from its books as for its own calls."""
+    tmp = tmp_path_factory.mktemp("door-traced")
+    with running(tmp, extra_env={"TIERMESH_FRONT_DOOR": "go"}) as up:
+        client = grpcclient.InferenceServerClient(up.url)
+        x = np.ones((2, 4), np.float32)
+        answer = client.infer("mlp", [mlp_input(x)], request_id="traced")
+        caller = "00-" + "ab" * 16 + "-" + "cd" * 8 + "-01"
+        client.infer("mlp", [mlp_input(x)], request_id="child", headers={"traceparent": caller})
+        unsampled = "00-" + "ef" * 16 + "-" + "cd" * 8 + "-00"
+        client.infer("mlp", [mlp_input(x)], request_id="quiet", headers={"traceparent": unsampled})
+        assert answered_calls(up, "frontdoor")[("mlp", "OK")] == 3
+        assert answered_calls(up).get(("mlp", "OK"), 0) == 0
+        root = _eventually_spans(up, MODEL_INFER, "tiermesh.client_request_id", "traced")[0]
+        child = _eventually_spans(up, MODEL_INFER, "tiermesh.client_request_id", "child")[0]
+        trace_id = root["context"]["trace_id"]
+        on_trace = [s for s in up.spans() if s["context"]["trace_id"] == trace_id]
+        services = {s["resource"]["attributes"]["service.name"] for s in on_trace}
+        names = {s["name"] for s in on_trace}
+        spans_now = up.spans()
+    assert services == {"tiermesh-gateway", "tiermesh-router", "tiermesh-worker"}
+    assert {MODEL_INFER, "route", "queue wait", "compute", "postprocess", "deliver"} <= names
+    assert root["kind"] == "SpanKind.SERVER" and root["parent_id"] is None
+    facts = root["attributes"]
+    assert facts["rpc.grpc.status_code"] == 0 and facts["rpc.method"] == "ModelInfer"
+    params = answer.get_response().parameters
+    assert facts["tiermesh.batch_size"] == params["tiermesh.batch_size"].int64_param
+    # A caller's sampled trace goes on through the door; an unsampled one gets no span.
+    assert child["context"]["trace_id"] == "0x" + "ab" * 16
+    assert child["parent_id"] == "0x" + "cd" * 8
+    assert not [s for s in spans_now if s["context"]["trace_id"] == "0x" + "ef" * 16]

@@ -35,7 +35,7 @@ from opentelemetry.sdk.trace.export import (
     SimpleSpanProcessor,
 )
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
-from opentelemetry.trace import Link, SpanKind
+from opentelemetry.trace import Link, SpanKind, Status, StatusCode
 from opentelemetry.trace.span import TraceState
 from opentelemetry.util.types import Attributes
 
@@ -96,13 +96,14 @@ class Telemetry:
         self,
         name: str,
         context: trace.SpanContext,
-        parent: trace.SpanContext,
+        parent: trace.SpanContext | None,
         resource: Resource,
         start_ns: int,
         end_ns: int,
         kind: SpanKind = SpanKind.INTERNAL,
         attributes: Attributes = None,
         links: Sequence[Link] = (),
+        status: Status | None = None,
     ) -> ReadableSpan:
         """A span that ended already, with the instants it covered."""
         return ReadableSpan(
@@ -114,6 +115,7 @@ class Telemetry:
             (),
             links,
             kind,
+            status=status or Status(StatusCode.UNSET),
             instrumentation_scope=self._scope,
             start_time=start_ns,
             end_time=max(end_ns, start_ns),

@@ -126,6 +126,7 @@ async def serve(
         await control.refresh()  # what is unloaded is refused from the first request
     except (aioredis.RedisError, OSError):
         log.warning("model control state unreadable at start; retrying in the background")
+    hop_spans = HopSpans(telemetry)
     # The one data plane every door below uses.
     plane = DataPlane(
         settings,
@@ -138,12 +139,12 @@ async def serve(
         control=control,
         control_enabled=settings.model_control == "explicit",
         stats=stats,
-        hop_spans=HopSpans(telemetry),
+        hop_spans=hop_spans,
     )
     export_prices(registry, load_prices(settings.prices_file))
     plane.capture = capture = _capture(settings, redis, tenants, registry)
     # The calls a Go front door answered itself, booked here (books.py).
-    books = DoorBooks(repo, plane.dispatcher, upstream.cancellations, recorder, capture)
+    books = DoorBooks(repo, plane.dispatcher, upstream.cancellations, recorder, capture, hop_spans)
     books_pb2_grpc.add_BooksServicer_to_server(BooksServicer(books), internal)
     # The KServe v2 REST door: the same plane behind JSON and binary-data bodies.
     rest = RestDoor(plane, settings, telemetry.tracer) if settings.http_port >= 0 else None

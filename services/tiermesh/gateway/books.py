@@ -12,8 +12,11 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any
 
 import grpc
+from opentelemetry.trace import SpanContext, Status, StatusCode, TraceFlags
+from opentelemetry.trace.span import TraceState
 
 from tiermesh.core.errors import code_from_int
 from tiermesh.core.grpc_errors import grpc_method
@@ -22,9 +25,19 @@ from tiermesh.core.repository import ModelRepository
 from tiermesh.core.wire import job_from_proto, result_from_proto
 from tiermesh.gateway.capture import Capture, Observed
 from tiermesh.gateway.dispatch import Dispatcher
+from tiermesh.gateway.facts import response_facts
+from tiermesh.gateway.hop_spans import Hops, HopSpans
 from tiermesh.gateway.upstream import Cancellations
 from tiermesh.rollout.recorder import Recorder
 from tiermesh.v1 import books_pb2, books_pb2_grpc
+
+# The SERVER span of a ModelInfer call, named and described as CallSpans does it.
+MODEL_INFER = "/inference.GRPCInferenceService/ModelInfer"
+CALL_ATTRIBUTES = {
+    "rpc.system": "grpc",
+    "rpc.service": "inference.GRPCInferenceService",
+    "rpc.method": "ModelInfer",
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,6 +47,21 @@ class Mirror:
     shadow_request_id: str
     model: str
     deadline_ns: int
+
+
+@dataclass(frozen=True, slots=True)
+class DoorTrace:
+    """A traced call's span ids as the door chose them, and where its job was placed."""
+
+    trace_id: int
+    span_id: int
+    route_span_id: int
+    parent_span_id: int  # 0: the trace starts at the door
+    tracestate: str = ""
+    stream: str = ""
+    entry_id: str = ""
+    route_began_ns: int = 0
+    route_ended_ns: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,6 +81,7 @@ class DoorCall:
     caller_left: bool = False
     ms_left: int = 0
     job: Job | None = None  # a call the door sampled for traffic capture
+    trace: DoorTrace | None = None  # a traced call: its spans are written here
 
 
 class DoorBooks:
@@ -65,12 +94,14 @@ class DoorBooks:
         cancellations: Cancellations,
         recorder: Recorder | None,
         capture: Capture | None = None,
+        hop_spans: HopSpans | None = None,
     ) -> None:
         self._repo = repo
         self._dispatch = dispatcher
         self._cancellations = cancellations
         self._recorder = recorder
         self._capture = capture
+        self._hop_spans = hop_spans
 
     def capture_rate(self) -> float:
         """The share of its calls the door is to send with their job (capture on)."""
@@ -118,6 +149,8 @@ class DoorBooks:
                     result,
                 )
             )
+        if call.trace is not None and self._hop_spans is not None:
+            self._spans(call, call.trace, self._hop_spans)
         if call.code == grpc.StatusCode.OK and result is not None:
             self._dispatch.computed(result, call.ended_ns)
         else:
@@ -133,6 +166,54 @@ class DoorBooks:
         recorder.answered(call.model, version, call.code, call.received_ns, call.ended_ns)
         if call.shadow_request_id and result is not None:
             recorder.primary(call.shadow_request_id, result)
+
+    @staticmethod
+    def _spans(call: DoorCall, t: DoorTrace, spans: HopSpans) -> None:
+        """The call's SERVER span, as CallSpans and the data plane write the gateway's own
+        (rpc.* attributes, status, request ids, the response's facts), and its hop spans."""
+        flags = TraceFlags(TraceFlags.SAMPLED)
+        state = TraceState.from_header([t.tracestate]) if t.tracestate else None
+        root = SpanContext(t.trace_id, t.span_id, False, flags, state)
+        route = SpanContext(t.trace_id, t.route_span_id, False, flags, state)
+        parent = (
+            SpanContext(t.trace_id, t.parent_span_id, True, flags, state)
+            if t.parent_span_id
+            else None
+        )
+        hops = Hops(root, route, spans)
+        result = call.result
+        attributes: dict[str, Any] = {
+            **CALL_ATTRIBUTES,
+            "rpc.grpc.status_code": call.code.value[0],
+            "tiermesh.request_id": call.request_id,
+        }
+        if result is not None:
+            attributes["tiermesh.client_request_id"] = result.client_request_id
+        ok = call.code == grpc.StatusCode.OK
+        if ok and result is not None:
+            attributes.update(response_facts(result, call.ended_ns))
+        status = (
+            None
+            if ok
+            else Status(StatusCode.ERROR, f"{call.code.name}: {result.message if result else ''}")
+        )
+        spans.served(MODEL_INFER, hops, parent, call.received_ns, call.ended_ns, attributes, status)
+        if call.routed:
+            hops.placed(t.stream, t.entry_id, t.route_began_ns, t.route_ended_ns).write(result)
+
+
+def door_trace(msg: books_pb2.Trace) -> DoorTrace:
+    return DoorTrace(
+        trace_id=int.from_bytes(msg.trace_id, "big"),
+        span_id=msg.span_id,
+        route_span_id=msg.route_span_id,
+        parent_span_id=msg.parent_span_id,
+        tracestate=msg.tracestate,
+        stream=msg.stream,
+        entry_id=msg.entry_id,
+        route_began_ns=msg.route_began_ns,
+        route_ended_ns=msg.route_ended_ns,
+    )
 
 
 def door_call(entry: books_pb2.Entry) -> DoorCall:
@@ -151,6 +232,7 @@ def door_call(entry: books_pb2.Entry) -> DoorCall:
         caller_left=entry.caller_left,
         ms_left=entry.ms_left,
         job=job_from_proto(entry.job) if entry.HasField("job") else None,
+        trace=door_trace(entry.trace) if entry.HasField("trace") else None,
     )
 
 

@@ -14,9 +14,10 @@ result says which batch computed it, for the compute span's link.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from opentelemetry.sdk.trace import ReadableSpan
-from opentelemetry.trace import Link, SpanContext, SpanKind
+from opentelemetry.trace import Link, SpanContext, SpanKind, Status
 
 from tiermesh.core.jobs import JobResult
 from tiermesh.core.telemetry import Telemetry, parse_traceparent, traceparent_of
@@ -133,6 +134,31 @@ class HopSpans:
                     )
                 )
         self._telemetry.emit(spans)
+
+    def served(
+        self,
+        name: str,
+        hops: Hops,
+        parent: SpanContext | None,
+        start_ns: int,
+        end_ns: int,
+        attributes: dict[str, Any],
+        status: Status | None,
+    ) -> None:
+        """The SERVER span of a call the front door answered (gateway/books.py), with the
+        ids the door chose, under the gateway's resource (CallSpans writes the gateway's own)."""
+        span = self._telemetry.finished(
+            name,
+            hops.root,
+            parent,
+            self._gateway,
+            start_ns,
+            end_ns,
+            SpanKind.SERVER,
+            attributes,
+            status=status,
+        )
+        self._telemetry.emit([span])
 
     def _child_of(self, root: SpanContext) -> SpanContext:
         return SpanContext(

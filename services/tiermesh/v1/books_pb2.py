@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from tiermesh.v1 import job_pb2 as tiermesh_dot_v1_dot_job__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17tiermesh/v1/books.proto\x12\x0btiermesh.v1\x1a\x15tiermesh/v1/job.proto\"\x9d\x02\n\x05\x45ntry\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x0f\n\x07version\x18\x03 \x01(\t\x12\x0c\n\x04\x63ode\x18\x04 \x01(\x05\x12\x13\n\x0breceived_ns\x18\x05 \x01(\x03\x12\x10\n\x08\x65nded_ns\x18\x06 \x01(\x03\x12\x0e\n\x06routed\x18\x07 \x01(\x08\x12\x16\n\x0erouted_version\x18\x08 \x01(\t\x12\x19\n\x11shadow_request_id\x18\t \x01(\t\x12#\n\x06result\x18\x0b \x01(\x0b\x32\x13.tiermesh.v1.Result\x12\x13\n\x0b\x63\x61ller_left\x18\x0c \x01(\x08\x12\x0f\n\x07ms_left\x18\r \x01(\x03\x12\x1d\n\x03job\x18\x0e \x01(\x0b\x32\x10.tiermesh.v1.Job\"I\n\x08Mirrored\x12\x19\n\x11shadow_request_id\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x13\n\x0b\x64\x65\x61\x64line_ns\x18\x03 \x01(\x03\"}\n\x07\x45ntries\x12#\n\x07\x65ntries\x18\x01 \x03(\x0b\x32\x12.tiermesh.v1.Entry\x12$\n\x07shadows\x18\x02 \x03(\x0b\x32\x13.tiermesh.v1.Result\x12\'\n\x08mirrored\x18\x03 \x03(\x0b\x32\x15.tiermesh.v1.Mirrored\"1\n\x08Recorded\x12\x0f\n\x07\x65ntries\x18\x01 \x01(\r\x12\x14\n\x0c\x63\x61pture_rate\x18\x02 \x01(\x01\x32>\n\x05\x42ooks\x12\x35\n\x06Record\x12\x14.tiermesh.v1.Entries\x1a\x15.tiermesh.v1.Recordedb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17tiermesh/v1/books.proto\x12\x0btiermesh.v1\x1a\x15tiermesh/v1/job.proto\"\xc0\x02\n\x05\x45ntry\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x0f\n\x07version\x18\x03 \x01(\t\x12\x0c\n\x04\x63ode\x18\x04 \x01(\x05\x12\x13\n\x0breceived_ns\x18\x05 \x01(\x03\x12\x10\n\x08\x65nded_ns\x18\x06 \x01(\x03\x12\x0e\n\x06routed\x18\x07 \x01(\x08\x12\x16\n\x0erouted_version\x18\x08 \x01(\t\x12\x19\n\x11shadow_request_id\x18\t \x01(\t\x12#\n\x06result\x18\x0b \x01(\x0b\x32\x13.tiermesh.v1.Result\x12\x13\n\x0b\x63\x61ller_left\x18\x0c \x01(\x08\x12\x0f\n\x07ms_left\x18\r \x01(\x03\x12\x1d\n\x03job\x18\x0e \x01(\x0b\x32\x10.tiermesh.v1.Job\x12!\n\x05trace\x18\x0f \x01(\x0b\x32\x12.tiermesh.v1.Trace\"\xbf\x01\n\x05Trace\x12\x10\n\x08trace_id\x18\x01 \x01(\x0c\x12\x0f\n\x07span_id\x18\x02 \x01(\x06\x12\x15\n\rroute_span_id\x18\x03 \x01(\x06\x12\x16\n\x0eparent_span_id\x18\x04 \x01(\x06\x12\x12\n\ntracestate\x18\x05 \x01(\t\x12\x0e\n\x06stream\x18\x06 \x01(\t\x12\x10\n\x08\x65ntry_id\x18\x07 \x01(\t\x12\x16\n\x0eroute_began_ns\x18\x08 \x01(\x03\x12\x16\n\x0eroute_ended_ns\x18\t \x01(\x03\"I\n\x08Mirrored\x12\x19\n\x11shadow_request_id\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x13\n\x0b\x64\x65\x61\x64line_ns\x18\x03 \x01(\x03\"}\n\x07\x45ntries\x12#\n\x07\x65ntries\x18\x01 \x03(\x0b\x32\x12.tiermesh.v1.Entry\x12$\n\x07shadows\x18\x02 \x03(\x0b\x32\x13.tiermesh.v1.Result\x12\'\n\x08mirrored\x18\x03 \x03(\x0b\x32\x15.tiermesh.v1.Mirrored\"1\n\x08Recorded\x12\x0f\n\x07\x65ntries\x18\x01 \x01(\r\x12\x14\n\x0c\x63\x61pture_rate\x18\x02 \x01(\x01\x32>\n\x05\x42ooks\x12\x35\n\x06Record\x12\x14.tiermesh.v1.Entries\x1a\x15.tiermesh.v1.Recordedb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -33,13 +33,15 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'tiermesh.v1.books_pb2', _gl
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_ENTRY']._serialized_start=64
-  _globals['_ENTRY']._serialized_end=349
-  _globals['_MIRRORED']._serialized_start=351
-  _globals['_MIRRORED']._serialized_end=424
-  _globals['_ENTRIES']._serialized_start=426
-  _globals['_ENTRIES']._serialized_end=551
-  _globals['_RECORDED']._serialized_start=553
-  _globals['_RECORDED']._serialized_end=602
-  _globals['_BOOKS']._serialized_start=604
-  _globals['_BOOKS']._serialized_end=666
+  _globals['_ENTRY']._serialized_end=384
+  _globals['_TRACE']._serialized_start=387
+  _globals['_TRACE']._serialized_end=578
+  _globals['_MIRRORED']._serialized_start=580
+  _globals['_MIRRORED']._serialized_end=653
+  _globals['_ENTRIES']._serialized_start=655
+  _globals['_ENTRIES']._serialized_end=780
+  _globals['_RECORDED']._serialized_start=782
+  _globals['_RECORDED']._serialized_end=831
+  _globals['_BOOKS']._serialized_start=833
+  _globals['_BOOKS']._serialized_end=895
 # @@protoc_insertion_point(module_scope)

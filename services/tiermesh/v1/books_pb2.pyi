@@ -8,7 +8,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class Entry(_message.Message):
-    __slots__ = ("request_id", "model", "version", "code", "received_ns", "ended_ns", "routed", "routed_version", "shadow_request_id", "result", "caller_left", "ms_left", "job")
+    __slots__ = ("request_id", "model", "version", "code", "received_ns", "ended_ns", "routed", "routed_version", "shadow_request_id", "result", "caller_left", "ms_left", "job", "trace")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
@@ -22,6 +22,7 @@ class Entry(_message.Message):
     CALLER_LEFT_FIELD_NUMBER: _ClassVar[int]
     MS_LEFT_FIELD_NUMBER: _ClassVar[int]
     JOB_FIELD_NUMBER: _ClassVar[int]
+    TRACE_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     model: str
     version: str
@@ -35,7 +36,30 @@ class Entry(_message.Message):
     caller_left: bool
     ms_left: int
     job: _job_pb2.Job
-    def __init__(self, request_id: _Optional[str] = ..., model: _Optional[str] = ..., version: _Optional[str] = ..., code: _Optional[int] = ..., received_ns: _Optional[int] = ..., ended_ns: _Optional[int] = ..., routed: _Optional[bool] = ..., routed_version: _Optional[str] = ..., shadow_request_id: _Optional[str] = ..., result: _Optional[_Union[_job_pb2.Result, _Mapping]] = ..., caller_left: _Optional[bool] = ..., ms_left: _Optional[int] = ..., job: _Optional[_Union[_job_pb2.Job, _Mapping]] = ...) -> None: ...
+    trace: Trace
+    def __init__(self, request_id: _Optional[str] = ..., model: _Optional[str] = ..., version: _Optional[str] = ..., code: _Optional[int] = ..., received_ns: _Optional[int] = ..., ended_ns: _Optional[int] = ..., routed: _Optional[bool] = ..., routed_version: _Optional[str] = ..., shadow_request_id: _Optional[str] = ..., result: _Optional[_Union[_job_pb2.Result, _Mapping]] = ..., caller_left: _Optional[bool] = ..., ms_left: _Optional[int] = ..., job: _Optional[_Union[_job_pb2.Job, _Mapping]] = ..., trace: _Optional[_Union[Trace, _Mapping]] = ...) -> None: ...
+
+class Trace(_message.Message):
+    __slots__ = ("trace_id", "span_id", "route_span_id", "parent_span_id", "tracestate", "stream", "entry_id", "route_began_ns", "route_ended_ns")
+    TRACE_ID_FIELD_NUMBER: _ClassVar[int]
+    SPAN_ID_FIELD_NUMBER: _ClassVar[int]
+    ROUTE_SPAN_ID_FIELD_NUMBER: _ClassVar[int]
+    PARENT_SPAN_ID_FIELD_NUMBER: _ClassVar[int]
+    TRACESTATE_FIELD_NUMBER: _ClassVar[int]
+    STREAM_FIELD_NUMBER: _ClassVar[int]
+    ENTRY_ID_FIELD_NUMBER: _ClassVar[int]
+    ROUTE_BEGAN_NS_FIELD_NUMBER: _ClassVar[int]
+    ROUTE_ENDED_NS_FIELD_NUMBER: _ClassVar[int]
+    trace_id: bytes
+    span_id: int
+    route_span_id: int
+    parent_span_id: int
+    tracestate: str
+    stream: str
+    entry_id: str
+    route_began_ns: int
+    route_ended_ns: int
+    def __init__(self, trace_id: _Optional[bytes] = ..., span_id: _Optional[int] = ..., route_span_id: _Optional[int] = ..., parent_span_id: _Optional[int] = ..., tracestate: _Optional[str] = ..., stream: _Optional[str] = ..., entry_id: _Optional[str] = ..., route_began_ns: _Optional[int] = ..., route_ended_ns: _Optional[int] = ...) -> None: ...
 
 class Mirrored(_message.Message):
     __slots__ = ("shadow_request_id", "model", "deadline_ns")

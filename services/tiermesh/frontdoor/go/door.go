@@ -57,7 +57,7 @@ func contextError(ctx context.Context) error {
 // handle is every call on the public port.
 func (d *door) handle(_ interface{}, stream grpc.ServerStream) error {
 	method, _ := grpc.MethodFromServerStream(stream)
-	if method != modelInfer || d.cfg.tracing {
+	if method != modelInfer || (d.cfg.tracing && !d.cfg.traceable) {
 		d.metrics.passed.Add(1)
 		return d.proxy.pass(stream, method, nil)
 	}
@@ -72,13 +72,14 @@ func (d *door) handle(_ interface{}, stream grpc.ServerStream) error {
 	}
 	ctx := stream.Context()
 	m := d.models.get(req.ModelName)
-	job := d.jobOf(ctx, m, req)
+	job, traced := d.jobOf(ctx, m, req)
 	if job == nil { // not one the door takes: the Python gateway answers (and says what is wrong)
 		d.metrics.passed.Add(1)
 		return d.proxy.pass(stream, method, f)
 	}
 	entry := &tiermeshv1.Entry{
 		RequestId: job.RequestId, Model: job.Model, Version: job.Version, ReceivedNs: job.Timing.ReceivedNs,
+		Trace: traced,
 	}
 	if d.books != nil && d.books.sampled() { // captured at the gateway, job and all
 		entry.Job = job
@@ -117,7 +118,11 @@ func (d *door) infer(ctx context.Context, stream grpc.ServerStream, job *tiermes
 	deadline := time.Unix(0, job.DeadlineNs)
 	results := d.pending.register(job.RequestId)
 	defer d.pending.discard(job.RequestId)
+	began := time.Now().UnixNano()
 	reply, err := d.router.route(ctx, job, deadline)
+	if t := entry.Trace; t != nil && err == nil {
+		t.Stream, t.EntryId, t.RouteBeganNs, t.RouteEndedNs = reply.Stream, reply.EntryId, began, time.Now().UnixNano()
+	}
 	if err != nil {
 		if ctx.Err() != nil { // the job may be queued already: its workers are told
 			d.callerLeft(entry, deadline)
@@ -140,7 +145,7 @@ func (d *door) infer(ctx context.Context, stream grpc.ServerStream, job *tiermes
 	select {
 	case result := <-results:
 		d.metrics.resolved.Add(1)
-		entry.Result = bookedResult(result, reply.ShadowRequestId != "", entry.Job != nil)
+		entry.Result = bookedResult(result, reply.ShadowRequestId != "", entry.Job != nil || entry.Trace != nil)
 		if result.Code != 0 {
 			return nil, status.Error(codes.Code(result.Code), result.Message)
 		}
@@ -162,15 +167,17 @@ func (d *door) callerLeft(entry *tiermeshv1.Entry, deadline time.Time) {
 
 // bookedResult is what the gateway's books read of a result: everything but the output
 // bytes, which only a mirrored call's result keeps (they are compared with the canary's),
-// and the annotations, which only a sampled call's keeps (the capture reads its tokens).
+// and the annotations, which only a sampled or traced call's keeps (the capture and the
+// span's facts read its tokens).
 func bookedResult(r *tiermeshv1.Result, mirrored, sampled bool) *tiermeshv1.Result {
 	if mirrored {
 		return r
 	}
 	out := &tiermeshv1.Result{
-		RequestId: r.RequestId, Model: r.Model, Version: r.Version, Code: r.Code, Message: r.Message,
-		Timing: r.Timing, Tier: r.Tier, Priority: r.Priority, Bucket: r.Bucket,
-		BatchSize: r.BatchSize, Variant: r.Variant, Worker: r.Worker,
+		RequestId: r.RequestId, ClientRequestId: r.ClientRequestId, Model: r.Model, Version: r.Version,
+		Code: r.Code, Message: r.Message, Timing: r.Timing, Tier: r.Tier, Priority: r.Priority,
+		Bucket: r.Bucket, BatchSize: r.BatchSize, Variant: r.Variant, Worker: r.Worker,
+		BatchTraceparent: r.BatchTraceparent, Direct: r.Direct,
 	}
 	for _, t := range r.Outputs {
 		out.Outputs = append(out.Outputs, &tiermeshv1.Tensor{Name: t.Name, Datatype: t.Datatype, Shape: t.Shape})
@@ -191,33 +198,36 @@ func requestID() string {
 	return hex.EncodeToString(b[:])
 }
 
-// jobOf is the job of a request the door takes itself, or nil for one it passes on: any
+// jobOf is the job of a request the door takes itself (and its span ids when it is traced),
+// or nil for one it passes on: any
 // doubt (an unknown model, a parameter it does not read, typed contents, anything the
 // Python gateway would refuse) goes to the Python gateway, which decides and words it.
-func (d *door) jobOf(ctx context.Context, m *model, req *inference.ModelInferRequest) *tiermeshv1.Job {
+func (d *door) jobOf(ctx context.Context, m *model, req *inference.ModelInferRequest) (*tiermeshv1.Job, *tiermeshv1.Trace) {
 	if m == nil || !m.takeable() || !(req.ModelVersion == "" || m.versions[req.ModelVersion]) {
-		return nil
+		return nil, nil
 	}
-	if md, ok := metadata.FromIncomingContext(ctx); ok && len(md.Get("traceparent")) > 0 {
-		return nil // a traced caller: the Python gateway keeps the request on its trace
+	md, _ := metadata.FromIncomingContext(ctx)
+	traced, carrier, ok := d.traceOf(md)
+	if !ok {
+		return nil, nil
 	}
 	priority, timeoutUs, ok := ownParametersOf(req.Parameters)
 	if !ok {
-		return nil
+		return nil, nil
 	}
 	if priority == 0 {
 		priority = int64(m.defaultPriority)
 	} else if priority < 1 || uint64(priority) > m.priorityLevels {
-		return nil
+		return nil, nil
 	}
 	inputs, ok := validInputs(m, req)
 	if !ok {
-		return nil
+		return nil, nil
 	}
 	var requested []string
 	for _, out := range req.Outputs {
 		if !m.outputs[out.Name] || len(out.Parameters) > 0 {
-			return nil
+			return nil, nil
 		}
 		requested = append(requested, out.Name)
 	}
@@ -251,7 +261,8 @@ func (d *door) jobOf(ctx context.Context, m *model, req *inference.ModelInferReq
 		Inputs:           inputs,
 		RequestedOutputs: requested,
 		Timing:           &tiermeshv1.Timing{ReceivedNs: now.UnixNano()},
-	}
+		TraceContext:     carrier,
+	}, traced
 }
 
 // ownParametersOf reads priority and timeout; ok is false for any other parameter or a

@@ -36,17 +36,20 @@ import (
 )
 
 type config struct {
-	listen          string // the public port
-	upstream        string // the Python gateway
-	router          string
-	books           string // the Python gateway's internal port ("" = nothing booked there)
-	deliveryListen  string // this door's Delivery port (postprocess dials it)
-	metricsListen   string // Prometheus text format at /metrics ("" = none)
-	defaultTimeout  time.Duration
-	maxInFlight     int64
-	retryAfterMs    int64
-	grace           time.Duration
-	tracing         bool // spans are written: every ModelInfer goes to the Python gateway
+	listen         string // the public port
+	upstream       string // the Python gateway
+	router         string
+	books          string // the Python gateway's internal port ("" = nothing booked there)
+	deliveryListen string // this door's Delivery port (postprocess dials it)
+	metricsListen  string // Prometheus text format at /metrics ("" = none)
+	defaultTimeout time.Duration
+	maxInFlight    int64
+	retryAfterMs   int64
+	grace          time.Duration
+	tracing        bool // the mesh writes spans
+	// The door traces calls itself (the default sampler: parent-based, always on at the
+	// root); with any other OTEL_TRACES_SAMPLER every ModelInfer goes to the Python gateway.
+	traceable       bool
 	maxMessageBytes int
 }
 
@@ -96,6 +99,12 @@ func spansWritten() bool {
 	return env("TIERMESH_TRACE_DIR", "") != ""
 }
 
+// defaultSampler: the OpenTelemetry SDK's default sampler (parent-based, always on at the
+// root), or one that samples the same way.
+func defaultSampler(name string) bool {
+	return name == "" || name == "parentbased_always_on"
+}
+
 func metricsAddress() string {
 	port := env("TIERMESH_METRICS_PORT", "")
 	if port == "" {
@@ -127,6 +136,7 @@ func loadConfig() config {
 		retryAfterMs:    envInt("TIERMESH_RETRY_AFTER_MS", 100),
 		grace:           envSeconds("TIERMESH_SHUTDOWN_GRACE_S", 10),
 		tracing:         spansWritten(),
+		traceable:       defaultSampler(env("OTEL_TRACES_SAMPLER", "")),
 		maxMessageBytes: 64 << 20,
 	}
 }
