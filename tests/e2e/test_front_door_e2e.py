@@ -441,3 +441,14 @@ def test_a_traced_call_the_door_answers_has_every_hop_on_its_trace(
     assert child["context"]["trace_id"] == "0x" + "ab" * 16
     assert child["parent_id"] == "0x" + "cd" * 8
     assert not [s for s in spans_now if s["context"]["trace_id"] == "0x" + "ef" * 16]
+
+
+def test_compressed_calls_are_answered_at_the_door(door_up: UpProcess) -> None:
+    """gzip and deflate, as tritonclient sends them (grpcio takes both)."""
+    before = answered_calls(door_up, "frontdoor").get(("mlp", "OK"), 0)
+    client = grpcclient.InferenceServerClient(door_up.url)
+    x = np.random.default_rng(5).standard_normal((3, 4)).astype(np.float32)
+    for algorithm in ("gzip", "deflate"):
+        got = client.infer("mlp", [mlp_input(x)], compression_algorithm=algorithm)
+        np.testing.assert_allclose(got.as_numpy("OUTPUT0"), reference(door_up, x), rtol=1e-6)
+    assert answered_calls(door_up, "frontdoor").get(("mlp", "OK"), 0) - before == 2

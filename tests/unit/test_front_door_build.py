@@ -145,6 +145,15 @@ def test_auto_keeps_the_python_gateway_for_what_only_it_does(
     assert door is None and choice.startswith("python") and why in choice
 
 
+def test_auto_keeps_the_python_gateway_under_explicit_model_control(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for key in QUIET:
+        monkeypatch.delenv(key, raising=False)
+    door, choice = chosen(tmp_path, model_control="explicit")
+    assert door is None and "explicit model control" in choice
+
+
 def test_auto_without_a_go_toolchain_serves_python_and_says_how_to_get_it(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -347,7 +347,14 @@ class Mesh:
 
             tracing = self.opts.trace_ui or spans_written(environ_with(**self.opts.extra_env))
             # Spans: a tracing mesh's door would pass every call on, one hop more for each.
-            lacks = [*refused, *(["spans"] if tracing else [])]
+            # Explicit model control: the door learns of an unload within its index refresh
+            # (2 s), while the gateway refuses the model at once.
+            explicit = self.opts.model_control == "explicit"
+            lacks = [
+                *refused,
+                *(["spans"] if tracing else []),
+                *(["explicit model control"] if explicit else []),
+            ]
             if lacks:
                 self.door_choice = f"python (the Go door does not do {' or '.join(lacks)} yet)"
                 return None

@@ -32,6 +32,8 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
+	// gzip-compressed calls (tritonclient's compression_algorithm="gzip"), as grpcio takes them.
+	_ "google.golang.org/grpc/encoding/gzip"
 	"tiermeshv1"
 )
 
