@@ -48,6 +48,9 @@ def make_server(
     options: list[tuple[str, int]] = [
         ("grpc.max_receive_message_length", max_message_bytes),
         ("grpc.max_send_message_length", max_message_bytes),
+        # A port another server holds is refused, not shared: with gRPC's default
+        # SO_REUSEPORT two servers on one port split its connections between them.
+        ("grpc.so_reuseport", 0),
     ]
     if max_metadata_bytes is not None:
         # gRPC has a soft limit (calls over it refused at random) and a hard one (all refused);

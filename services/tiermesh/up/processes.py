@@ -55,6 +55,11 @@ _ports = random.Random()
 _handed_out: set[int] = set()
 
 
+def reserve(port: int) -> None:
+    """A port chosen elsewhere (the mesh's public port): never handed out here."""
+    _handed_out.add(port)
+
+
 def _ephemeral_low() -> int:
     try:
         return int(PORT_RANGE_FILE.read_text().split()[0])

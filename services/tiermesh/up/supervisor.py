@@ -30,6 +30,7 @@ from tiermesh.up.processes import (
     environ_with,
     free_port,
     python_module,
+    reserve,
     spawn,
     stop,
 )
@@ -215,6 +216,10 @@ class Mesh:
         door = self._front_door(tls.public or tls.internal is not None)
         if "center" in opts.tiers:
             self.extra_workers = extra_center_workers(self._center_workers())
+        # The ports asked for are never handed out again to an internal service.
+        for asked in (opts.port, self.http_port, opts.metrics_port):
+            if asked > 0:
+                reserve(asked)
         if not self.redis_url:
             self.redis_port = free_port()
             self.redis = start_redis(self.redis_port, opts.data_dir / "redis")
