@@ -41,6 +41,7 @@ from tests.e2e.test_requests_e2e import (
 )
 from tests.e2e.test_rollout_e2e import MODEL as ROLLOUT_MODEL
 from tests.e2e.test_rollout_e2e import cli as rollout_cli
+from tests.polling import eventually
 from tiermesh.bench import replay
 from tiermesh.core.keys import cancel_key
 from tiermesh.frontdoor.build import missing_tools
@@ -279,13 +280,6 @@ def mlp_latencies(up: UpProcess) -> float:
     )
 
 
-def wait_for(predicate: Any, what: str, seconds: float = 15) -> None:
-    deadline = time.monotonic() + seconds
-    while not predicate():
-        assert time.monotonic() < deadline, what
-        time.sleep(0.05)
-
-
 def books_balance(up: UpProcess) -> bool:
     """Whether the gateway's ModelStatistics and latency histogram of mlp hold every call
     the door and the gateway ended (by their own request counters)."""
@@ -300,7 +294,7 @@ def books_balance(up: UpProcess) -> bool:
 
 
 def test_the_gateway_books_what_the_door_answered(door_up: UpProcess) -> None:
-    wait_for(lambda: books_balance(door_up), "earlier calls never all reached the books")
+    eventually(lambda: books_balance(door_up), "earlier calls never all reached the books")
     successes, failures, inferences = mlp_statistics(door_up)
     door_before = answered_calls(door_up, "frontdoor").get(("mlp", "OK"), 0)
     client = grpcclient.InferenceServerClient(door_up.url)
@@ -310,11 +304,11 @@ def test_the_gateway_books_what_the_door_answered(door_up: UpProcess) -> None:
         client.infer("mlp", [mlp_input(np.ones((1, 4), np.float32))], timeout=1)
     assert answered_calls(door_up, "frontdoor").get(("mlp", "OK"), 0) - door_before == 3
     # Booked at the Python gateway within moments: ModelStatistics and the histograms.
-    wait_for(
+    eventually(
         lambda: mlp_statistics(door_up) == (successes + 3, failures + 1, inferences + 6),
         f"the door's calls never reached the gateway's statistics: {mlp_statistics(door_up)}",
     )
-    wait_for(lambda: books_balance(door_up), "nor its latency histogram")
+    eventually(lambda: books_balance(door_up), "nor its latency histogram")
 
 
 def test_a_caller_who_leaves_is_marked_for_the_workers(door_up: UpProcess) -> None:
@@ -327,10 +321,10 @@ def test_a_caller_who_leaves_is_marked_for_the_workers(door_up: UpProcess) -> No
         call = service_pb2_grpc.GRPCInferenceServiceStub(channel).ModelInfer.future(
             request, timeout=30
         )
-        wait_for(lambda: door_in_flight(door_up) >= 1, "the call never reached the door")
+        eventually(lambda: door_in_flight(door_up) >= 1, "the call never reached the door")
         call.cancel()  # the caller leaves while its job waits in the stream
         new = lambda: set(store.scan_iter(match=pattern)) - marked  # noqa: E731
-        wait_for(lambda: len(new()) == 1, f"not one job marked cancelled: {new()}")
+        eventually(lambda: len(new()) == 1, f"not one job marked cancelled: {new()}")
 
 
 async def rollout_window(url: str, version: str, since_ms: int) -> VersionStats:

@@ -10,7 +10,7 @@ port. The door counts its own `tiermesh_requests_total`; nothing here counts it 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,6 +23,7 @@ from tiermesh.core.grpc_errors import grpc_method
 from tiermesh.core.jobs import Job, JobResult
 from tiermesh.core.repository import ModelRepository
 from tiermesh.core.wire import job_from_proto, result_from_proto
+from tiermesh.gateway.call_spans import call_span_of
 from tiermesh.gateway.capture import Capture, Observed
 from tiermesh.gateway.dispatch import Dispatcher
 from tiermesh.gateway.facts import response_facts
@@ -32,12 +33,7 @@ from tiermesh.rollout.recorder import Recorder
 from tiermesh.v1 import books_pb2, books_pb2_grpc
 
 # The SERVER span of a ModelInfer call, named and described as CallSpans does it.
-MODEL_INFER = "/inference.GRPCInferenceService/ModelInfer"
-CALL_ATTRIBUTES = {
-    "rpc.system": "grpc",
-    "rpc.service": "inference.GRPCInferenceService",
-    "rpc.method": "ModelInfer",
-}
+MODEL_INFER, CALL_ATTRIBUTES = call_span_of("inference.GRPCInferenceService", "ModelInfer")
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,7 +106,7 @@ class DoorBooks:
     async def record(
         self,
         mirrors: Iterable[Mirror],
-        calls: Iterable[DoorCall],
+        calls: Sequence[DoorCall],
         shadows: Iterable[JobResult],
     ) -> int:
         """Book the mirrored copies first (a call's or a canary's answer pairs with them),
@@ -120,19 +116,15 @@ class DoorBooks:
         if recorder is not None:
             for m in mirrors:
                 recorder.mirrored(m.shadow_request_id, m.model, m.deadline_ns)
-        left: list[DoorCall] = []
-        count = 0
         for call in calls:
             self._book(call)
-            if call.caller_left:
-                left.append(call)
-            count += 1
         if recorder is not None:
             for result in shadows:
                 recorder.shadow(result)
+        left = [c for c in calls if c.caller_left]
         if left:
             await asyncio.gather(*(self._cancellations.mark(c.request_id, c.ms_left) for c in left))
-        return count
+        return len(calls)
 
     def _book(self, call: DoorCall) -> None:
         result = call.result

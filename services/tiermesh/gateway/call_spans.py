@@ -23,6 +23,16 @@ Unary = Callable[[Any, grpc.aio.ServicerContext], Awaitable[Any]]
 Streaming = Callable[[Any, grpc.aio.ServicerContext], AsyncIterator[Any]]
 
 
+def call_span_of(service: str, method: str) -> tuple[str, dict[str, str]]:
+    """The name and rpc.* attributes of a call's SERVER span (also written for the calls
+    the front door answered: books.py)."""
+    return f"/{service}/{method}", {
+        "rpc.system": "grpc",
+        "rpc.service": service,
+        "rpc.method": method,
+    }
+
+
 class CallSpans:
     """Wraps the public servicers' method handlers with their calls' spans."""
 
@@ -31,8 +41,7 @@ class CallSpans:
 
     def wrap(self, service: str, method: str, handler: Any) -> Any:
         """The handler of `method` with a span per call (unary or response-streaming)."""
-        name = f"/{service}/{method}"
-        attributes = {"rpc.system": "grpc", "rpc.service": service, "rpc.method": method}
+        name, attributes = call_span_of(service, method)
         if handler.response_streaming:
             field = "stream_stream" if handler.stream_stream else "unary_stream"
             wrapped: Any = self._streaming(name, attributes, getattr(handler, field))

@@ -115,15 +115,22 @@ func (b *books) send() bool {
 	if batch == nil {
 		return true
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), booksCallWait)
-	defer cancel()
-	reply, err := b.stub.Record(ctx, batch)
-	if err != nil {
+	if err := b.record(batch); err != nil {
 		b.putBack(batch)
 		return false
 	}
-	b.captureRate.Store(math.Float64bits(reply.CaptureRate))
 	return true
+}
+
+// record is one Record call; the reply's capture rate is kept.
+func (b *books) record(batch *tiermeshv1.Entries) error {
+	ctx, cancel := context.WithTimeout(context.Background(), booksCallWait)
+	defer cancel()
+	reply, err := b.stub.Record(ctx, batch)
+	if err == nil {
+		b.captureRate.Store(math.Float64bits(reply.CaptureRate))
+	}
+	return err
 }
 
 // sampled: this call goes to the gateway with its job, for traffic capture.
@@ -134,11 +141,7 @@ func (b *books) sampled() bool {
 
 // probe asks the gateway for the capture rate while the door has nothing to report.
 func (b *books) probe() {
-	ctx, cancel := context.WithTimeout(context.Background(), booksCallWait)
-	defer cancel()
-	if reply, err := b.stub.Record(ctx, &tiermeshv1.Entries{}); err == nil {
-		b.captureRate.Store(math.Float64bits(reply.CaptureRate))
-	}
+	_ = b.record(&tiermeshv1.Entries{}) // a lost probe: the next one asks again
 }
 
 func (b *books) pump() {
