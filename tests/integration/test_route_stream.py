@@ -27,6 +27,8 @@ from tiermesh.core.tensors import from_numpy
 from tiermesh.core.wire import job_to_proto
 from tiermesh.gateway.upstream import RouterClient
 from tiermesh.router.__main__ import serve as serve_router
+from tiermesh.router.routing import Placed
+from tiermesh.router.servicer import RouterServicer
 from tiermesh.up.processes import free_port
 from tiermesh.v1 import router_pb2, router_pb2_grpc
 
@@ -205,3 +207,25 @@ async def test_a_batch_holds_jobs_up_to_its_byte_limit_and_the_rest_goes_next(
     finally:
         await client.close()
         await channel.close()
+
+
+class PlacingRouter:
+    """Stands in for BatchRouter: places every job of a batch on one stream."""
+
+    async def route_batch(self, jobs: list[Job], received_ns: int = 0) -> list[Placed]:
+        return [Placed("tm:mlp@1.fp32:q:center:p2:b0", f"e-{j.request_id}", "1") for j in jobs]
+
+
+async def test_the_router_counts_the_batches_and_jobs_it_routed() -> None:
+    servicer = RouterServicer(PlacingRouter())  # type: ignore[arg-type]
+    async with serving(router_pb2_grpc.add_RouterServicer_to_server, servicer) as address:
+        channel = make_channel(address)
+        client = RouterClient(channel)
+        try:
+            await asyncio.gather(*(client.route(job(), 10) for _ in range(5)))
+            await client.route(job(), 10)
+        finally:
+            await client.close()
+            await channel.close()
+    # What the stop line reports: five jobs queued together went as one batch, then one.
+    assert (servicer.batches, servicer.jobs) == (2, 6)

@@ -154,7 +154,7 @@ async def serve(
         queues.close()
         mesh_health.close()
         telemetry.shutdown()
-        log.info("router stopped")
+        log.info("router stopped", batches=servicer.batches, jobs=servicer.jobs)
 
 
 def add_encoders(

@@ -27,6 +27,8 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
     def __init__(self, router: BatchRouter) -> None:
         self._router = router
         self._stop = Drain()
+        self.batches = 0  # routed, for the stop line: jobs / batches is how well hops batch
+        self.jobs = 0
 
     def drain(self) -> None:
         """At stop: each stream answers the jobs it has read, then ends. A gateway sends what
@@ -71,6 +73,8 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
 
     async def _route(self, messages: list[job_pb2.Job]) -> router_pb2.RouteReplies:
         jobs = [job_from_proto(m) for m in messages]
+        self.batches += 1
+        self.jobs += len(jobs)
         try:
             outcomes = await self._router.route_batch(jobs)
         except Exception:
