@@ -33,7 +33,8 @@ class UpProcess:
     log: Path
 
     def children(self) -> dict[str, int]:
-        """pid of each direct child of `tiermesh up`, by service (redis-server included)."""
+        """pid of each direct child of `tiermesh up`, by service (redis-server and the Go front
+        door included)."""
         found: dict[str, int] = {}
         for stat in Path("/proc").glob("[0-9]*/stat"):
             try:
@@ -53,6 +54,8 @@ class UpProcess:
                     found[name] = int(stat.parent.name)
             if "redis-server" in cmdline:
                 found["redis"] = int(stat.parent.name)
+            if cmdline.split(" ", 1)[0].endswith("/frontdoor"):  # the Go front door's binary
+                found["frontdoor"] = int(stat.parent.name)
         return found
 
     def spans(self) -> list[dict[str, Any]]:
@@ -207,25 +210,40 @@ def new_up(tmp_path: Path) -> Iterator[Callable[..., UpProcess]]:
                 up.interrupt()
 
 
-def gateway_counts(up: UpProcess) -> dict[str, int]:
-    """What the gateway counted over its life, from its `gateway stopped` log line (read
-    once `tiermesh up` has stopped): requests `accepted` (placed on a queue), `answered`
-    (their result reached the waiting call) and `late_results` (results for a call already
-    answered or gone: duplicates and stragglers, dropped); with the Go front door in front
-    of it, the door's own counts (its stop line) added."""
-    counts: dict[str, int] | None = None
-    door = {"accepted": 0, "answered": 0, "late_results": 0}
+COUNTS = ("accepted", "answered", "late_results")
+DOOR_STOPPED = re.compile(
+    r"frontdoor: stopped: .*\(accepted (\d+), answered (\d+), late_results (\d+)\)"
+)
+
+
+def stop_counts(up: UpProcess) -> list[dict[str, int]]:
+    """What each process on the public path counted over its life, in the order they
+    stopped: every Python gateway's `gateway stopped` log line and every Go front door's stop
+    line (read once `tiermesh up` has stopped): requests `accepted` (placed on a queue),
+    `answered` (their result reached the waiting call) and `late_results` (results for a call
+    already answered or gone: duplicates and stragglers, dropped)."""
+    out = []
     for line in up.log.read_text().splitlines():
-        if '"gateway stopped"' in line:
+        if '"gateway stopped"' in line and line.startswith("{"):
             doc = json.loads(line)
-            counts = {k: int(doc[k]) for k in ("accepted", "answered", "late_results")}
-        found = re.search(
-            r"frontdoor: stopped: .*\(accepted (\d+), answered (\d+), late_results (\d+)\)", line
-        )
-        if found:
-            door = dict(zip(door, map(int, found.groups()), strict=True))
-    assert counts is not None, "the gateway never logged `gateway stopped`"
-    return {k: counts[k] + door[k] for k in counts}
+            out.append({k: int(doc[k]) for k in COUNTS})
+        elif found := DOOR_STOPPED.search(line):
+            out.append(dict(zip(COUNTS, map(int, found.groups()), strict=True)))
+    return out
+
+
+def gateway_counts(up: UpProcess) -> dict[str, int]:
+    """`stop_counts` summed: what the public path as a whole accepted, answered and dropped
+    (with the Go front door, its calls and those it passed to the Python gateway)."""
+    counts = stop_counts(up)
+    assert counts, "no process on the public path logged its stop"
+    return {k: sum(c[k] for c in counts) for k in COUNTS}
+
+
+def door_serves(up: UpProcess) -> bool:
+    """Whether the Go front door holds the public port (`tiermesh up --front-door auto`
+    chose it, or it was asked for)."""
+    return "frontdoor" in up.metrics_urls()
 
 
 def scrape_metrics(url: str) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:

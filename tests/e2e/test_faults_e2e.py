@@ -1,11 +1,13 @@
 """Faults under load on a real `tiermesh up`: a worker killed (and restarted by the
-supervisor), redis-server killed and restarted, the gateway stopped with requests in flight.
-Each ends with every accepted request answered exactly once; each prints its figures."""
+supervisor), redis-server killed and restarted, the public port's process (the Go front
+door, the Python gateway) stopped with requests in flight. Each ends with every accepted
+request answered exactly once; each prints its figures."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import time
 from collections.abc import Callable
@@ -13,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from tests.e2e.conftest import UpProcess, scrape_metrics
+from tests.e2e.conftest import UpProcess, gateway_counts, scrape_metrics, stop_counts
 from tests.e2e.load import Load
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
@@ -70,7 +72,7 @@ def strike(
     return struck, replaced, recovered_s
 
 
-def report(scenario: str, load: Load, gateways: list[dict[str, Any]], recover_s: float) -> str:
+def report(scenario: str, load: Load, gateways: list[dict[str, int]], recover_s: float) -> str:
     codes = load.codes()
     refused = ", ".join(f"{k} {v}" for k, v in sorted(codes.items()) if k != "OK") or "none"
     accepted = sum(g["accepted"] for g in gateways)
@@ -95,14 +97,15 @@ def test_a_killed_worker_is_restarted_and_picks_up_where_it_left_off(
     text = up.log.read_text()
     assert "worker exited with code -9; restarting in" in text
     assert "worker restarted (pid" in text
-    gateways = log_events(up, "gateway stopped")
+    gateways = stop_counts(up)
     reclaimed = sum(e["n"] for e in log_events(up, "reclaimed entries of a dead worker"))
     with capsys.disabled():
         print(report("kill -9 the only worker", load, gateways, recovered), end="")
         print(f", entries reclaimed by its successor {reclaimed}")
     # The router refuses while no worker is live (UNAVAILABLE); nothing accepted is lost.
     assert set(load.codes()) <= {"OK", "UNAVAILABLE"}, load.codes()
-    assert gateways[0]["accepted"] == gateways[0]["answered"] == load.codes()["OK"]
+    counts = gateway_counts(up)
+    assert counts["accepted"] == counts["answered"] == load.codes()["OK"]
 
 
 def test_redis_killed_and_restarted_under_load(
@@ -117,7 +120,7 @@ def test_redis_killed_and_restarted_under_load(
         _, _, recovered = strike(up, load, "redis", signal.SIGKILL)
     assert up.interrupt() == 0
     assert "redis-server restarted (pid" in up.log.read_text()
-    gateways = log_events(up, "gateway stopped")
+    gateways = stop_counts(up)
     unavailable = sorted(c.seconds for c in load.calls if c.code == "UNAVAILABLE")
     with capsys.disabled():
         print(report("SIGKILL redis-server", load, gateways, recovered), end="")
@@ -129,20 +132,36 @@ def test_redis_killed_and_restarted_under_load(
     # ... refusals while redis was down came fast, not at the deadline ...
     assert not unavailable or unavailable[-1] < 2.0
     # ... and nothing the mesh had accepted was lost.
-    assert gateways[0]["accepted"] == gateways[0]["answered"] == load.codes()["OK"]
+    counts = gateway_counts(up)
+    assert counts["accepted"] == counts["answered"] == load.codes()["OK"]
 
 
-def test_gateway_sigterm_answers_the_requests_in_flight(
-    new_up: Callable[..., UpProcess], capsys: pytest.CaptureFixture[str]
+# Each door on the public port: its process's name under `tiermesh up`, the line it logs
+# when SIGTERM begins its drain, and how that line says how many calls it holds.
+DOORS = {
+    "python": ("gateway", '"gateway draining"', re.compile(r'"pending": (\d+)')),
+    "go": ("frontdoor", "frontdoor: draining:", re.compile(r"draining: (\d+) calls in flight")),
+}
+
+
+@pytest.mark.parametrize("door", sorted(DOORS))
+def test_sigterm_on_the_public_port_answers_the_requests_in_flight(
+    new_up: Callable[..., UpProcess], capsys: pytest.CaptureFixture[str], door: str
 ) -> None:
-    """SIGTERM the gateway under load: it stops taking calls (UNAVAILABLE), answers every
-    call it had taken, exits; the supervisor starts a new one on the same port."""
-    up = new_up()
-    metrics = up.metrics_urls()["gateway"]
+    """SIGTERM the process on the public port under load (the Go front door, or the Python
+    gateway serving alone): it stops taking calls (UNAVAILABLE), answers every call it had
+    taken, exits; the supervisor starts a new one on the same port."""
+    name, mark, pending = DOORS[door]
+    up = new_up(extra_env={"TIERMESH_FRONT_DOOR": door})
+    metrics = up.metrics_urls()[name]
     worker = up.children()["worker"]
 
+    def draining() -> list[int]:
+        text = up.log.read_text().splitlines()
+        return [int(m.group(1)) for line in text if mark in line and (m := pending.search(line))]
+
     def paused_with_calls_waiting() -> bool:
-        # Calls inside the gateway as it is struck, for certain: at a random instant there
+        # Calls inside the door as it is struck, for certain: at a random instant there
         # were sometimes none (a call takes a few ms; the 16 callers spend most of the time
         # in their own code), so the worker is paused until several wait on it.
         os.kill(worker, signal.SIGSTOP)
@@ -150,32 +169,33 @@ def test_gateway_sigterm_answers_the_requests_in_flight(
         return sum(v for (n, _), v in samples if n == "tiermesh_requests_in_flight") >= 4
 
     def resume_once_draining() -> None:
-        # The worker resumes only after the gateway counted what it holds, so the count
+        # The worker resumes only after the door counted what it holds, so the count
         # cannot race the answers.
         deadline = time.monotonic() + 30
-        while not log_events(up, "gateway draining"):
-            assert time.monotonic() < deadline, "the gateway never began to drain"
+        while not draining():
+            assert time.monotonic() < deadline, f"{name} never began to drain"
             time.sleep(0.005)
         os.kill(worker, signal.SIGCONT)
 
     try:
         with Load(up.url, callers=16) as load:
             stopped, replaced, recovered = strike(
-                up, load, "gateway", signal.SIGTERM, paused_with_calls_waiting, resume_once_draining
+                up, load, name, signal.SIGTERM, paused_with_calls_waiting, resume_once_draining
             )
     finally:
         os.kill(worker, signal.SIGCONT)
     assert up.interrupt() == 0
-    draining = log_events(up, "gateway draining")
-    gateways = log_events(up, "gateway stopped")
-    assert len(gateways) == 2  # the one stopped under load, then its successor
+    held = draining()
+    gateways = stop_counts(up)
+    # The one stopped under load, then its successor (behind the door, the gateway too).
+    assert len(gateways) == (2 if door == "python" else 3)
     with capsys.disabled():
-        print(report("gateway SIGTERM", load, gateways, recovered), end="")
-        print(f", in flight at SIGTERM {draining[0]['pending']}")
-    assert draining[0]["pending"] > 0, "nothing was in flight: the test proved nothing"
+        print(report(f"{name} SIGTERM", load, gateways, recovered), end="")
+        print(f", in flight at SIGTERM {held[0]}")
+    assert held[0] > 0, "nothing was in flight: the test proved nothing"
     assert set(load.codes()) <= {"OK", "UNAVAILABLE", "CANCELLED"}, load.codes()
     # Calls that reach the port at the instant the server closes are cancelled by gRPC
-    # itself; the gateway never took them (its counts below), and no other call is.
+    # itself; the door never took them (its counts below), and no other call is.
     cancelled = [c for c in load.calls if c.code == "CANCELLED"]
     assert all(stopped <= c.end <= replaced for c in cancelled), cancelled
     for g in gateways:

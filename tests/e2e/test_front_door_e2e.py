@@ -64,7 +64,7 @@ MAX_IN_FLIGHT = 16
 
 @pytest.fixture(scope="module")
 def door_up(tmp_path_factory: pytest.TempPathFactory) -> Iterator[UpProcess]:
-    # No span files: a mesh that writes spans has the door pass every ModelInfer on.
+    # No span files: the door's own figures, without the cost of writing spans.
     with running(
         tmp_path_factory.mktemp("door"),
         extra_env={"TIERMESH_FRONT_DOOR": "go", "TIERMESH_MAX_IN_FLIGHT": str(MAX_IN_FLIGHT)},

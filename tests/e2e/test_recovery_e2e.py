@@ -20,7 +20,7 @@ import pytest
 import tritonclient.grpc.aio as aioclient
 from tritonclient.utils import InferenceServerException
 
-from tests.e2e.conftest import UpProcess, _environ
+from tests.e2e.conftest import UpProcess, _environ, gateway_counts
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 RECOVERY_ENV = {
@@ -105,9 +105,7 @@ def test_kill_9_a_worker_under_load_loses_nothing(
                 p.send_signal(signal.SIGTERM)
                 p.wait(timeout=30)
     assert up.interrupt() == 0
-    gateway = next(
-        json.loads(line) for line in up.log.read_text().splitlines() if '"gateway stopped"' in line
-    )
+    gateway = gateway_counts(up)
     reclaimed = []
     for log in (tmp_path / "spare0.log", tmp_path / "spare1.log"):
         for line in log.read_text().splitlines():

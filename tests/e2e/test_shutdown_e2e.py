@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -15,7 +14,7 @@ import pytest
 import tritonclient.grpc.aio as aioclient
 from tritonclient.utils import InferenceServerException
 
-from tests.e2e.conftest import UpProcess
+from tests.e2e.conftest import UpProcess, gateway_counts
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -28,7 +27,8 @@ def test_ctrl_c_under_load_loses_nothing_and_leaves_no_process(
 ) -> None:
     up = new_up(grace_s=10)
     children = up.children()
-    assert set(children) == {"gateway", "router", "worker", "postprocess", "redis"}
+    # The default: the Go front door on the public port, the Python gateway behind it.
+    assert set(children) == {"frontdoor", "gateway", "router", "worker", "postprocess", "redis"}
     model = up.log.parent / "models" / "mlp" / "1" / "model.onnx"
     sess = ort.InferenceSession(str(model), providers=["CPUExecutionProvider"])
 
@@ -79,9 +79,7 @@ def test_ctrl_c_under_load_loses_nothing_and_leaves_no_process(
     assert all(correct for status, correct in outcomes if status == "OK")
     assert ok_after_interrupt, "requests in flight at Ctrl-C were not answered"
     # Every request the gateway accepted was answered, and the client got each answer.
-    stopped = next(
-        json.loads(line) for line in up.log.read_text().splitlines() if '"gateway stopped"' in line
-    )
+    stopped = gateway_counts(up)
     assert stopped["accepted"] == stopped["answered"] == statuses_ok(outcomes)
     assert stopped["late_results"] == 0
     for name, pid in children.items():

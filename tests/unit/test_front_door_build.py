@@ -116,6 +116,7 @@ QUIET = (
     "TIERMESH_TRACE_DIR",
     "TIERMESH_FRONT_DOOR",
     "TIERMESH_TENANTS_FILE",
+    "OTEL_TRACES_SAMPLER",
 )
 
 
@@ -130,9 +131,14 @@ def chosen(tmp_path: Path, **opts: Any) -> tuple[Path | None, str]:
     ("env", "why"),
     [
         ({"TIERMESH_TENANTS_FILE": "tenants.yaml"}, "does not do API keys yet"),
-        ({"OTEL_EXPORTER_OTLP_ENDPOINT": "127.0.0.1:4317"}, "does not do spans yet"),
-        ({"TIERMESH_TRACE_DIR": "/tmp/spans"}, "does not do spans yet"),
-        ({"OTEL_TRACES_EXPORTER": "otlp"}, "does not do spans yet"),
+        (
+            {"OTEL_EXPORTER_OTLP_ENDPOINT": "127.0.0.1:4317", "OTEL_TRACES_SAMPLER": "always_on"},
+            "does not do OTEL_TRACES_SAMPLER=always_on yet",
+        ),
+        (
+            {"TIERMESH_TRACE_DIR": "/tmp/spans", "OTEL_TRACES_SAMPLER": "traceidratio"},
+            "does not do OTEL_TRACES_SAMPLER=traceidratio yet",
+        ),
         ({"TIERMESH_FRONT_DOOR": "python"}, "asked for"),
     ],
 )
@@ -167,8 +173,20 @@ def test_auto_without_a_go_toolchain_serves_python_and_says_how_to_get_it(
 
 
 @needs_go
-def test_auto_is_the_go_door_by_default(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize(
+    "env",
+    [
+        {},
+        # Spans with OpenTelemetry's default sampler: the door traces the calls it answers.
+        {"OTEL_EXPORTER_OTLP_ENDPOINT": "127.0.0.1:4317"},
+        {"TIERMESH_TRACE_DIR": "/tmp/spans", "OTEL_TRACES_SAMPLER": "parentbased_always_on"},
+        {"OTEL_TRACES_EXPORTER": "otlp"},
+    ],
+)
+def test_auto_is_the_go_door_by_default(
+    env: dict[str, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     for key in QUIET:
         monkeypatch.delenv(key, raising=False)
-    door, choice = chosen(tmp_path)
+    door, choice = chosen(tmp_path, extra_env=env)
     assert door is not None and door.is_file() and choice.startswith("go")

@@ -226,9 +226,9 @@ def add_up_parser(sub: Subcommands) -> None:
         default=None,
         help="the public gRPC port's process: the Go front door in front of the Python "
         "gateway (built from Debian's Go packages: make frontdoor), or the Python gateway "
-        "itself; auto: go unless TLS, API keys or tracing are configured (the Go door does "
-        "not do them yet) or the Go toolchain is missing; default: $TIERMESH_FRONT_DOOR, "
-        "else auto",
+        "itself; auto: go unless TLS, API keys, explicit model control or a sampler other "
+        "than OpenTelemetry's default are configured (the Go door does not do them yet) or "
+        "the Go toolchain is missing; default: $TIERMESH_FRONT_DOOR, else auto",
     )
     up.add_argument(
         "--edge-link-ms",

@@ -58,6 +58,7 @@ class DoorTrace:
     entry_id: str = ""
     route_began_ns: int = 0
     route_ended_ns: int = 0
+    client_request_id: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -178,9 +179,8 @@ class DoorBooks:
             **CALL_ATTRIBUTES,
             "rpc.grpc.status_code": call.code.value[0],
             "tiermesh.request_id": call.request_id,
+            "tiermesh.client_request_id": t.client_request_id,
         }
-        if result is not None:
-            attributes["tiermesh.client_request_id"] = result.client_request_id
         ok = call.code == grpc.StatusCode.OK
         if ok and result is not None:
             attributes.update(response_facts(result, call.ended_ns))
@@ -205,6 +205,7 @@ def door_trace(msg: books_pb2.Trace) -> DoorTrace:
         entry_id=msg.entry_id,
         route_began_ns=msg.route_began_ns,
         route_ended_ns=msg.route_ended_ns,
+        client_request_id=msg.client_request_id,
     )
 
 

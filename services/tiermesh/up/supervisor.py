@@ -348,16 +348,19 @@ class Mesh:
                 "them, or with TIERMESH_FRONT_DOOR=python"
             )
         if choice == "auto":
-            from tiermesh.core.telemetry import spans_written
+            from tiermesh.core.telemetry import default_sampler, spans_written
 
-            tracing = self.opts.trace_ui or spans_written(environ_with(**self.opts.extra_env))
-            # Spans: a tracing mesh's door would pass every call on, one hop more for each.
+            env = environ_with(**self.opts.extra_env)
+            # Spans under another sampler than the default: the door would pass every call
+            # on, one hop more for each (with the default it traces the calls itself).
             # Explicit model control: the door learns of an unload within its index refresh
             # (2 s), while the gateway refuses the model at once.
+            tracing = self.opts.trace_ui or spans_written(env)
+            sampler = tracing and not default_sampler(env)
             explicit = self.opts.model_control == "explicit"
             lacks = [
                 *refused,
-                *(["spans"] if tracing else []),
+                *(["OTEL_TRACES_SAMPLER=" + env["OTEL_TRACES_SAMPLER"]] if sampler else []),
                 *(["explicit model control"] if explicit else []),
             ]
             if lacks:

@@ -250,6 +250,9 @@ func (d *door) jobOf(ctx context.Context, m *model, req *inference.ModelInferReq
 			deadline = t
 		}
 	}
+	if traced != nil {
+		traced.ClientRequestId = req.Id
+	}
 	return &tiermeshv1.Job{
 		RequestId:        requestID(),
 		ClientRequestId:  req.Id,

@@ -231,6 +231,7 @@ func main() {
 	go func() {
 		<-stop
 		// New calls are refused; the calls in flight are answered within the grace.
+		log.Printf("draining: %d calls in flight", door.inFlight.Load())
 		done := make(chan struct{})
 		go func() { public.GracefulStop(); close(done) }()
 		select {
