@@ -72,12 +72,12 @@ def strike(
     return struck, replaced, recovered_s
 
 
-def report(scenario: str, load: Load, gateways: list[dict[str, int]], recover_s: float) -> str:
+def report(scenario: str, load: Load, stops: list[dict[str, int]], recover_s: float) -> str:
     codes = load.codes()
     refused = ", ".join(f"{k} {v}" for k, v in sorted(codes.items()) if k != "OK") or "none"
-    accepted = sum(g["accepted"] for g in gateways)
-    answered = sum(g["answered"] for g in gateways)
-    duplicates = sum(g["late_results"] for g in gateways)
+    accepted = sum(g["accepted"] for g in stops)
+    answered = sum(g["answered"] for g in stops)
+    duplicates = sum(g["late_results"] for g in stops)
     return (
         f"\n{scenario}: sent {len(load.calls)}, answered OK {codes['OK']}, "
         f"lost {accepted - answered}, duplicates suppressed {duplicates}, "
@@ -97,10 +97,10 @@ def test_a_killed_worker_is_restarted_and_picks_up_where_it_left_off(
     text = up.log.read_text()
     assert "worker exited with code -9; restarting in" in text
     assert "worker restarted (pid" in text
-    gateways = stop_counts(up)
+    stops = stop_counts(up)
     reclaimed = sum(e["n"] for e in log_events(up, "reclaimed entries of a dead worker"))
     with capsys.disabled():
-        print(report("kill -9 the only worker", load, gateways, recovered), end="")
+        print(report("kill -9 the only worker", load, stops, recovered), end="")
         print(f", entries reclaimed by its successor {reclaimed}")
     # The router refuses while no worker is live (UNAVAILABLE); nothing accepted is lost.
     assert set(load.codes()) <= {"OK", "UNAVAILABLE"}, load.codes()
@@ -120,10 +120,10 @@ def test_redis_killed_and_restarted_under_load(
         _, _, recovered = strike(up, load, "redis", signal.SIGKILL)
     assert up.interrupt() == 0
     assert "redis-server restarted (pid" in up.log.read_text()
-    gateways = stop_counts(up)
+    stops = stop_counts(up)
     unavailable = sorted(c.seconds for c in load.calls if c.code == "UNAVAILABLE")
     with capsys.disabled():
-        print(report("SIGKILL redis-server", load, gateways, recovered), end="")
+        print(report("SIGKILL redis-server", load, stops, recovered), end="")
         if unavailable:
             print(f", UNAVAILABLE answered in at most {unavailable[-1] * 1000:.0f} ms")
     # Every call ended within its deadline with a documented code ...
@@ -186,11 +186,11 @@ def test_sigterm_on_the_public_port_answers_the_requests_in_flight(
         os.kill(worker, signal.SIGCONT)
     assert up.interrupt() == 0
     held = draining()
-    gateways = stop_counts(up)
+    stops = stop_counts(up)
     # The one stopped under load, then its successor (behind the door, the gateway too).
-    assert len(gateways) == (2 if door == "python" else 3)
+    assert len(stops) == (2 if door == "python" else 3)
     with capsys.disabled():
-        print(report(f"{name} SIGTERM", load, gateways, recovered), end="")
+        print(report(f"{name} SIGTERM", load, stops, recovered), end="")
         print(f", in flight at SIGTERM {held[0]}")
     assert held[0] > 0, "nothing was in flight: the test proved nothing"
     assert set(load.codes()) <= {"OK", "UNAVAILABLE", "CANCELLED"}, load.codes()
@@ -198,6 +198,6 @@ def test_sigterm_on_the_public_port_answers_the_requests_in_flight(
     # itself; the door never took them (its counts below), and no other call is.
     cancelled = [c for c in load.calls if c.code == "CANCELLED"]
     assert all(stopped <= c.end <= replaced for c in cancelled), cancelled
-    for g in gateways:
+    for g in stops:
         assert g["accepted"] == g["answered"]
-    assert sum(g["answered"] for g in gateways) == load.codes()["OK"]
+    assert sum(g["answered"] for g in stops) == load.codes()["OK"]

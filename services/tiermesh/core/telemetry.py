@@ -217,7 +217,7 @@ def spans_written(env: Mapping[str, str]) -> bool:
     return _otlp_wanted(env) or bool(env.get("TIERMESH_TRACE_DIR"))
 
 
-def default_sampler(env: Mapping[str, str]) -> bool:
+def uses_default_sampler(env: Mapping[str, str]) -> bool:
     """Whether OTEL_TRACES_SAMPLER in `env` is the SDK's default (parent-based, always on at
     the root): the one sampler the Go front door applies itself (its Go mirror:
     `defaultSampler`); with another, every traced call goes to the Python gateway."""

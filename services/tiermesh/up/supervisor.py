@@ -348,7 +348,7 @@ class Mesh:
                 "them, or with TIERMESH_FRONT_DOOR=python"
             )
         if choice == "auto":
-            from tiermesh.core.telemetry import default_sampler, spans_written
+            from tiermesh.core.telemetry import uses_default_sampler, spans_written
 
             env = environ_with(**self.opts.extra_env)
             # Spans under another sampler than the default: the door would pass every call
@@ -356,7 +356,7 @@ class Mesh:
             # Explicit model control: the door learns of an unload within its index refresh
             # (2 s), while the gateway refuses the model at once.
             tracing = self.opts.trace_ui or spans_written(env)
-            sampler = tracing and not default_sampler(env)
+            sampler = tracing and not uses_default_sampler(env)
             explicit = self.opts.model_control == "explicit"
             lacks = [
                 *refused,
