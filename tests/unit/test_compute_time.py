@@ -60,3 +60,15 @@ def test_overlapping_calls_each_count_their_own_cpu() -> None:
     for t in threads:
         t.join()
     assert clock.cpu._value.get() >= BURN_S * 0.95
+
+
+def test_a_call_alone_counts_the_process_cpu_even_per_thread() -> None:
+    """A wide session's call computes on onnxruntime's pool threads too: the process's CPU
+    during it counts, though the worker counts one-thread calls per thread."""
+    clock = ComputeTime(CollectorRegistry(), per_thread=True)
+    started = clock.enter(alone=True)
+    helper = threading.Thread(target=burn, args=(BURN_S,))
+    helper.start()
+    helper.join()
+    clock.leave(started)
+    assert clock.cpu._value.get() >= BURN_S * 0.9

@@ -5,9 +5,16 @@ from __future__ import annotations
 
 import ast
 from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
 
 from tiermesh.core.builtin_models import build_mlp
+from tiermesh.core.jobs import Job
 from tiermesh.core.repository import parse_config
+from tiermesh.core.tensors import from_numpy, to_numpy
+from tiermesh.worker import runner as runner_module
 from tiermesh.worker.runner import ModelRunner, session_options
 
 SERVICES = Path(__file__).resolve().parents[2] / "services" / "tiermesh"
@@ -66,3 +73,39 @@ def test_every_inference_session_in_the_code_gets_session_options() -> None:
 
 def _is_session_options(node: ast.AST) -> bool:
     return isinstance(node, ast.Call) and getattr(node.func, "id", "") == "session_options"
+
+
+def mlp_runner(tmp_path: Path, **kwargs: Any) -> ModelRunner:
+    path = tmp_path / "model.onnx"
+    path.write_bytes(build_mlp())
+    cfg = parse_config(
+        {
+            "name": "mlp",
+            "max_batch_size": 4,
+            "inputs": [{"name": "INPUT0", "datatype": "FP32", "dims": [4]}],
+            "outputs": [{"name": "OUTPUT0", "datatype": "FP32", "dims": [3]}],
+            "versions": {"1": {"model.onnx": "x"}},
+        },
+        "test",
+    )
+    return ModelRunner(cfg, path, **kwargs)
+
+
+def test_a_small_model_gets_a_wide_session_for_batches_computing_alone(tmp_path: Path) -> None:
+    runner = mlp_runner(tmp_path, intra_op_threads=1, wide_threads=2)
+    assert runner.wide is not None
+    assert runner.wide.get_session_options().intra_op_num_threads == 2
+    assert runner.session.get_session_options().intra_op_num_threads == 1
+    x = from_numpy("INPUT0", np.arange(8, dtype=np.float32).reshape(2, 4), "FP32")
+    job = Job(request_id="r", model="mlp", inputs=(x,), gateway="g")
+    narrow, wide = runner.run([job]), runner.run([job], alone=True)
+    np.testing.assert_array_equal(to_numpy(wide[0].outputs[0]), to_numpy(narrow[0].outputs[0]))
+
+
+def test_no_wide_session_for_a_large_model_or_one_lane(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert mlp_runner(tmp_path, intra_op_threads=2, wide_threads=2).wide is None
+    assert mlp_runner(tmp_path, intra_op_threads=0, wide_threads=2).wide is None
+    monkeypatch.setattr(runner_module, "WIDE_MAX_BYTES", 100)  # the mlp is larger
+    assert mlp_runner(tmp_path, intra_op_threads=1, wide_threads=2).wide is None

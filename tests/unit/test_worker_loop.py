@@ -183,16 +183,18 @@ class CountingRunner(ModelRunner):
         super().__init__(cfg, path)
         self.runs: list[list[str]] = []
         self.threads: list[int] = []  # the thread of each run
+        self.alone: list[bool] = []  # each run was told nothing else computes
         # Each run takes this long on the worker's injected clock (its compute estimate).
         self.clock: Clock | None = None
         self.run_ns = 0
 
-    def run(self, jobs: Sequence[Job]) -> list[JobOutputs]:
+    def run(self, jobs: Sequence[Job], alone: bool = False) -> list[JobOutputs]:
         self.runs.append([j.request_id for j in jobs])
         self.threads.append(threading.get_ident())
+        self.alone.append(alone)
         if self.clock is not None:
             self.clock.now += self.run_ns
-        return super().run(jobs)
+        return super().run(jobs, alone)
 
 
 def mlp_config(**changes: Any) -> ModelConfig:
@@ -495,13 +497,14 @@ class HeldRunner(CountingRunner):
         self.go = threading.Event()
         self.started = threading.Semaphore(0)
 
-    def run(self, jobs: Sequence[Job]) -> list[JobOutputs]:
+    def run(self, jobs: Sequence[Job], alone: bool = False) -> list[JobOutputs]:
         self.runs.append([j.request_id for j in jobs])
         self.threads.append(threading.get_ident())
+        self.alone.append(alone)
         self.started.release()
         if not self.go.wait(timeout=30):
             raise TimeoutError("the test never let the run go")
-        return ModelRunner.run(self, jobs)
+        return ModelRunner.run(self, jobs, alone)
 
 
 async def started_runs(runner: HeldRunner, n: int) -> None:
@@ -629,6 +632,8 @@ async def test_a_short_batch_on_an_idle_worker_computes_on_the_loops_thread(
     assert runner.runs[2] == [f"long{i}" for i in range(8)]
     assert runner.threads[2] != loop_thread
     assert h.worker.inline_batches == 1
+    # Only the batch on the loop's thread computes alone: it may take the wide session.
+    assert runner.alone == [False, True, False]
 
 
 async def test_a_batch_whose_ack_is_on_its_way_leaves_the_loop_free_to_compute(

@@ -348,7 +348,7 @@ class Mesh:
                 "them, or with TIERMESH_FRONT_DOOR=python"
             )
         if choice == "auto":
-            from tiermesh.core.telemetry import uses_default_sampler, spans_written
+            from tiermesh.core.telemetry import spans_written, uses_default_sampler
 
             env = environ_with(**self.opts.extra_env)
             # Spans under another sampler than the default: the door would pass every call

@@ -81,7 +81,9 @@ async def serve(
     compute_time = ComputeTime(registry, per_thread=compute.threads == 1)
 
     def opener(unit: str, cfg: ModelConfig) -> ModelRunner:
-        return open_runner(repo, unit, cfg, compute.threads, compute_time)
+        # A batch computing alone on an idle worker may use every lane's threads.
+        wide = compute.threads * compute.lanes
+        return open_runner(repo, unit, cfg, compute.threads, compute_time, wide)
 
     runners = {unit: opener(unit, cfg) for unit, cfg in served.items()}
     for unit, runner in runners.items():

@@ -85,7 +85,7 @@ class Executor:
                 runner, jobs = self._units.runners[key.model], [q.job for q in live]
                 if inline:
                     self.inline_batches += 1
-                    outputs = runner.run(jobs)
+                    outputs = runner.run(jobs, alone=True)
                 else:
                     outputs = await asyncio.to_thread(runner.run, jobs)
             except Exception as exc:

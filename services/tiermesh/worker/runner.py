@@ -22,6 +22,20 @@ from tiermesh.core.repository import ModelConfig
 from tiermesh.core.tensors import TensorData, concat_batch, from_numpy, split_batch, to_numpy
 from tiermesh.worker.pooling_graph import with_pooling
 
+# A model up to this size (its bytes, external data included) also gets a session with
+# every core's thread (`ModelRunner.wide`), for a batch computing alone on an idle worker:
+# at concurrency 1 a 16-token MiniLM-L3 request computed in ~3.0 ms on one lane's thread
+# against ~1.7 ms on two (benchmarks/RESULTS.md, issue 21). A larger model would hold its
+# weights twice; it keeps one session.
+WIDE_MAX_BYTES = 256 << 20
+
+
+def model_bytes(model: VerifiedModel | Path) -> int:
+    """The size of a model's weights as a session loads them."""
+    if isinstance(model, VerifiedModel):
+        return len(model.data) + sum(len(b) for b in model.external.values())
+    return model.stat().st_size
+
 
 def session_options(intra_op_threads: int) -> ort.SessionOptions:
     """Options of every onnxruntime session the mesh creates."""
@@ -86,9 +100,13 @@ class ComputeTime:
         usage = resource.getrusage(resource.RUSAGE_SELF)
         return usage.ru_utime + usage.ru_stime
 
-    def enter(self) -> tuple[float, float]:
+    def enter(self, alone: bool = False) -> tuple[float, float]:
         """Called right before a session call, in its thread; returns what to hand to
-        `leave`. Overlapping calls count the process's CPU of the interval once."""
+        `leave`. Overlapping calls count the process's CPU of the interval once. `alone`: a
+        call with more threads than one while nothing else computes (a wide session's):
+        the process's CPU during it, however the worker counts otherwise."""
+        if alone:
+            return time.perf_counter(), -1.0 - self._process_cpu()
         if self._per_thread:
             return time.perf_counter(), time.thread_time()
         with self._lock:
@@ -100,6 +118,9 @@ class ComputeTime:
     def leave(self, started: tuple[float, float]) -> None:
         wall_start, thread_start = started
         self.wall.inc(time.perf_counter() - wall_start)
+        if thread_start < 0:  # alone: -1 - the process's CPU at enter
+            self.cpu.inc(max(0.0, self._process_cpu() + 1.0 + thread_start))
+            return
         if self._per_thread:
             self.cpu.inc(max(0.0, time.thread_time() - thread_start))
             return
@@ -145,12 +166,15 @@ class ModelRunner:
         intra_op_threads: int = 0,
         preoptimized: bool = False,
         compute_time: ComputeTime | None = None,
+        wide_threads: int = 0,
     ) -> None:
         """`model`: what `ModelRepository.verified_model` returned (the worker's way: the
         session is built from the bytes that matched their sha256, external data included,
         and reads nothing from disk), or a path for files the caller vouches for (tests,
         tools). `preoptimized`: the file was saved after graph optimisation (tiermesh
-        optimize's `graph` variant), so loading skips it instead of redoing it at every start."""
+        optimize's `graph` variant), so loading skips it instead of redoing it at every start.
+        `wide_threads` above `intra_op_threads`: a second session of that many threads
+        (`wide`) for a batch computing alone, when the model is at most WIDE_MAX_BYTES."""
         self.cfg = cfg
         self._compute_time = compute_time
         started = time.perf_counter()
@@ -163,13 +187,18 @@ class ModelRunner:
             self._outputs = [spec.output if n == spec.source else n for n in self._outputs]
             self._types[spec.output] = "FP32"
         self.session = new_session(model, intra_op_threads, preoptimized)
+        self.wide: ort.InferenceSession | None = None
+        if wide_threads > intra_op_threads > 0 and model_bytes(model) <= WIDE_MAX_BYTES:
+            self.wide = new_session(model, wide_threads, preoptimized)
         self.load_s = time.perf_counter() - started
 
-    def run(self, jobs: Sequence[Job]) -> list[JobOutputs]:
+    def run(self, jobs: Sequence[Job], alone: bool = False) -> list[JobOutputs]:
         """Outputs for each job, in order. Inputs the config pads are padded to the longest
-        in the batch; jobs whose remaining shapes agree run as one session call."""
+        in the batch; jobs whose remaining shapes agree run as one session call. `alone`:
+        nothing else computes meanwhile, so the wide session (if any) may take every core."""
+        wide = self.wide if alone else None
         if self.cfg.max_batch_size == 0:
-            return [JobOutputs(self._run(job.inputs), job.inputs) for job in jobs]
+            return [JobOutputs(self._run(job.inputs, wide), job.inputs) for job in jobs]
         padded = [self._pad(job, jobs) for job in jobs]
         results: list[JobOutputs | None] = [None] * len(jobs)
         groups: dict[tuple[tuple[str, tuple[int, ...]], ...], list[int]] = defaultdict(list)
@@ -181,7 +210,7 @@ class ModelRunner:
                 concat_batch([next(t for t in padded[i] if t.name == n) for i in members])
                 for n in names
             )
-            outputs = self._run(joined)
+            outputs = self._run(joined, wide)
             pieces = [split_batch(o, [jobs[i].rows for i in members]) for o in outputs]
             for k, i in enumerate(members):
                 results[i] = JobOutputs(tuple(p[k] for p in pieces), padded[i])
@@ -198,12 +227,14 @@ class ModelRunner:
             out.append(pad_to(t, longest, self.cfg.pad[t.name]))
         return tuple(out)
 
-    def _run(self, inputs: Sequence[TensorData]) -> tuple[TensorData, ...]:
+    def _run(
+        self, inputs: Sequence[TensorData], wide: ort.InferenceSession | None = None
+    ) -> tuple[TensorData, ...]:
         feeds = {t.name: to_numpy(t) for t in inputs}
         clock = self._compute_time
-        started = clock.enter() if clock is not None else (0.0, 0.0)
+        started = clock.enter(alone=wide is not None) if clock is not None else (0.0, 0.0)
         try:
-            arrays = self.session.run(self._outputs, feeds)
+            arrays = (wide or self.session).run(self._outputs, feeds)
         finally:
             if clock is not None:
                 clock.leave(started)

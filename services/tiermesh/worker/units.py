@@ -30,6 +30,7 @@ def open_runner(
     cfg: ModelConfig,
     threads: int,
     compute_time: ComputeTime | None = None,
+    wide_threads: int = 0,
 ) -> ModelRunner:
     """The session of one compute unit, built from bytes that matched their sha256
     (`verified_model`: nothing changed on disk afterwards reaches it). Blocking: reads,
@@ -41,6 +42,7 @@ def open_runner(
         threads,
         preoptimized=repo.preoptimized(cfg.name, variant, version),
         compute_time=compute_time,
+        wide_threads=wide_threads,
     )
 
 
