@@ -26,7 +26,7 @@ def test_session_options_turn_spinning_off() -> None:
     assert opts.intra_op_num_threads == 2
 
 
-def test_worker_sessions_use_them(tmp_path: Path) -> None:
+def mlp_runner(tmp_path: Path, **kwargs: Any) -> ModelRunner:
     path = tmp_path / "model.onnx"
     path.write_bytes(build_mlp())
     cfg = parse_config(
@@ -39,7 +39,11 @@ def test_worker_sessions_use_them(tmp_path: Path) -> None:
         },
         "test",
     )
-    runner = ModelRunner(cfg, path)
+    return ModelRunner(cfg, path, **kwargs)
+
+
+def test_worker_sessions_use_them(tmp_path: Path) -> None:
+    runner = mlp_runner(tmp_path)
     entry = runner.session.get_session_options().get_session_config_entry(
         "session.intra_op.allow_spinning"
     )
@@ -73,22 +77,6 @@ def test_every_inference_session_in_the_code_gets_session_options() -> None:
 
 def _is_session_options(node: ast.AST) -> bool:
     return isinstance(node, ast.Call) and getattr(node.func, "id", "") == "session_options"
-
-
-def mlp_runner(tmp_path: Path, **kwargs: Any) -> ModelRunner:
-    path = tmp_path / "model.onnx"
-    path.write_bytes(build_mlp())
-    cfg = parse_config(
-        {
-            "name": "mlp",
-            "max_batch_size": 4,
-            "inputs": [{"name": "INPUT0", "datatype": "FP32", "dims": [4]}],
-            "outputs": [{"name": "OUTPUT0", "datatype": "FP32", "dims": [3]}],
-            "versions": {"1": {"model.onnx": "x"}},
-        },
-        "test",
-    )
-    return ModelRunner(cfg, path, **kwargs)
 
 
 def test_a_small_model_gets_a_wide_session_for_batches_computing_alone(tmp_path: Path) -> None:
