@@ -17,7 +17,7 @@ from tiermesh.core.model_config import PoolSpec
 from tiermesh.core.repository import ModelConfig, parse_config
 from tiermesh.core.tensors import TensorData, from_numpy, to_numpy
 from tiermesh.postprocess.steps import Steps, mean_pool_l2
-from tiermesh.router.text import TextEncoder
+from tiermesh.router.text import PARALLEL_FROM, TextEncoder
 from tiermesh.worker.runner import ModelRunner, pad_to
 
 WORDS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "hello", "world", "the", "cat", "sat", "on"]
@@ -120,6 +120,20 @@ def test_encode_many_pads_each_request_to_its_own_longest_text(encoder: TextEnco
     assert ids.shape == (1, 5)  # not padded to the longest of the batch
     assert to_numpy(many[1][0][1]).tolist() == [[1, 1, 1, 0, 0], [1, 1, 1, 1, 1]]
     assert encoder.encode_many([]) == []
+
+
+def test_many_texts_at_once_encode_as_few_do(encoder: TextEncoder) -> None:
+    """From PARALLEL_FROM texts one encode_batch call, below it one encode a text: the
+    same ids, masks and truncated flags either way."""
+    words = ["the cat sat", "Hello", "a b c d e f g", "the", "cat sat the cat"]
+    texts = [
+        from_numpy("text", np.array([[words[i % len(words)]]], dtype=object), "BYTES")
+        for i in range(PARALLEL_FROM + 3)
+    ]
+    together = encoder.encode_many(texts)
+    apart = [encoder.encode_many(texts[i : i + 1])[0] for i in range(len(texts))]
+    assert together == apart
+    assert any(truncated for _, truncated in together)
 
 
 # -- pad_to --------------------------------------------------------------------------------
