@@ -4,6 +4,7 @@ worker calls `run` in a thread so the event loop keeps moving data."""
 from __future__ import annotations
 
 import dataclasses
+import enum
 import resource
 import threading
 import time
@@ -66,6 +67,23 @@ def new_session(
     return ort.InferenceSession(model.data, opts, providers=["CPUExecutionProvider"])
 
 
+class Counted(enum.Enum):
+    """Whose CPU a session call counts."""
+
+    THREAD = "thread"  # the calling thread's (one intra-op thread: it computes alone)
+    WINDOW = "window"  # the process's while at least one call runs (shared among them)
+    ALONE = "alone"  # the process's during the call (nothing else computes meanwhile)
+
+
+@dataclass(frozen=True, slots=True)
+class Entered:
+    """A session call's start, as `ComputeTime.leave` needs it."""
+
+    wall_s: float
+    cpu_s: float  # the thread's CPU (THREAD) or the process's (ALONE) at the start
+    counted: Counted
+
+
 class ComputeTime:
     """Seconds spent inside `InferenceSession.run`, summed over every runner of a worker:
     wall time, and onnxruntime's CPU time. Benchmarks subtract the CPU figure from the
@@ -100,29 +118,28 @@ class ComputeTime:
         usage = resource.getrusage(resource.RUSAGE_SELF)
         return usage.ru_utime + usage.ru_stime
 
-    def enter(self, alone: bool = False) -> tuple[float, float]:
+    def enter(self, alone: bool = False) -> Entered:
         """Called right before a session call, in its thread; returns what to hand to
         `leave`. Overlapping calls count the process's CPU of the interval once. `alone`: a
         call with more threads than one while nothing else computes (a wide session's):
         the process's CPU during it, however the worker counts otherwise."""
         if alone:
-            return time.perf_counter(), -1.0 - self._process_cpu()
+            return Entered(time.perf_counter(), self._process_cpu(), Counted.ALONE)
         if self._per_thread:
-            return time.perf_counter(), time.thread_time()
+            return Entered(time.perf_counter(), time.thread_time(), Counted.THREAD)
         with self._lock:
             if self._running == 0:
                 self._cpu_at_start = self._process_cpu()
             self._running += 1
-        return time.perf_counter(), 0.0
+        return Entered(time.perf_counter(), 0.0, Counted.WINDOW)
 
-    def leave(self, started: tuple[float, float]) -> None:
-        wall_start, thread_start = started
-        self.wall.inc(time.perf_counter() - wall_start)
-        if thread_start < 0:  # alone: -1 - the process's CPU at enter
-            self.cpu.inc(max(0.0, self._process_cpu() + 1.0 + thread_start))
+    def leave(self, started: Entered) -> None:
+        self.wall.inc(time.perf_counter() - started.wall_s)
+        if started.counted is Counted.ALONE:
+            self.cpu.inc(max(0.0, self._process_cpu() - started.cpu_s))
             return
-        if self._per_thread:
-            self.cpu.inc(max(0.0, time.thread_time() - thread_start))
+        if started.counted is Counted.THREAD:
+            self.cpu.inc(max(0.0, time.thread_time() - started.cpu_s))
             return
         with self._lock:
             self._running -= 1
@@ -232,11 +249,11 @@ class ModelRunner:
     ) -> tuple[TensorData, ...]:
         feeds = {t.name: to_numpy(t) for t in inputs}
         clock = self._compute_time
-        started = clock.enter(alone=wide is not None) if clock is not None else (0.0, 0.0)
+        started = clock.enter(alone=wide is not None) if clock is not None else None
         try:
             arrays = (wide or self.session).run(self._outputs, feeds)
         finally:
-            if clock is not None:
+            if clock is not None and started is not None:
                 clock.leave(started)
         return tuple(
             from_numpy(name, arr, self._types[name])
