@@ -404,7 +404,7 @@ def test_the_door_reports_its_cpu_as_every_process_does(door_up: UpProcess) -> N
 def test_a_traced_call_the_door_answers_has_every_hop_on_its_trace(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> None:
-    """The door asked for by name in a mesh that writes spans: it answers traced calls
+    """The door in a mesh that writes spans (the default sampler): it answers traced calls
     itself, and the gateway writes their spans from its books as for its own calls."""
     tmp = tmp_path_factory.mktemp("door-traced")
     with running(tmp, extra_env={"TIERMESH_FRONT_DOOR": "go"}) as up:

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import grpc
-from opentelemetry.trace import SpanContext, Status, StatusCode, TraceFlags
+from opentelemetry.trace import SpanContext, TraceFlags
 from opentelemetry.trace.span import TraceState
 
 from tiermesh.core.errors import code_from_int
@@ -23,7 +23,7 @@ from tiermesh.core.grpc_errors import grpc_method
 from tiermesh.core.jobs import Job, JobResult
 from tiermesh.core.repository import ModelRepository
 from tiermesh.core.wire import job_from_proto, result_from_proto
-from tiermesh.gateway.call_spans import call_span_of
+from tiermesh.gateway.call_spans import call_span_of, call_status
 from tiermesh.gateway.capture import Capture, Observed
 from tiermesh.gateway.dispatch import Dispatcher
 from tiermesh.gateway.facts import response_facts
@@ -181,14 +181,9 @@ class DoorBooks:
             "tiermesh.request_id": call.request_id,
             "tiermesh.client_request_id": t.client_request_id,
         }
-        ok = call.code == grpc.StatusCode.OK
-        if ok and result is not None:
+        if call.code == grpc.StatusCode.OK and result is not None:
             attributes.update(response_facts(result, call.ended_ns))
-        status = (
-            None
-            if ok
-            else Status(StatusCode.ERROR, f"{call.code.name}: {result.message if result else ''}")
-        )
+        status = call_status(call.code, result.message if result else "")
         spans.served(MODEL_INFER, hops, parent, call.received_ns, call.ended_ns, attributes, status)
         if call.routed:
             hops.placed(t.stream, t.entry_id, t.route_began_ns, t.route_ended_ns).write(result)

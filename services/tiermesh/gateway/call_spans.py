@@ -33,6 +33,14 @@ def call_span_of(service: str, method: str) -> tuple[str, dict[str, str]]:
     }
 
 
+def call_status(code: grpc.StatusCode, details: str) -> Status | None:
+    """The span status of a call that ended with `code`: None (unset) for OK, else an error
+    naming the code and the details (also for the calls the front door answered)."""
+    return (
+        None if code == grpc.StatusCode.OK else Status(StatusCode.ERROR, f"{code.name}: {details}")
+    )
+
+
 class CallSpans:
     """Wraps the public servicers' method handlers with their calls' spans."""
 
@@ -110,8 +118,8 @@ def _ended(
     if isinstance(code, int):  # grpc.aio gives the status as its integer value
         code = next((c for c in grpc.StatusCode if c.value[0] == code), grpc.StatusCode.UNKNOWN)
     span.set_attribute("rpc.grpc.status_code", code.value[0])
-    if code != grpc.StatusCode.OK:
-        span.set_status(Status(StatusCode.ERROR, f"{code.name}: {context.details() or ''}"))
+    if (status := call_status(code, context.details() or "")) is not None:
+        span.set_status(status)
 
 
 def add_servicer(

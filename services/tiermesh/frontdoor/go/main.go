@@ -86,8 +86,8 @@ func envSeconds(key string, fallback float64) time.Duration {
 	return time.Duration(s * float64(time.Second))
 }
 
-// spansWritten: the mesh writes spans (as core/telemetry.spans_written decides it), so every
-// ModelInfer goes to the Python gateway, which writes them.
+// spansWritten: the mesh writes spans (as core/telemetry.spans_written decides it): the door
+// traces the calls it answers (traceOf), or passes every ModelInfer on under another sampler.
 func spansWritten() bool {
 	if exporter := env("OTEL_TRACES_EXPORTER", ""); exporter != "" {
 		for _, name := range strings.Split(exporter, ",") {

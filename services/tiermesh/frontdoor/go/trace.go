@@ -38,11 +38,7 @@ func (d *door) traceOf(md metadata.MD) (*tiermeshv1.Trace, map[string]string, bo
 			return nil, nil, false
 		}
 		if flags&1 == 0 { // not sampled: no spans; the caller's context goes on
-			carrier := map[string]string{"traceparent": parents[0]}
-			if state != "" {
-				carrier["tracestate"] = state
-			}
-			return nil, carrier, true
+			return nil, carrierOf(parents[0], state), true
 		}
 		t.TraceId, t.ParentSpanId = traceID, parentID
 	} else {
@@ -50,13 +46,17 @@ func (d *door) traceOf(md metadata.MD) (*tiermeshv1.Trace, map[string]string, bo
 	}
 	t.SpanId = binary.BigEndian.Uint64(randomID(8))
 	t.RouteSpanId = binary.BigEndian.Uint64(randomID(8))
-	carrier := map[string]string{
-		"traceparent": fmt.Sprintf("00-%s-%016x-01", hex.EncodeToString(t.TraceId), t.RouteSpanId),
+	route := fmt.Sprintf("00-%s-%016x-01", hex.EncodeToString(t.TraceId), t.RouteSpanId)
+	return t, carrierOf(route, state), true
+}
+
+// carrierOf is the W3C context a job carries downstream.
+func carrierOf(traceparent, tracestate string) map[string]string {
+	carrier := map[string]string{"traceparent": traceparent}
+	if tracestate != "" {
+		carrier["tracestate"] = tracestate
 	}
-	if state != "" {
-		carrier["tracestate"] = state
-	}
-	return t, carrier, true
+	return carrier
 }
 
 // parseTraceparent reads a version-00 W3C traceparent; ok is false for anything else.
