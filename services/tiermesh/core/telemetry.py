@@ -58,9 +58,9 @@ class Telemetry:
                 SimpleSpanProcessor(ConsoleSpanExporter(out=self._file, formatter=_one_line))
             )
         if _otlp_wanted():
-            from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+            from tiermesh.core.otlp_wire import SpanExporter
 
-            self.provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
+            self.provider.add_span_processor(BatchSpanProcessor(SpanExporter()))
         self.tracer = self.provider.get_tracer(f"tiermesh.{service}")
         self._scope = InstrumentationScope(f"tiermesh.{service}")
         self._hop_resources: dict[str, Resource] = {}
