@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 from collections.abc import Sequence
 
 from tiermesh.core.errors import MeshError, invalid, unavailable
@@ -35,7 +34,7 @@ def with_tokens(job: Job, encoded: tuple[tuple[TensorData, TensorData], bool]) -
     the caller (the online path and the batch feeder alike)."""
     (ids, mask), truncated = encoded
     annotations = {**job.annotations, "truncated": "true" if truncated else "false"}
-    return dataclasses.replace(job, inputs=(ids, mask), annotations=annotations)
+    return job.with_(inputs=(ids, mask), annotations=annotations)
 
 
 def prompted(encoder: PromptEncoder | None, model: str, job: Job) -> Job | MeshError:
@@ -48,4 +47,4 @@ def prompted(encoder: PromptEncoder | None, model: str, job: Job) -> Job | MeshE
     except GenerationInputError as exc:
         return invalid(str(exc))
     annotations = {**job.annotations, "prompt_tokens": str(ids.shape[1])}
-    return dataclasses.replace(job, inputs=(ids,), annotations=annotations)
+    return job.with_(inputs=(ids,), annotations=annotations)

@@ -4,7 +4,6 @@ Redis, no clock."""
 from __future__ import annotations
 
 import bisect
-import dataclasses
 
 import grpc
 
@@ -79,4 +78,4 @@ def job_cost(cfg: ModelConfig, job: Job) -> int:
 def tier_stream(cfg: ModelConfig, job: Job, tier: TierSpec) -> StreamKey:
     """The stream the job would join on `tier`."""
     variant = job.variant or tier.variant or cfg.default_variant
-    return choose_stream(cfg, dataclasses.replace(job, variant=variant), tier.name)
+    return choose_stream(cfg, job.with_(variant=variant), tier.name)

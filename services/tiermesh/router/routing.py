@@ -178,7 +178,7 @@ class BatchRouter:
             annotations = w.job.annotations
             if placement.arm in ("stable", "canary"):
                 annotations = {**annotations, ROLLOUT_ARM: placement.arm}
-            w.job = dataclasses.replace(w.job, version=placement.version, annotations=annotations)
+            w.job = w.job.with_(version=placement.version, annotations=annotations)
             w.placement = placement
             if self._control is not None and not self._control.state.served(cfg, w.job.version):
                 unloaded.append(w)
@@ -205,7 +205,7 @@ class BatchRouter:
             assert cfg is not None
             if not cfg.tiers:
                 variant = w.job.variant or cfg.default_variant
-                w.job = dataclasses.replace(w.job, variant=variant)
+                w.job = w.job.with_(variant=variant)
                 w.tier = DEFAULT_TIER
             else:
                 tiered.append(w)
@@ -233,7 +233,7 @@ class BatchRouter:
             chosen = states[mine[tier.name].name]
             states[mine[tier.name].name] = dataclasses.replace(chosen, backlog=chosen.backlog + 1)
             variant = w.job.variant or tier.variant or cfg.default_variant
-            w.job = dataclasses.replace(w.job, variant=variant)
+            w.job = w.job.with_(variant=variant)
             w.tier = tier.name
 
     async def _admit(self, work: list[_Work], now: int) -> None:
@@ -246,8 +246,7 @@ class BatchRouter:
             assert cfg is not None
             stream = choose_stream(cfg, w.job, w.tier)
             w.stream = stream
-            w.job = dataclasses.replace(
-                w.job,
+            w.job = w.job.with_(
                 priority=stream.priority,
                 bucket=stream.bucket,
                 tier=stream.tier,
@@ -309,8 +308,7 @@ class BatchRouter:
         for w in shadows:
             cfg, placement = w.cfg, w.placement
             assert cfg is not None and placement is not None
-            shadow = dataclasses.replace(
-                w.job,
+            shadow = w.job.with_(
                 request_id=f"{w.job.request_id}-shadow",
                 version=placement.shadow_version,
                 annotations={

@@ -7,7 +7,6 @@ decision is worker/cascade.py's)."""
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 from collections.abc import Callable
 
 import grpc
@@ -153,8 +152,7 @@ class Executor:
         """Send a job whose edge answer was not confident enough to the last tier; True when
         it went (its answer then comes from there, marked as cascaded)."""
         last = cfg.tiers[-1]
-        job = dataclasses.replace(
-            q.job,
+        job = q.job.with_(
             tier=last.name,
             variant=last.variant or cfg.default_variant,
             annotations={

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
@@ -189,7 +188,7 @@ class GenerationWorker:
             if gen is None or (job.deadline_ns and job.deadline_ns <= now):
                 self._outbox.ack(entry)  # expired: the gateway answered it already
                 continue
-            job = dataclasses.replace(job, timing=job.timing.with_(dequeued_ns=now))
+            job = job.with_(timing=job.timing.with_(dequeued_ns=now))
             ids = to_numpy(job.inputs[0]).reshape(-1)
             request = GenRequest(
                 request_id=job.request_id,

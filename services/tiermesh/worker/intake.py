@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import math
 from collections import defaultdict
 from collections.abc import Awaitable, Callable, Sequence
@@ -174,7 +173,7 @@ class Intake:
                 log.error("undecodable stream entry dropped", stream=e.stream.name, id=e.entry_id)
                 await self._streams.done(e.stream, [e.entry_id])
                 continue
-            job = dataclasses.replace(job, timing=job.timing.with_(dequeued_ns=now))
+            job = job.with_(timing=job.timing.with_(dequeued_ns=now))
             self.buffer[e.stream].append(QueuedJob(e.stream, e.entry_id, job, now))
             self._scheduler.arrived(e.stream, job.rows, now)
 
