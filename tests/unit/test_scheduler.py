@@ -444,6 +444,18 @@ def test_estimates_are_per_unit_and_bucket_not_per_tier_or_priority() -> None:
     assert s.compute_estimate_ns(_key(1, 1, "mlp@1.fp32"), 4) == 0
 
 
+def test_a_batch_computed_inline_leaves_the_estimate_as_it_was() -> None:
+    """The estimate is a lane's: a faster batch on the loop's own thread does not lower it
+    (it decides what runs inline; lowered by inline batches the choice would keep itself)."""
+    s = _sched()
+    s.observe(_key(), 1, 3 * MS)
+    for _ in range(20):
+        s.observe(_key(), 1, 1 * MS, inline=True)
+    assert s.compute_estimate_ns(_key(), 1) == 3 * MS
+    s.observe(_key(), 1, 1 * MS)
+    assert s.compute_estimate_ns(_key(), 1) < 3 * MS
+
+
 @pytest.mark.parametrize(("rows", "compute_ns"), [(0, MS), (-1, MS), (4, -1)])
 def test_observe_rejects_nonsense(rows: int, compute_ns: int) -> None:
     with pytest.raises(ValueError, match="observe"):

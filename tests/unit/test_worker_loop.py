@@ -618,11 +618,14 @@ async def test_a_short_batch_on_an_idle_worker_computes_on_the_loops_thread(
     a batch expected to take long, a thread again."""
     h, runner = await _short_batches(make)
     loop_thread = threading.get_ident()
+    estimate = h.worker._scheduler.compute_estimate_ns(LOW, 1)
     second = h.add("second", LOW)
     h.streams.cancel_flags.add("second")
     h.streams.calls.clear()
+    runner.run_ns = INLINE_MAX_NS // 8  # faster inline: the estimate stays the lane's
     await h.steps()
     assert runner.threads[0] != loop_thread and runner.threads[1] == loop_thread
+    assert h.worker._scheduler.compute_estimate_ns(LOW, 1) == estimate
     assert [m for m, _, _ in h.streams.calls] == ["read", "done"]
     assert h.acked() == [(LOW, (second,))]
     assert h.result("second").code == grpc.StatusCode.OK

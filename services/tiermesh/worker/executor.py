@@ -100,7 +100,7 @@ class Executor:
         if not live:
             return live, done
         self.computed_rows += rows
-        self._scheduler.observe(key, rows, end - start)
+        self._scheduler.observe(key, rows, end - start, inline)
         cfg = self._units.configs[key.model]
         for q, out in zip(live, outputs, strict=True):
             confidence = escalates(cfg, key.tier, out.outputs)

@@ -23,13 +23,16 @@ import structlog
 log = structlog.get_logger("tiermesh.worker")
 # Lanes chosen when neither threads nor lanes are set: one per core, at most this many.
 MAX_AUTO_LANES = 4
-# A batch expected to compute within this long, on a worker with nothing else computing or
-# being handed off, runs on the loop's own thread: the hand-over to a thread and back cost
-# ~0.5 ms of a 16-token request's latency at concurrency 1 on the reference machine
-# (benchmarks/RESULTS.md, issue 21), and the loop has nothing to do meanwhile. The loop is
-# held for about this long at most: one or two short texts of MiniLM-L3 on one thread
-# (a batch computed in a thread counts its hand-over in its estimate: ~2.2 ms for one).
-INLINE_MAX_NS = 3_000_000
+# A batch expected to compute within this long on a lane (the scheduler's estimate: its
+# hand-over to a thread and back included), on a worker with nothing else computing or
+# being handed off, runs on the loop's own thread instead: the hand-over cost ~0.5 ms of a
+# 16-token request's latency at concurrency 1 on the reference machine (benchmarks/
+# RESULTS.md, issue 21), and the loop has nothing to do meanwhile. Inline it takes less
+# than estimated (no hand-over, the wide session's threads): one 16-token text of
+# MiniLM-L3 is estimated 2.6-3.4 ms on a lane here (3 ms, the bound before, split workers
+# between the two) and computes in ~1.5-2 ms inline. The loop is held no longer than the
+# bound.
+INLINE_MAX_NS = 5_000_000
 
 
 class ComputeMode(enum.Enum):

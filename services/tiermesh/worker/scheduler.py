@@ -71,7 +71,12 @@ tiers and priorities: an exponentially weighted least-squares fit of batch time 
 rows, ``t = fixed + per_row * rows``, with the per-row slope clamped between 0 (all fixed
 cost) and ``mean_t / mean_rows`` (no fixed cost) so neither part goes negative. While all
 observed batches had the same size the split is unknown and the estimate takes the larger
-of the two readings (conservative, as deadlines want). No observation yet: 0.
+of the two readings (conservative, as deadlines want). No observation yet: 0. It is the
+cost of a batch on a compute lane, hand-over included: a batch computed on the loop's own
+thread (`inline`, faster: no hand-over, and the wide session) counts in the background
+share only. Were it fitted too, it would lower the estimate that decides what computes
+inline (lanes.run_inline) and the choice would keep itself: a worker that started on lanes
+stayed there, one that started inline stayed inline, by the luck of its first batches.
 """
 
 from __future__ import annotations
@@ -271,9 +276,10 @@ class Scheduler:
         fitting = [p for p in spec.preferred_batch_sizes if p <= cap]
         return max(fitting) if fitting else cap
 
-    def observe(self, key: StreamKey, rows: int, compute_ns: int) -> None:
+    def observe(self, key: StreamKey, rows: int, compute_ns: int, inline: bool = False) -> None:
         """Record how long a batch of `rows` rows of this (unit, bucket) took to compute.
-        Called after each batch; tier and priority of `key` do not matter."""
+        Called after each batch; tier and priority of `key` do not matter. A batch computed
+        `inline` counts in the background share, not in the compute estimate."""
         if rows < 1 or compute_ns < 0:
             raise ValueError(
                 f"observe needs rows >= 1 and compute_ns >= 0, got {rows}, {compute_ns}"
@@ -281,6 +287,8 @@ class Scheduler:
         bg_ns = compute_ns if is_background(key) else 0
         self._bg_ns += SHARE_ALPHA * (bg_ns - self._bg_ns)
         self._all_ns += SHARE_ALPHA * (compute_ns - self._all_ns)
+        if inline:
+            return
         slot = (key.model, key.bucket)
         fit = self._costs.get(slot)
         if fit is None:
