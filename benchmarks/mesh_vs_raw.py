@@ -360,6 +360,17 @@ class OtlpSink(trace_service_pb2_grpc.TraceServiceServicer):
                 self.spans += len(ss.spans)
         return trace_service_pb2.ExportTraceServiceResponse()
 
+    async def settled(self, quiet_s: float = 6.0, within_s: float = 30.0) -> None:
+        """Returns once no span came for `quiet_s` (a traced mesh's exporter sends what it
+        holds every 5 s), or after `within_s`: what the sink receives is this process's
+        CPU, and raw onnxruntime's CPU is measured here next."""
+        deadline = time.perf_counter() + within_s
+        seen, since = self.spans, time.perf_counter()
+        while time.perf_counter() < deadline and time.perf_counter() - since < quiet_s:
+            await asyncio.sleep(0.25)  # a poll period, not a synchronisation
+            if self.spans != seen:
+                seen, since = self.spans, time.perf_counter()
+
     async def stop(self) -> None:
         await self.server.stop(None)
 
@@ -376,11 +387,14 @@ async def one_round(
     c1_text: list[RequestSpec],
     concurrency: int,
     shift: int,
+    sink: OtlpSink | None = None,
 ) -> dict[str, Any]:
     """Raw, then every mesh, in an order rotated by `shift` (rounds interleave)."""
     out: dict[str, Any] = {}
 
     async def raw_cases() -> None:
+        if sink is not None:
+            await sink.settled()
         out["raw"] = raw.limit()
         out["raw_b1_p50_ms"] = raw.b1_p50_ms(300)
 
@@ -566,7 +580,7 @@ async def run(args: argparse.Namespace) -> int:
                 t0 = time.perf_counter()
                 rounds.append(
                     await one_round(
-                        raw, meshes, ids_specs, text_specs, c1_ids, c1_text, concurrency, r
+                        raw, meshes, ids_specs, text_specs, c1_ids, c1_text, concurrency, r, sink
                     )
                 )
                 log(f"round {r + 1}/{args.repeats} in {time.perf_counter() - t0:.1f}s")

@@ -19,7 +19,8 @@ def _replacer(cls: type[T]) -> Callable[[T, dict[str, Any]], T]:
     that has no __post_init__: the copy is made field by field instead of through __init__'s
     keyword arguments, at half the cost (the request path makes several a request)."""
     fields = dataclasses.fields(cls)  # type: ignore[arg-type]
-    assert all(f.init for f in fields) and not hasattr(cls, "__post_init__"), cls
+    if not all(f.init for f in fields) or hasattr(cls, "__post_init__"):
+        raise TypeError(f"{cls.__name__}: a copy must go through __init__")
     names = tuple(f.name for f in fields)
     known = frozenset(names)
     new, put = object.__new__, object.__setattr__
