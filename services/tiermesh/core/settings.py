@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -158,6 +158,18 @@ class WorkerSettings(ServiceSettings):
     @property
     def model_names(self) -> list[str]:
         return [m.strip() for m in self.worker_models.split(",") if m.strip()]
+
+    @model_validator(mode="after")
+    def _reclaims_often_enough(self) -> WorkerSettings:
+        # A worker touches what it holds on each reclaim round once a quarter of the idle
+        # time old (worker/streams.py): rounds at least every half of it keep a slow batch
+        # from idling into a reclaim.
+        if 2 * self.reclaim_interval_ms > self.reclaim_min_idle_ms:
+            raise ValueError(
+                f"TIERMESH_RECLAIM_INTERVAL_MS ({self.reclaim_interval_ms}) must be at most "
+                f"half of TIERMESH_RECLAIM_MIN_IDLE_MS ({self.reclaim_min_idle_ms})"
+            )
+        return self
 
 
 class PostprocessSettings(ServiceSettings):

@@ -7,7 +7,8 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections import defaultdict
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, cast
 
@@ -73,11 +74,43 @@ class WorkStreams(Protocol):
 
 class StreamClient:
     """WorkStreams over Redis Streams and consumer groups (and `touch`, for the generative
-    loop's long-running entries)."""
+    loop's long-running entries).
 
-    def __init__(self, redis: aioredis.Redis, consumer: str) -> None:
+    It keeps the entries it read and has not acknowledged yet ("held": buffered, computing,
+    being handed off), with when it last read or touched each. A held entry must not idle
+    into a reclaim: neither another worker's, nor this worker's own (which would compute it
+    twice and count a delivery each time, until a batch that is merely slow is
+    dead-lettered as poison). So every `reclaim_many` first touches, in the same round
+    trip, the held entries older than a quarter of the reclaim's idle time; with a reclaim
+    at least every half of it (WorkerSettings checks it) none idles that long."""
+
+    def __init__(
+        self,
+        redis: aioredis.Redis,
+        consumer: str,
+        clock_ms: Callable[[], float] = lambda: time.monotonic() * 1000,
+    ) -> None:
         self._redis = redis
         self.consumer = consumer
+        self._clock_ms = clock_ms
+        self._held: dict[StreamKey, dict[str, float]] = defaultdict(dict)
+
+    def held(self, stream: StreamKey) -> set[str]:
+        """Entries of `stream` read here and not acknowledged yet."""
+        return set(self._held.get(stream, ()))
+
+    def _hold(self, entries: Iterable[Entry]) -> None:
+        now = self._clock_ms()
+        for e in entries:
+            self._held[e.stream][e.entry_id] = now
+
+    def _release(self, stream: StreamKey, entry_ids: Iterable[str]) -> None:
+        held = self._held.get(stream)
+        if held is not None:
+            for entry_id in entry_ids:
+                held.pop(entry_id, None)
+            if not held:
+                del self._held[stream]
 
     async def ensure_groups(self, streams: Iterable[StreamKey]) -> None:
         """Create the consumer group of every stream (and the stream) if absent."""
@@ -114,6 +147,7 @@ class StreamClient:
             for entry_id, fields in items:
                 if fields:  # a pending entry deleted meanwhile comes back empty
                     out.append(Entry(stream, entry_id.decode(), fields))
+        self._hold(out)
         return out
 
     async def _xreadgroup(
@@ -145,35 +179,54 @@ class StreamClient:
                     f"{drain_rate:.3f}",
                 )
             await pipe.execute()
+        self._release(stream, entry_ids)
 
     async def reclaim(self, stream: StreamKey, min_idle_ms: int, count: int) -> list[Entry]:
         """Take over entries other consumers read but left unacknowledged for `min_idle_ms`
         (their worker died): XAUTOCLAIM, which also counts the delivery."""
-        reply = await self._redis.xautoclaim(
-            stream.name, keys.GROUP, self.consumer, min_idle_ms, start_id="0-0", count=count
-        )
-        return _claimed(stream, reply)
+        return (await self.reclaim_many({stream: count}, min_idle_ms)).get(stream, [])
 
     async def reclaim_many(
         self, rooms: Mapping[StreamKey, int], min_idle_ms: int
     ) -> dict[StreamKey, list[Entry]]:
         """`reclaim` over several streams (up to `rooms[stream]` entries each) in one round
-        trip: the streams where something was taken over. A stream whose XAUTOCLAIM failed
-        (its group gone) is logged and left out; a lost connection raises."""
-        if not rooms:
+        trip, after touching the held entries older than `min_idle_ms / 4` (those no longer
+        pending are let go): the streams where something was taken over. A stream whose
+        XAUTOCLAIM failed (its group gone) is logged and left out; a lost connection
+        raises."""
+        now = self._clock_ms()
+        stale = {
+            stream: ids
+            for stream, held in self._held.items()
+            if (ids := [i for i, at in held.items() if now - at >= min_idle_ms / 4])
+        }
+        if not rooms and not stale:
             return {}
         pipe = self._redis.pipeline(transaction=False)
+        for stream, ids in stale.items():
+            pipe.xclaim(stream.name, keys.GROUP, self.consumer, 0, list(ids), justid=True)
         for stream, count in rooms.items():
             pipe.xautoclaim(
                 stream.name, keys.GROUP, self.consumer, min_idle_ms, start_id="0-0", count=count
             )
         replies = await pipe.execute(raise_on_error=False)
+        for (stream, ids), reply in zip(stale.items(), replies, strict=False):
+            if isinstance(reply, Exception):
+                continue  # touched again next round
+            touched = {i.decode() if isinstance(i, bytes) else str(i) for i in reply}
+            self._release(stream, [i for i in ids if i not in touched])  # no longer pending
+            for i in touched:
+                self._held[stream][i] = now
         taken: dict[StreamKey, list[Entry]] = {}
-        for stream, reply in zip(rooms, replies, strict=True):
+        for stream, reply in zip(rooms, replies[len(stale) :], strict=True):
             if isinstance(reply, Exception):
                 log.warning("reclaim failed", stream=stream.name, error=str(reply))
                 continue
-            if entries := _claimed(stream, reply):
+            held = self._held.get(stream, {})
+            # Never one of this consumer's own: it is computing or handing it off.
+            entries = [e for e in _claimed(stream, reply) if e.entry_id not in held]
+            if entries:
+                self._hold(entries)
                 taken[stream] = entries
         return taken
 
@@ -212,6 +265,7 @@ class StreamClient:
             pipe.xack(entry.stream.name, keys.GROUP, entry.entry_id)
             pipe.xdel(entry.stream.name, entry.entry_id)
             await pipe.execute()
+        self._release(entry.stream, [entry.entry_id])
 
     async def requeue(self, stream: StreamKey, job: bytes, trace_context: dict[str, str]) -> bool:
         """XADD a job to another tier's stream (a cascade); False when no worker lives there

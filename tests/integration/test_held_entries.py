@@ -1,0 +1,114 @@
+"""A worker's entries it read and has not acknowledged (worker/streams.py, "held") never idle
+into a reclaim, its own or another worker's, however long their batch takes; a dead
+worker's still do. Real Redis; the holder's clock is injected, Redis's idle time is real."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import pytest
+import redis.asyncio as aioredis
+
+from tests.polling import until
+from tiermesh.core import keys
+from tiermesh.core.keys import StreamKey
+from tiermesh.core.settings import WorkerSettings
+from tiermesh.worker.streams import StreamClient
+
+pytestmark = pytest.mark.integration
+
+STREAM = StreamKey(keys.compute_unit("mlp", "fp32", "1"), "center", 2, 0)
+MIN_IDLE_MS = 40
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.ms = 0.0
+
+    def __call__(self) -> float:
+        return self.ms
+
+
+@pytest.fixture
+async def redis(redis_url: str) -> AsyncIterator[aioredis.Redis]:
+    client = aioredis.Redis.from_url(redis_url)
+    await client.delete(STREAM.name)
+    yield client
+    await client.delete(STREAM.name)
+    await client.aclose()
+
+
+async def pending(redis: aioredis.Redis, entry_id: str) -> tuple[str, int, int]:
+    """(owner, idle ms, deliveries) of a pending entry."""
+    (row,) = await redis.xpending_range(STREAM.name, keys.GROUP, entry_id, entry_id, 1)
+    return row["consumer"].decode(), row["time_since_delivered"], row["times_delivered"]
+
+
+async def idle_at_least(redis: aioredis.Redis, entry_id: str, ms: int) -> None:
+    async def idle() -> bool:
+        return (await pending(redis, entry_id))[1] >= ms
+
+    await until(idle, f"entry idle {ms} ms", timeout_s=5, interval_s=0.005)
+
+
+async def test_a_held_entry_is_touched_not_reclaimed(redis: aioredis.Redis) -> None:
+    clock = Clock()
+    worker, other = StreamClient(redis, "w1", clock), StreamClient(redis, "w2")
+    await worker.ensure_groups([STREAM])
+    slow = (await redis.xadd(STREAM.name, {keys.JOB_FIELD: b"slow"})).decode()
+    (entry,) = await worker.read([STREAM], 10, None)
+    assert worker.held(STREAM) == {slow}
+    await idle_at_least(redis, slow, MIN_IDLE_MS)
+    # Its batch is still computing, a quarter of the idle time on by the worker's clock:
+    # the worker's reclaim round touches it first, and takes nothing of its own.
+    clock.ms += MIN_IDLE_MS / 4
+    assert await worker.reclaim_many({STREAM: 10}, MIN_IDLE_MS) == {}
+    owner, idle, deliveries = await pending(redis, slow)
+    assert (owner, deliveries) == ("w1", 1) and idle < MIN_IDLE_MS
+    # Another worker's reclaim right after finds nothing idle long enough.
+    assert await other.reclaim_many({STREAM: 10}, MIN_IDLE_MS) == {}
+    await worker.done(STREAM, [entry.entry_id])
+    assert worker.held(STREAM) == set()
+
+
+async def test_an_entry_not_touched_is_reclaimed_and_its_own_never_twice(
+    redis: aioredis.Redis,
+) -> None:
+    """Without the touch (the holder died, or its clock says the entry is young), another
+    worker takes the entry over; the taker then holds it, so its own next round does not
+    take it again (a second delivery, a second compute)."""
+    clock = Clock()
+    dead = StreamClient(redis, "dead", Clock())  # its clock stands still: it died
+    taker = StreamClient(redis, "w2", clock)
+    await dead.ensure_groups([STREAM])
+    eid = (await redis.xadd(STREAM.name, {keys.JOB_FIELD: b"orphan"})).decode()
+    await dead.read([STREAM], 10, None)
+    await idle_at_least(redis, eid, MIN_IDLE_MS)
+    taken = await taker.reclaim_many({STREAM: 10}, MIN_IDLE_MS)
+    assert [e.entry_id for e in taken[STREAM]] == [eid]
+    assert taker.held(STREAM) == {eid}
+    await idle_at_least(redis, eid, MIN_IDLE_MS)  # its batch takes long...
+    clock.ms += MIN_IDLE_MS / 4
+    assert await taker.reclaim_many({STREAM: 10}, MIN_IDLE_MS) == {}
+    assert (await pending(redis, eid))[::2] == ("w2", 2)
+
+
+async def test_an_entry_acknowledged_elsewhere_is_let_go(redis: aioredis.Redis) -> None:
+    """A held entry no longer pending (dead-lettered, or acknowledged by a worker that had
+    reclaimed it) is dropped from what the worker holds at its next touch."""
+    clock = Clock()
+    worker = StreamClient(redis, "w1", clock)
+    await worker.ensure_groups([STREAM])
+    eid = (await redis.xadd(STREAM.name, {keys.JOB_FIELD: b"x"})).decode()
+    await worker.read([STREAM], 10, None)
+    await redis.xack(STREAM.name, keys.GROUP, eid)
+    clock.ms += MIN_IDLE_MS
+    await worker.reclaim_many({}, MIN_IDLE_MS)
+    assert worker.held(STREAM) == set()
+
+
+def test_reclaim_rounds_must_come_at_least_every_half_of_the_idle_time() -> None:
+    with pytest.raises(ValueError, match="at most half of TIERMESH_RECLAIM_MIN_IDLE_MS"):
+        WorkerSettings(reclaim_interval_ms=3000, reclaim_min_idle_ms=5000)
+    defaults = WorkerSettings()
+    assert defaults.reclaim_interval_ms * 2 <= defaults.reclaim_min_idle_ms
