@@ -21,14 +21,6 @@ STREAM = StreamKey(keys.compute_unit("mlp", "fp32", "1"), "center", 2, 0)
 MIN_IDLE_MS = 40
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.ms = 0.0
-
-    def __call__(self) -> float:
-        return self.ms
-
-
 @pytest.fixture
 async def redis(redis_url: str) -> AsyncIterator[aioredis.Redis]:
     client = aioredis.Redis.from_url(redis_url)
@@ -52,8 +44,8 @@ async def idle_at_least(redis: aioredis.Redis, entry_id: str, ms: int) -> None:
 
 
 async def test_a_held_entry_is_touched_not_reclaimed(redis: aioredis.Redis) -> None:
-    clock = Clock()
-    worker, other = StreamClient(redis, "w1", clock), StreamClient(redis, "w2")
+    now = [0.0]  # the worker's clock (ms), moved by hand
+    worker, other = StreamClient(redis, "w1", lambda: now[0]), StreamClient(redis, "w2")
     await worker.ensure_groups([STREAM])
     slow = (await redis.xadd(STREAM.name, {keys.JOB_FIELD: b"slow"})).decode()
     (entry,) = await worker.read([STREAM], 10, None)
@@ -61,7 +53,7 @@ async def test_a_held_entry_is_touched_not_reclaimed(redis: aioredis.Redis) -> N
     await idle_at_least(redis, slow, MIN_IDLE_MS)
     # Its batch is still computing, a quarter of the idle time on by the worker's clock:
     # the worker's reclaim round touches it first, and takes nothing of its own.
-    clock.ms += MIN_IDLE_MS / 4
+    now[0] += MIN_IDLE_MS / 4
     assert await worker.reclaim_many({STREAM: 10}, MIN_IDLE_MS) == {}
     owner, idle, deliveries = await pending(redis, slow)
     assert (owner, deliveries) == ("w1", 1) and idle < MIN_IDLE_MS
@@ -77,9 +69,9 @@ async def test_an_entry_not_touched_is_reclaimed_and_its_own_never_twice(
     """Without the touch (the holder died, or its clock says the entry is young), another
     worker takes the entry over; the taker then holds it, so its own next round does not
     take it again (a second delivery, a second compute)."""
-    clock = Clock()
-    dead = StreamClient(redis, "dead", Clock())  # its clock stands still: it died
-    taker = StreamClient(redis, "w2", clock)
+    now = [0.0]  # the taker's clock (ms)
+    dead = StreamClient(redis, "dead", lambda: 0.0)  # its clock stands still: it died
+    taker = StreamClient(redis, "w2", lambda: now[0])
     await dead.ensure_groups([STREAM])
     eid = (await redis.xadd(STREAM.name, {keys.JOB_FIELD: b"orphan"})).decode()
     await dead.read([STREAM], 10, None)
@@ -88,7 +80,7 @@ async def test_an_entry_not_touched_is_reclaimed_and_its_own_never_twice(
     assert [e.entry_id for e in taken[STREAM]] == [eid]
     assert taker.held(STREAM) == {eid}
     await idle_at_least(redis, eid, MIN_IDLE_MS)  # its batch takes long...
-    clock.ms += MIN_IDLE_MS / 4
+    now[0] += MIN_IDLE_MS / 4
     assert await taker.reclaim_many({STREAM: 10}, MIN_IDLE_MS) == {}
     assert (await pending(redis, eid))[::2] == ("w2", 2)
 
@@ -96,13 +88,13 @@ async def test_an_entry_not_touched_is_reclaimed_and_its_own_never_twice(
 async def test_an_entry_acknowledged_elsewhere_is_let_go(redis: aioredis.Redis) -> None:
     """A held entry no longer pending (dead-lettered, or acknowledged by a worker that had
     reclaimed it) is dropped from what the worker holds at its next touch."""
-    clock = Clock()
-    worker = StreamClient(redis, "w1", clock)
+    now = [0.0]
+    worker = StreamClient(redis, "w1", lambda: now[0])
     await worker.ensure_groups([STREAM])
     eid = (await redis.xadd(STREAM.name, {keys.JOB_FIELD: b"x"})).decode()
     await worker.read([STREAM], 10, None)
     await redis.xack(STREAM.name, keys.GROUP, eid)
-    clock.ms += MIN_IDLE_MS
+    now[0] += MIN_IDLE_MS
     await worker.reclaim_many({}, MIN_IDLE_MS)
     assert worker.held(STREAM) == set()
 
