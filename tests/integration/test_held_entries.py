@@ -13,7 +13,7 @@ from tests.polling import until
 from tiermesh.core import keys
 from tiermesh.core.keys import StreamKey
 from tiermesh.core.settings import WorkerSettings
-from tiermesh.worker.streams import StreamClient
+from tiermesh.worker.streams import HOLD_LIMIT, StreamClient
 
 pytestmark = pytest.mark.integration
 
@@ -96,6 +96,38 @@ async def test_an_entry_acknowledged_elsewhere_is_let_go(redis: aioredis.Redis) 
     await redis.xack(STREAM.name, keys.GROUP, eid)
     now[0] += MIN_IDLE_MS
     await worker.reclaim_many({}, MIN_IDLE_MS)
+    assert worker.held(STREAM) == set()
+
+
+async def test_work_given_up_is_let_go_for_a_reclaim(redis: aioredis.Redis) -> None:
+    """Held HOLD_LIMIT times the idle time (its hand-off gave up: "entries stay pending"),
+    an entry is no longer touched, and another worker takes it over once idle."""
+    now = [0.0]
+    worker, other = StreamClient(redis, "w1", lambda: now[0]), StreamClient(redis, "w2")
+    await worker.ensure_groups([STREAM])
+    eid = (await redis.xadd(STREAM.name, {keys.JOB_FIELD: b"x"})).decode()
+    await worker.read([STREAM], 10, None)
+    now[0] += (HOLD_LIMIT - 1) * MIN_IDLE_MS
+    await worker.reclaim_many({}, MIN_IDLE_MS)
+    assert worker.held(STREAM) == {eid}  # still worked on: touched
+    now[0] += MIN_IDLE_MS
+    await worker.reclaim_many({}, MIN_IDLE_MS)
+    assert worker.held(STREAM) == set()
+    await idle_at_least(redis, eid, MIN_IDLE_MS)
+    taken = await other.reclaim_many({STREAM: 10}, MIN_IDLE_MS)
+    assert [e.entry_id for e in taken[STREAM]] == [eid]
+
+
+async def test_an_entry_whose_ack_failed_is_let_go(redis: aioredis.Redis) -> None:
+    """An acknowledgement that did not reach Redis leaves the entry to be delivered again."""
+    worker = StreamClient(redis, "w1")
+    await worker.ensure_groups([STREAM])
+    await redis.xadd(STREAM.name, {keys.JOB_FIELD: b"x"})
+    (entry,) = await worker.read([STREAM], 10, None)
+    await redis.delete(STREAM.name)
+    await redis.set(STREAM.name, b"not a stream")  # XACK fails: WRONGTYPE
+    with pytest.raises(aioredis.ResponseError):
+        await worker.done(STREAM, [entry.entry_id])
     assert worker.held(STREAM) == set()
 
 

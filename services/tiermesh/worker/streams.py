@@ -21,6 +21,12 @@ from tiermesh.core.keys import StreamKey
 
 log = structlog.get_logger("tiermesh.worker")
 
+# A held entry is touched for at most this many times the reclaim's idle time from its
+# read: a batch may take that long without being taken over, and an entry whose work was
+# given up without an acknowledgement (a hand-off that failed, an ack that did not reach
+# Redis: "entries stay pending") is free for a reclaim at most this much later.
+HOLD_LIMIT = 3
+
 # What a stream call raises when Redis is away; the loop logs it and goes on.
 STREAM_ERRORS: tuple[type[Exception], ...] = (aioredis.RedisError, OSError)
 
@@ -77,12 +83,13 @@ class StreamClient:
     loop's long-running entries).
 
     It keeps the entries it read and has not acknowledged yet ("held": buffered, computing,
-    being handed off), with when it last read or touched each. A held entry must not idle
+    being handed off), with when it read and last touched each. A held entry must not idle
     into a reclaim: neither another worker's, nor this worker's own (which would compute it
     twice and count a delivery each time, until a batch that is merely slow is
     dead-lettered as poison). So every `reclaim_many` first touches, in the same round
-    trip, the held entries older than a quarter of the reclaim's idle time; with a reclaim
-    at least every half of it (WorkerSettings checks it) none idles that long."""
+    trip, the held entries last touched a quarter of the reclaim's idle time ago; with a
+    reclaim at least every half of it (WorkerSettings checks it) none idles that long. An
+    entry held HOLD_LIMIT times the idle time is let go instead: its work was given up."""
 
     def __init__(
         self,
@@ -93,7 +100,8 @@ class StreamClient:
         self._redis = redis
         self.consumer = consumer
         self._clock_ms = clock_ms
-        self._held: dict[StreamKey, dict[str, float]] = defaultdict(dict)
+        # stream -> entry id -> (read, last touched), on clock_ms
+        self._held: dict[StreamKey, dict[str, tuple[float, float]]] = defaultdict(dict)
 
     def held(self, stream: StreamKey) -> set[str]:
         """Entries of `stream` read here and not acknowledged yet."""
@@ -102,7 +110,7 @@ class StreamClient:
     def _hold(self, entries: Iterable[Entry]) -> None:
         now = self._clock_ms()
         for e in entries:
-            self._held[e.stream][e.entry_id] = now
+            self._held[e.stream][e.entry_id] = (now, now)
 
     def _release(self, stream: StreamKey, entry_ids: Iterable[str]) -> None:
         held = self._held.get(stream)
@@ -169,17 +177,19 @@ class StreamClient:
         for admission in the same round trip."""
         if not entry_ids:
             return
-        async with self._redis.pipeline(transaction=True) as pipe:
-            pipe.xack(stream.name, keys.GROUP, *entry_ids)
-            pipe.xdel(stream.name, *entry_ids)
-            if drain_rate is not None:
-                pipe.hset(
-                    keys.rate_key(stream.model, stream.tier),
-                    keys.rate_field(stream.bucket),
-                    f"{drain_rate:.3f}",
-                )
-            await pipe.execute()
-        self._release(stream, entry_ids)
+        try:
+            async with self._redis.pipeline(transaction=True) as pipe:
+                pipe.xack(stream.name, keys.GROUP, *entry_ids)
+                pipe.xdel(stream.name, *entry_ids)
+                if drain_rate is not None:
+                    pipe.hset(
+                        keys.rate_key(stream.model, stream.tier),
+                        keys.rate_field(stream.bucket),
+                        f"{drain_rate:.3f}",
+                    )
+                await pipe.execute()
+        finally:  # acknowledged, or left to be delivered again: no longer worked on here
+            self._release(stream, entry_ids)
 
     async def reclaim(self, stream: StreamKey, min_idle_ms: int, count: int) -> list[Entry]:
         """Take over entries other consumers read but left unacknowledged for `min_idle_ms`
@@ -195,10 +205,15 @@ class StreamClient:
         XAUTOCLAIM failed (its group gone) is logged and left out; a lost connection
         raises."""
         now = self._clock_ms()
+        for stream, held in list(self._held.items()):
+            given_up = [
+                i for i, (read, _) in held.items() if now - read >= HOLD_LIMIT * min_idle_ms
+            ]
+            self._release(stream, given_up)
         stale = {
             stream: ids
             for stream, held in self._held.items()
-            if (ids := [i for i, at in held.items() if now - at >= min_idle_ms / 4])
+            if (ids := [i for i, (_, at) in held.items() if now - at >= min_idle_ms / 4])
         }
         if not rooms and not stale:
             return {}
@@ -215,8 +230,9 @@ class StreamClient:
                 continue  # touched again next round
             touched = {i.decode() if isinstance(i, bytes) else str(i) for i in reply}
             self._release(stream, [i for i in ids if i not in touched])  # no longer pending
-            for i in touched:
-                self._held[stream][i] = now
+            held = self._held.get(stream, {})
+            for i in touched & held.keys():  # not acknowledged meanwhile
+                held[i] = (held[i][0], now)
         taken: dict[StreamKey, list[Entry]] = {}
         for stream, reply in zip(rooms, replies[len(stale) :], strict=True):
             if isinstance(reply, Exception):
@@ -258,14 +274,16 @@ class StreamClient:
 
     async def dead_letter(self, entry: Entry, reason: str) -> None:
         """Move an entry to its dead-letter stream, atomically with its acknowledgement."""
-        async with self._redis.pipeline(transaction=True) as pipe:
-            fields: dict[Any, Any] = dict(entry.fields)
-            fields.update({"reason": reason, "stream": entry.stream.name})
-            pipe.xadd(keys.dead_letter_key(entry.stream.model, entry.stream.tier), fields)
-            pipe.xack(entry.stream.name, keys.GROUP, entry.entry_id)
-            pipe.xdel(entry.stream.name, entry.entry_id)
-            await pipe.execute()
-        self._release(entry.stream, [entry.entry_id])
+        try:
+            async with self._redis.pipeline(transaction=True) as pipe:
+                fields: dict[Any, Any] = dict(entry.fields)
+                fields.update({"reason": reason, "stream": entry.stream.name})
+                pipe.xadd(keys.dead_letter_key(entry.stream.model, entry.stream.tier), fields)
+                pipe.xack(entry.stream.name, keys.GROUP, entry.entry_id)
+                pipe.xdel(entry.stream.name, entry.entry_id)
+                await pipe.execute()
+        finally:
+            self._release(entry.stream, [entry.entry_id])
 
     async def requeue(self, stream: StreamKey, job: bytes, trace_context: dict[str, str]) -> bool:
         """XADD a job to another tier's stream (a cascade); False when no worker lives there
