@@ -108,8 +108,6 @@ class Membership:
         for key, entries in taken.items():
             if key.model not in self._units.serving or self._stopping.is_set():
                 continue  # unloaded meanwhile
-            mine = {q.entry_id for q in self._intake.buffer[key]}
-            entries = [e for e in entries if e.entry_id not in mine]
             try:
                 counts = await self._streams.deliveries(key, [e.entry_id for e in entries])
             except STREAM_ERRORS as exc:

@@ -40,7 +40,9 @@ class Entry:
 
 class WorkStreams(Protocol):
     """The stream calls of the batched loop, each about many entries at once (see
-    StreamClient for what each guarantees). Failures raise one of STREAM_ERRORS."""
+    StreamClient for what each guarantees). Failures raise one of STREAM_ERRORS. A reclaim
+    takes over other consumers' entries, never one this consumer read and is still working
+    on (buffered, computing, being handed off)."""
 
     @property
     def consumer(self) -> str:
