@@ -163,10 +163,6 @@ class Raw:
         ids = np.asarray([self.seqs[n]] * batch, dtype=np.int64)
         return {"input_ids": ids, "attention_mask": np.ones_like(ids)}
 
-    def seconds_per_seq(self, n: int, batch: int, min_s: float, mode: str = "one call") -> float:
-        """Wall seconds per sequence, `lanes` threads calling the mode's session at once."""
-        return self.per_seq(n, batch, min_s, mode)[0]
-
     def per_seq(self, n: int, batch: int, min_s: float, mode: str) -> tuple[float, float]:
         """Wall and CPU seconds per sequence (this process's CPU, every onnxruntime thread
         included: nothing else runs here meanwhile), `lanes` threads calling the mode's
@@ -194,9 +190,7 @@ class Raw:
     def calibrate(self, batches: Sequence[int]) -> None:
         for n in self.shares:
             times = {
-                (mode, b): self.seconds_per_seq(n, b, 0.3, mode)
-                for mode in self.modes
-                for b in batches
+                (mode, b): self.per_seq(n, b, 0.3, mode)[0] for mode in self.modes for b in batches
             }
             mode, batch = min(times, key=lambda k: times[k])
             self.best[n], self.best_mode[n] = batch, mode

@@ -14,6 +14,7 @@ and value type the SDK's encoder writes, and checks that the exporter sends ours
 
 from __future__ import annotations
 
+import functools
 import logging
 import struct
 from collections.abc import Mapping, Sequence
@@ -39,8 +40,6 @@ _HAS_REMOTE = SpanFlags.SPAN_FLAGS_CONTEXT_HAS_IS_REMOTE_MASK
 _IS_REMOTE = SpanFlags.SPAN_FLAGS_CONTEXT_IS_REMOTE_MASK
 _SPAN_FLAGS_TAG = b"\x85\x01"  # field 16, fixed32
 _SCALARS = frozenset({str, bool, int, float})
-# Above this many distinct resources and scopes the cache of their encodings starts over.
-_CACHE_MAX = 256
 
 
 def _varint(n: int) -> bytes:
@@ -86,32 +85,25 @@ def _key_value(key: str, v: Any) -> bytes:
     return head + _field(b"\x12", _value(v))
 
 
-_ATTRIBUTE_CACHE: dict[tuple[bytes, str, type, object], bytes] = {}
+@functools.lru_cache(maxsize=4096)
+def _scalar_field(tag: bytes, key: str, kind: str, v: object) -> bytes:
+    """A scalar attribute's field, kept: they repeat (the same system, the same method).
+    `kind` (the value's type name) is in the key so that True and 1 stay apart."""
+    return _field(tag, _key_value(key, v))
 
 
 def _attributes(tag: bytes, attributes: Mapping[str, Any] | None) -> list[bytes]:
     """Each attribute as a repeated KeyValue field; one that cannot be encoded is logged
-    and left out, as the SDK's encoder does. Scalar attributes repeat (the same system, the
-    same method), so their fields are kept (up to _CACHE_MAX * 16)."""
+    and left out, as the SDK's encoder does."""
     out = []
     for key, v in (attributes or {}).items():
-        cached = type(v) in _SCALARS
-        if cached:
-            memo = (tag, key, type(v), v)
-            data = _ATTRIBUTE_CACHE.get(memo)
-            if data is not None:
-                out.append(data)
-                continue
         try:
-            data = _field(tag, _key_value(key, v))
+            if type(v) in _SCALARS:
+                out.append(_scalar_field(tag, key, type(v).__name__, v))
+            else:
+                out.append(_field(tag, _key_value(key, v)))
         except Exception as error:
             log.exception("Failed to encode key %s: %s", key, error)
-            continue
-        if cached:
-            if len(_ATTRIBUTE_CACHE) >= _CACHE_MAX * 16:
-                _ATTRIBUTE_CACHE.clear()
-            _ATTRIBUTE_CACHE[memo] = data
-        out.append(data)
     return out
 
 
@@ -169,39 +161,22 @@ def _span(s: ReadableSpan) -> bytes:
     return b"".join(parts)
 
 
-class _Encodings:
-    """The encoded Resource and InstrumentationScope messages, each written once: a
-    process has a handful and they do not change."""
-
-    def __init__(self) -> None:
-        self._resources: dict[Resource, bytes] = {}
-        self._scopes: dict[InstrumentationScope | None, bytes] = {}
-
-    def resource(self, r: Resource) -> bytes:
-        data = self._resources.get(r)
-        if data is None:
-            if len(self._resources) >= _CACHE_MAX:
-                self._resources.clear()
-            data = self._resources[r] = b"".join(_attributes(b"\x0a", r.attributes))
-        return data
-
-    def scope(self, s: InstrumentationScope | None) -> bytes:
-        data = self._scopes.get(s)
-        if data is None:
-            if len(self._scopes) >= _CACHE_MAX:
-                self._scopes.clear()
-            parts = []
-            if s is not None:
-                if s.name:
-                    parts.append(_field(b"\x0a", s.name.encode()))
-                if s.version:
-                    parts.append(_field(b"\x12", s.version.encode()))
-                parts += _attributes(b"\x1a", s.attributes)
-            data = self._scopes[s] = b"".join(parts)
-        return data
+# A process has a handful of resources and scopes, and they do not change: each is written
+# once.
+@functools.lru_cache(maxsize=256)
+def _resource(r: Resource) -> bytes:
+    return b"".join(_attributes(b"\x0a", r.attributes))
 
 
-_ENCODINGS = _Encodings()
+@functools.lru_cache(maxsize=256)
+def _scope(s: InstrumentationScope | None) -> bytes:
+    if s is None:
+        return b""
+    parts = [_field(b"\x0a", s.name.encode())] if s.name else []
+    if s.version:
+        parts.append(_field(b"\x12", s.version.encode()))
+    parts += _attributes(b"\x1a", s.attributes)
+    return b"".join(parts)
 
 
 def encode_request(spans: Sequence[ReadableSpan]) -> bytes:
@@ -217,9 +192,9 @@ def encode_request(spans: Sequence[ReadableSpan]) -> bytes:
         scopes.setdefault(s.instrumentation_scope or None, []).append(_span(s))
     out = []
     for resource, scopes in groups.items():
-        body = [_field(b"\x0a", _ENCODINGS.resource(resource))]
+        body = [_field(b"\x0a", _resource(resource))]
         for scope, encoded in scopes.items():
-            inner = [_field(b"\x0a", _ENCODINGS.scope(scope))]
+            inner = [_field(b"\x0a", _scope(scope))]
             inner += (_field(b"\x12", e) for e in encoded)
             if scope is not None and scope.schema_url:
                 inner.append(_field(b"\x1a", scope.schema_url.encode()))

@@ -207,16 +207,7 @@ class StreamClient:
         XAUTOCLAIM failed (its group gone) is logged and left out; a lost connection
         raises."""
         now = self._clock_ms()
-        for stream, held in list(self._held.items()):
-            given_up = [
-                i for i, (read, _) in held.items() if now - read >= HOLD_LIMIT * min_idle_ms
-            ]
-            self._release(stream, given_up)
-        stale = {
-            stream: ids
-            for stream, held in self._held.items()
-            if (ids := [i for i, (_, at) in held.items() if now - at >= min_idle_ms / 4])
-        }
+        stale = self._due_a_touch(now, min_idle_ms)
         if not rooms and not stale:
             return {}
         pipe = self._redis.pipeline(transaction=False)
@@ -228,13 +219,8 @@ class StreamClient:
             )
         replies = await pipe.execute(raise_on_error=False)
         for (stream, ids), reply in zip(stale.items(), replies, strict=False):
-            if isinstance(reply, Exception):
-                continue  # touched again next round
-            touched = {i.decode() if isinstance(i, bytes) else str(i) for i in reply}
-            self._release(stream, [i for i in ids if i not in touched])  # no longer pending
-            held = self._held.get(stream, {})
-            for i in touched & held.keys():  # not acknowledged meanwhile
-                held[i] = (held[i][0], now)
+            if not isinstance(reply, Exception):  # else touched again next round
+                self._touched(stream, ids, reply, now)
         taken: dict[StreamKey, list[Entry]] = {}
         for stream, reply in zip(rooms, replies[len(stale) :], strict=True):
             if isinstance(reply, Exception):
@@ -248,14 +234,36 @@ class StreamClient:
                 taken[stream] = entries
         return taken
 
+    def _due_a_touch(self, now: float, min_idle_ms: int) -> dict[StreamKey, list[str]]:
+        """The held entries to touch now (last touched a quarter of the idle time ago),
+        after letting go of those held HOLD_LIMIT times the idle time."""
+        for stream, held in list(self._held.items()):
+            limit = HOLD_LIMIT * min_idle_ms
+            self._release(stream, [i for i, (read, _) in held.items() if now - read >= limit])
+        return {
+            stream: ids
+            for stream, held in self._held.items()
+            if (ids := [i for i, (_, at) in held.items() if now - at >= min_idle_ms / 4])
+        }
+
+    def _touched(self, stream: StreamKey, ids: list[str], reply: Any, now: float) -> None:
+        """After an XCLAIM JUSTID of `ids`: those it returned are touched now, the rest are
+        no longer pending (acknowledged or dead-lettered meanwhile) and let go."""
+        touched = {i.decode() if isinstance(i, bytes) else str(i) for i in reply}
+        self._release(stream, [i for i in ids if i not in touched])
+        held = self._held.get(stream, {})
+        for i in touched & held.keys():  # not acknowledged meanwhile
+            held[i] = (held[i][0], now)
+
     async def touch(self, stream: StreamKey, entry_ids: Sequence[str]) -> None:
         """Reset the idle time of entries this consumer is still working on (a long
         generation), so no other worker's reclaim takes them over. JUSTID: not counted as
         a delivery."""
         if entry_ids:
-            await self._redis.xclaim(
+            reply = await self._redis.xclaim(
                 stream.name, keys.GROUP, self.consumer, 0, list(entry_ids), justid=True
             )
+            self._touched(stream, list(entry_ids), reply, self._clock_ms())
 
     async def deliveries(self, stream: StreamKey, entry_ids: Sequence[str]) -> dict[str, int]:
         """How many times each pending entry has been delivered."""
