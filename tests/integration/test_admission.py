@@ -9,6 +9,7 @@ import pytest
 import redis.asyncio as aioredis
 
 from tiermesh.core import keys
+from tiermesh.core.admission_script import ADMISSION_SCRIPT
 from tiermesh.core.keys import StreamKey
 from tiermesh.router.admission import Admitter, Enqueue
 from tiermesh.worker.streams import StreamClient
@@ -157,4 +158,33 @@ async def test_a_script_redis_lost_is_loaded_again(redis_url: str) -> None:
     batch = [Enqueue(STREAM, 10, f"y{i}".encode(), {}, rid()) for i in range(3)]
     assert [a.outcome for a in await admitter.admit_many(batch)] == ["ok"] * 3
     assert await redis.xlen(STREAM.name) == 4
+    await redis.aclose()
+
+
+async def test_a_guard_key_sends_the_job_back_to_the_router(redis_url: str) -> None:
+    """The front door's call (core/direct_plan.py): while the item's guard key exists (the
+    model's rollout record) nothing is queued and the answer is `reroute`."""
+    redis = aioredis.Redis.from_url(redis_url)
+    await StreamClient(redis, "w1").heartbeat(["m"], "center", ttl_ms=60_000)
+    guard = keys.rollout_key("guarded-model")
+    script = redis.register_script(ADMISSION_SCRIPT)
+
+    async def place(request_id: str) -> list[bytes]:
+        script_keys = [
+            STREAM.name,
+            keys.workers_key("m", "center"),
+            keys.rate_key("m", "center"),
+            keys.enqueued_key(request_id),
+            guard,
+        ]
+        fields = [keys.JOB_FIELD, keys.TRACEPARENT_FIELD, keys.TRACESTATE_FIELD]
+        item = [1, 2, 3, 4, 10, 0, keys.rate_field(0), -1, 60_000, b"job", "", "", 5, 0]
+        return list(await script(keys=script_keys, args=[1, *fields, *item]))
+
+    await redis.hset(guard, mapping={"model": "guarded-model", "stable": "1"})
+    assert await place(rid()) == [b"reroute", b"0"]
+    assert await redis.xlen(STREAM.name) == 0
+    await redis.delete(guard)
+    outcome, entry_id = await place(rid())
+    assert outcome == b"ok" and [e[0] for e in await redis.xrange(STREAM.name)] == [entry_id]
     await redis.aclose()

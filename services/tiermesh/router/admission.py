@@ -23,76 +23,15 @@ from typing import Any, Literal
 import redis.asyncio as aioredis
 
 from tiermesh.core import keys
+from tiermesh.core.admission_script import (
+    ADMISSION_SCRIPT,
+    REMEMBER_MARGIN_MS,
+    REMEMBER_NO_DEADLINE_MS,
+)
 from tiermesh.router.tier_state import read_stream_states
 from tiermesh.router.tiers import TierState
 
-# KEYS: every key the batch touches, each once (streams, workers zsets, rate hashes, the
-#       requests' enqueued keys).
-# ARGV: 1 number of items, 2-4 the entry's three field names (job, traceparent, tracestate),
-#       then per item ITEM_ARGS values: the KEYS index of its stream, workers zset, rate hash
-#       and enqueued key; stream bound; model bound (0 = none); rate field; ms left (-1 = no
-#       deadline); how long to remember the enqueue (ms); the job; traceparent; tracestate;
-#       the number of its model's streams (for the model bound), then their KEYS indexes.
-# Returns outcome, detail for each item, in order. Items are decided one after another, as
-# separate calls would be: an item sees the entries the items before it added.
-_SCRIPT = """
-local t = redis.call('TIME')
-local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local job_f, tp_f, ts_f = ARGV[2], ARGV[3], ARGV[4]
-local out = {}
-local a = 5
-local function decide(stream, workers, rate, enqueued, bound, model_bound, field, left_ms,
-                      remember_ms, job, tp, ts, first, count)
-  local seen = redis.call('GET', enqueued)
-  if seen then
-    return 'dup', seen
-  end
-  if redis.call('ZCOUNT', workers, now_ms, '+inf') == 0 then
-    return 'noworker', '0'
-  end
-  local backlog = redis.call('XLEN', stream)
-  if backlog >= bound then
-    return 'full', tostring(backlog)
-  end
-  if model_bound > 0 then
-    local total = 0
-    for i = first, first + count - 1 do
-      total = total + redis.call('XLEN', KEYS[tonumber(ARGV[i])])
-    end
-    if total >= model_bound then
-      return 'modelfull', tostring(total)
-    end
-  end
-  if left_ms >= 0 and backlog > 0 then
-    local r = tonumber(redis.call('HGET', rate, field) or '0')
-    if r and r > 0 then
-      local drain_ms = math.floor(backlog / r * 1000)
-      if drain_ms > left_ms then
-        return 'late', tostring(drain_ms)
-      end
-    end
-  end
-  local id = redis.call('XADD', stream, '*', job_f, job, tp_f, tp, ts_f, ts)
-  redis.call('SET', enqueued, id, 'PX', remember_ms)
-  return 'ok', id
-end
-for _ = 1, tonumber(ARGV[1]) do
-  local count = tonumber(ARGV[a + 12])
-  local outcome, detail = decide(
-    KEYS[tonumber(ARGV[a])], KEYS[tonumber(ARGV[a + 1])], KEYS[tonumber(ARGV[a + 2])],
-    KEYS[tonumber(ARGV[a + 3])], tonumber(ARGV[a + 4]), tonumber(ARGV[a + 5]), ARGV[a + 6],
-    tonumber(ARGV[a + 7]), ARGV[a + 8], ARGV[a + 9], ARGV[a + 10], ARGV[a + 11], a + 13, count)
-  out[#out + 1] = outcome
-  out[#out + 1] = detail
-  a = a + 13 + count
-end
-return out
-"""
-
 Outcome = Literal["ok", "dup", "noworker", "full", "modelfull", "late"]
-# How long an enqueue is remembered past the request's deadline (or at all, without one).
-REMEMBER_MARGIN_MS = 5_000
-REMEMBER_NO_DEADLINE_MS = 600_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,7 +59,7 @@ class Enqueue:
 class Admitter:
     def __init__(self, redis: aioredis.Redis) -> None:
         self._redis = redis
-        self._script = redis.register_script(_SCRIPT)
+        self._script = redis.register_script(ADMISSION_SCRIPT)
 
     async def stream_states(self, streams: Sequence[keys.StreamKey]) -> dict[str, TierState]:
         """The state of each stream's tier, by stream name, in one round trip."""
@@ -188,6 +127,7 @@ def _script_call(items: Sequence[Enqueue]) -> tuple[list[str], list[Any]]:
             item.job,
             item.trace_context.get("traceparent", ""),
             item.trace_context.get("tracestate", ""),
+            0,  # no guard: the router's placement is its own
             len(item.model_streams),
             *(at(s.name) for s in item.model_streams),
         )
