@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import ast
 import asyncio
+import contextlib
+import dataclasses
 import os
 import re
 import signal
@@ -43,9 +45,12 @@ from tests.e2e.test_rollout_e2e import MODEL as ROLLOUT_MODEL
 from tests.e2e.test_rollout_e2e import cli as rollout_cli
 from tests.polling import eventually
 from tiermesh.bench import replay
-from tiermesh.core.keys import cancel_key
+from tiermesh.core.jobs import Job, Timing
+from tiermesh.core.keys import cancel_key, rollout_key
+from tiermesh.core.wire import decode_job
 from tiermesh.frontdoor.build import missing_tools
 from tiermesh.gateway.books import MODEL_INFER
+from tiermesh.rollout.state import RolloutState
 from tiermesh.rollout.store import RolloutStore
 from tiermesh.rollout.window import VersionStats, window_seconds
 
@@ -239,21 +244,95 @@ def test_ctrl_c_stops_the_door_first_and_every_process_cleanly(
     assert set(codes.values()) == {0}
 
 
+def placed(up: UpProcess, by: str) -> float:
+    """Jobs of models with a placement plan that the door (or, after all, the router) queued."""
+    samples = scrape_metrics(up.metrics_urls()["frontdoor"])
+    return samples.get(("tiermesh_front_door_placed_total", frozenset({("by", by)})), 0.0)
+
+
+@contextlib.contextmanager
+def placed_by_router(up: UpProcess, model: str) -> Iterator[None]:
+    """The model has a rollout record (no rollout running), which the door's placement
+    checks job by job: meanwhile the router places every job of it."""
+    store = redis.Redis.from_url(up.redis_url())
+    store.hset(rollout_key(model), mapping=RolloutState(model=model, stable="1").to_fields())
+    try:
+        yield
+    finally:
+        store.delete(rollout_key(model))
+        store.close()
+
+
+def queued_jobs(up: UpProcess, model: str) -> list[Job]:
+    """The jobs waiting in the model's work streams, oldest first."""
+    store = redis.Redis.from_url(up.redis_url())
+    try:
+        entries = [
+            (entry_id, fields)
+            for name in store.scan_iter(match=f"tm:q:{model}@*")
+            for entry_id, fields in store.xrange(name)
+        ]
+    finally:
+        store.close()
+    ordered = sorted(entries, key=lambda e: tuple(int(p) for p in e[0].split(b"-")))
+    return [decode_job(fields[b"job"]) for _, fields in ordered]
+
+
+def test_the_door_queues_plain_jobs_itself_as_the_router_would(door_up: UpProcess) -> None:
+    """mlp has a placement plan (no text, tiers or rollout): the door queues its jobs on the
+    router's stream with the router's fields; while a rollout record exists, the router
+    places them."""
+    client = grpcclient.InferenceServerClient(door_up.url)
+    public = client.get_model_config("mlp", as_json=True)["config"].get("parameters", {})
+    assert "tiermesh.direct" not in public  # the plan is the door's, asked with its header
+    by_door, by_router = placed(door_up, "door"), placed(door_up, "router")
+    x = np.random.default_rng(8).standard_normal((2, 4)).astype(np.float32)
+    call = lambda rid: client.infer(  # noqa: E731
+        "mlp", [mlp_input(x)], request_id=rid, priority=1, client_timeout=60
+    )
+    with ThreadPoolExecutor(2) as pool:
+        with worker_paused(door_up):
+            direct = pool.submit(call, "direct")
+            eventually(lambda: len(queued_jobs(door_up, "mlp")) == 1, "not queued by the door")
+            with placed_by_router(door_up, "mlp"):
+                routed = pool.submit(call, "routed")
+                eventually(lambda: len(queued_jobs(door_up, "mlp")) == 2, "nor by the router")
+            jobs = queued_jobs(door_up, "mlp")
+        answers = [direct.result(), routed.result()]
+    for answer in answers:
+        np.testing.assert_allclose(answer.as_numpy("OUTPUT0"), reference(door_up, x), rtol=1e-6)
+    assert [j.client_request_id for j in jobs] == ["direct", "routed"]
+    assert placed(door_up, "door") - by_door == 1
+    assert placed(door_up, "router") - by_router == 1
+
+    def placement(job: Job) -> Job:  # what differs between two calls of the same request
+        return dataclasses.replace(
+            job, request_id="", client_request_id="", deadline_ns=0, timing=Timing()
+        )
+
+    assert placement(jobs[0]) == placement(jobs[1])
+    assert (jobs[0].version, jobs[0].priority, jobs[0].tier) == ("1", 1, "center")
+    for job in jobs:
+        assert job.timing.routed_ns >= job.timing.received_ns > 0
+        assert job.timing.enqueued_ns >= job.timing.routed_ns
+
+
 def test_a_killed_router_is_reached_again_on_a_new_stream(door_up: UpProcess) -> None:
     client = grpcclient.InferenceServerClient(door_up.url)
     x = np.ones((1, 4), np.float32)
-    client.infer("mlp", [mlp_input(x)])  # the door's RouteStream is open
-    router = door_up.children()["router"]
-    os.kill(router, signal.SIGKILL)
-    seen: set[str] = set()
-    deadline = time.monotonic() + 60
-    while True:  # `up` restarts the router after its backoff; the door dials it again
-        try:
-            result = client.infer("mlp", [mlp_input(x)], client_timeout=5)
-            break
-        except InferenceServerException as exc:
-            seen.add(str(exc.status()))
-        assert time.monotonic() < deadline, f"no answer after the router's restart: {seen}"
+    with placed_by_router(door_up, "mlp"):
+        client.infer("mlp", [mlp_input(x)])  # the door's RouteStream is open
+        router = door_up.children()["router"]
+        os.kill(router, signal.SIGKILL)
+        seen: set[str] = set()
+        deadline = time.monotonic() + 60
+        while True:  # `up` restarts the router after its backoff; the door dials it again
+            try:
+                result = client.infer("mlp", [mlp_input(x)], client_timeout=5)
+                break
+            except InferenceServerException as exc:
+                seen.add(str(exc.status()))
+            assert time.monotonic() < deadline, f"no answer after the router's restart: {seen}"
     np.testing.assert_allclose(result.as_numpy("OUTPUT0"), reference(door_up, x), rtol=1e-6)
     assert door_up.children()["router"] != router
     assert seen <= {"StatusCode.UNAVAILABLE", "StatusCode.DEADLINE_EXCEEDED"}, seen
@@ -415,17 +494,35 @@ def test_a_traced_call_the_door_answers_has_every_hop_on_its_trace(
         client.infer("mlp", [mlp_input(x)], request_id="child", headers={"traceparent": caller})
         unsampled = "00-" + "ef" * 16 + "-" + "cd" * 8 + "-00"
         client.infer("mlp", [mlp_input(x)], request_id="quiet", headers={"traceparent": unsampled})
-        assert answered_calls(up, "frontdoor")[("mlp", "OK")] == 3
+        with placed_by_router(up, "mlp"):
+            client.infer("mlp", [mlp_input(x)], request_id="routed")
+        assert answered_calls(up, "frontdoor")[("mlp", "OK")] == 4
         assert answered_calls(up).get(("mlp", "OK"), 0) == 0
         root = _eventually_spans(up, MODEL_INFER, "tiermesh.client_request_id", "traced")[0]
         child = _eventually_spans(up, MODEL_INFER, "tiermesh.client_request_id", "child")[0]
-        trace_id = root["context"]["trace_id"]
-        on_trace = [s for s in up.spans() if s["context"]["trace_id"] == trace_id]
-        services = {s["resource"]["attributes"]["service.name"] for s in on_trace}
+        routed = _eventually_spans(up, MODEL_INFER, "tiermesh.client_request_id", "routed")[0]
+
+        def trace_of(span: dict[str, Any]) -> list[dict[str, Any]]:
+            trace_id = span["context"]["trace_id"]
+            return [s for s in up.spans() if s["context"]["trace_id"] == trace_id]
+
+        on_trace = trace_of(root)
         names = {s["name"] for s in on_trace}
         spans_now = up.spans()
-    assert services == {"tiermesh-gateway", "tiermesh-router", "tiermesh-worker"}
+        by_router = trace_of(routed)
+
+    def service(spans: list[dict[str, Any]], name: str) -> str:
+        span = next(s for s in spans if s["name"] == name)
+        return str(span["resource"]["attributes"]["service.name"])
+
+    services = {s["resource"]["attributes"]["service.name"] for s in on_trace}
     assert {MODEL_INFER, "route", "queue wait", "compute", "postprocess", "deliver"} <= names
+    # The door queued mlp's job itself: the route span is the gateway's; the router's when
+    # the router placed it.
+    assert services == {"tiermesh-gateway", "tiermesh-worker"}
+    assert service(on_trace, "route") == "tiermesh-gateway"
+    assert service(by_router, "route") == "tiermesh-router"
+    assert service(by_router, "compute") == "tiermesh-worker"
     assert root["kind"] == "SpanKind.SERVER" and root["parent_id"] is None
     facts = root["attributes"]
     assert facts["rpc.grpc.status_code"] == 0 and facts["rpc.method"] == "ModelInfer"

@@ -55,6 +55,8 @@ case "$1" in
         protobuf-compiler) program=protoc ;;
         golang-goprotobuf-dev) program=protoc-gen-go ;;
         golang-google-grpc-dev) mkdir -p "$GOCODE/src/google.golang.org/grpc"; continue ;;
+        golang-github-gomodule-redigo-dev)
+          mkdir -p "$GOCODE/src/github.com/gomodule/redigo"; continue ;;
         *) continue ;;
       esac
       printf '#!/bin/sh\\necho "%s version 1"\\n' "$program" > "$STUBS/bin/$program"
@@ -230,7 +232,13 @@ def test_kubectl_that_cannot_be_installed_stops_with_one_line(machine: Machine) 
     assert run.last_line.startswith("error: no kubectl 1.27+") and "make test" in run.last_line
 
 
-GO_PACKAGES = ("golang-go", "protobuf-compiler", "golang-goprotobuf-dev", "golang-google-grpc-dev")
+GO_PACKAGES = (
+    "golang-go",
+    "protobuf-compiler",
+    "golang-goprotobuf-dev",
+    "golang-google-grpc-dev",
+    "golang-github-gomodule-redigo-dev",
+)
 
 
 def test_go_toolchain_installs_each_missing_package(tmp_path: Path) -> None:
@@ -239,10 +247,16 @@ def test_go_toolchain_installs_each_missing_package(tmp_path: Path) -> None:
     run = machine.run(SCRIPTS / "ensure_go.sh")
     assert run.code == 0, run.stderr
     installed = [line.rsplit(" ", 1)[1] for line in machine.apt_log() if " install " in line]
-    assert installed == ["golang-go", "golang-goprotobuf-dev", "golang-google-grpc-dev"]
+    assert installed == [
+        "golang-go",
+        "golang-goprotobuf-dev",
+        "golang-google-grpc-dev",
+        "golang-github-gomodule-redigo-dev",
+    ]
     for program in ("go", "protoc-gen-go"):
         assert (machine.bin / program).exists()
     assert (machine.root / "gocode/src/google.golang.org/grpc").is_dir()
+    assert (machine.root / "gocode/src/github.com/gomodule/redigo").is_dir()
     again = machine.run(SCRIPTS / "ensure_go.sh")
     assert (again.code, again.stderr) == (0, "")
 

@@ -30,7 +30,7 @@ def test_without_the_toolchain_it_names_the_debian_packages(
         build(tmp_path)
     assert str(refused.value) == (
         "the Go front door needs protoc: apt-get install golang-go golang-google-grpc-dev "
-        "golang-goprotobuf-dev protobuf-compiler"
+        "golang-github-gomodule-redigo-dev golang-goprotobuf-dev protobuf-compiler"
     )
     assert list(tmp_path.iterdir()) == []
 

@@ -25,7 +25,10 @@ from tiermesh.v1 import books_pb2, delivery_pb2, job_pb2, router_pb2, tensor_pb2
 
 SOURCES = Path(__file__).parent / "go"
 TOOLS = ("go", "protoc", "protoc-gen-go")
-PACKAGES = "golang-go golang-google-grpc-dev golang-goprotobuf-dev protobuf-compiler"
+PACKAGES = (
+    "golang-go golang-google-grpc-dev golang-github-gomodule-redigo-dev golang-goprotobuf-dev "
+    "protobuf-compiler"
+)
 DEBIAN_GOPATH = "/usr/share/gocode"
 BINARY = "frontdoor"
 # Go package of each group of descriptors (their import paths in go/*.go).
@@ -45,8 +48,14 @@ class FrontDoorUnavailable(RuntimeError):
     """The Go toolchain is missing or the build failed; the message says what to do."""
 
 
+# Go packages the door imports beyond the standard library (Debian's sources, GOPATH mode).
+GO_SOURCES = ("google.golang.org/grpc", "github.com/gomodule/redigo")
+
+
 def missing_tools() -> list[str]:
-    return [tool for tool in TOOLS if shutil.which(tool) is None]
+    tools = [tool for tool in TOOLS if shutil.which(tool) is None]
+    sources = [s for s in GO_SOURCES if not (Path(DEBIAN_GOPATH) / "src" / s).is_dir()]
+    return tools + sources
 
 
 def _descriptor_set(files: tuple[FileDescriptor, ...], go_package: str) -> bytes:

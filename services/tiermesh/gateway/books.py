@@ -59,6 +59,7 @@ class DoorTrace:
     route_began_ns: int = 0
     route_ended_ns: int = 0
     client_request_id: str = ""
+    placed_here: bool = False  # the door queued the job itself, not the router
 
 
 @dataclass(frozen=True, slots=True)
@@ -186,7 +187,10 @@ class DoorBooks:
         status = call_status(call.code, result.message if result else "")
         spans.served(MODEL_INFER, hops, parent, call.received_ns, call.ended_ns, attributes, status)
         if call.routed:
-            hops.placed(t.stream, t.entry_id, t.route_began_ns, t.route_ended_ns).write(result)
+            placed = hops.placed(
+                t.stream, t.entry_id, t.route_began_ns, t.route_ended_ns, t.placed_here
+            )
+            placed.write(result)
 
 
 def door_trace(msg: books_pb2.Trace) -> DoorTrace:
@@ -201,6 +205,7 @@ def door_trace(msg: books_pb2.Trace) -> DoorTrace:
         route_began_ns=msg.route_began_ns,
         route_ended_ns=msg.route_ended_ns,
         client_request_id=msg.client_request_id,
+        placed_here=msg.placed_here,
     )
 
 

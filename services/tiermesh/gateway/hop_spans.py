@@ -40,8 +40,10 @@ class Hops:
             carrier["tracestate"] = self.route.trace_state.to_header()
         return carrier
 
-    def placed(self, stream: str, entry_id: str, began_ns: int, ended_ns: int) -> Placement:
-        return Placement(self, stream, entry_id, began_ns, ended_ns)
+    def placed(
+        self, stream: str, entry_id: str, began_ns: int, ended_ns: int, by_door: bool = False
+    ) -> Placement:
+        return Placement(self, stream, entry_id, began_ns, ended_ns, by_door)
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,6 +57,9 @@ class Placement:
     entry_id: str
     began_ns: int
     ended_ns: int
+    # The front door queued the job itself (core/direct_plan.py): the route span is the
+    # gateway's, not the router's.
+    by_door: bool = False
 
     def write(self, result: JobResult | None) -> None:
         """The request's hop spans, as far as `result` says it went (None: no answer)."""
@@ -90,7 +95,7 @@ class HopSpans:
                 "route",
                 hops.route,
                 hops.root,
-                self._router,
+                self._gateway if placed.by_door else self._router,
                 (t.routed_ns if t else 0) or placed.began_ns,
                 (t.enqueued_ns if t else 0) or placed.ended_ns,
                 SpanKind.PRODUCER,

@@ -27,6 +27,7 @@ import redis.asyncio as aioredis
 import structlog
 from opentelemetry import trace
 
+from tiermesh.core.direct_plan import plan_parameter
 from tiermesh.core.errors import MeshError, exhausted, invalid, unavailable
 from tiermesh.core.jobs import Job, Timing
 from tiermesh.core.repository import ModelConfig, ModelRepository
@@ -331,6 +332,10 @@ class DataPlane:
         """ModelMetadata and ModelConfig: the config of a model the caller may use."""
         self.authorize(caller, name)
         return self.find(name, version)
+
+    def direct_plan(self, cfg: ModelConfig) -> str:
+        """The front door's placement plan for the model (core/direct_plan.py), as JSON."""
+        return plan_parameter(cfg, self._settings.model_control == "explicit")
 
     async def model_ready(self, caller: Caller, name: str, version: str) -> bool:
         """ModelReady: loaded (model control) and served by a live worker."""

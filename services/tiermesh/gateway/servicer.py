@@ -12,12 +12,16 @@ import grpc
 from google.protobuf import json_format  # type: ignore[import-untyped]
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
+from tiermesh.core.direct_plan import PARAMETER as PLAN_PARAMETER
 from tiermesh.core.errors import invalid, shown
 from tiermesh.core.grpc_errors import grpc_method
 from tiermesh.gateway import converters
 from tiermesh.gateway.control import version_parameter
 from tiermesh.gateway.plane import Caller, DataPlane
 from tiermesh.gateway.stream import stream_infer
+
+# Asked for by the Go front door: ModelConfig then carries the model's placement plan.
+PLAN_HEADER = "x-tiermesh-placement"
 
 
 def caller_of(context: grpc.aio.ServicerContext) -> Caller:
@@ -56,8 +60,14 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
 
     @grpc_method
     async def ModelConfig(self, request, context):  # type: ignore[no-untyped-def]
-        cfg = self._plane.model(caller_of(context), request.name, request.version)
-        return converters.model_config(cfg)
+        caller = caller_of(context)
+        cfg = self._plane.model(caller, request.name, request.version)
+        response = converters.model_config(cfg)
+        if (PLAN_HEADER, "1") in caller.metadata:  # the front door reading its models
+            plan = self._plane.direct_plan(cfg)
+            if plan:
+                response.config.parameters[PLAN_PARAMETER].string_value = plan
+        return response
 
     @grpc_method
     async def ModelInfer(self, request, context):  # type: ignore[no-untyped-def]

@@ -40,7 +40,7 @@ class Entry(_message.Message):
     def __init__(self, request_id: _Optional[str] = ..., model: _Optional[str] = ..., version: _Optional[str] = ..., code: _Optional[int] = ..., received_ns: _Optional[int] = ..., ended_ns: _Optional[int] = ..., routed: _Optional[bool] = ..., routed_version: _Optional[str] = ..., shadow_request_id: _Optional[str] = ..., result: _Optional[_Union[_job_pb2.Result, _Mapping]] = ..., caller_left: _Optional[bool] = ..., ms_left: _Optional[int] = ..., job: _Optional[_Union[_job_pb2.Job, _Mapping]] = ..., trace: _Optional[_Union[Trace, _Mapping]] = ...) -> None: ...
 
 class Trace(_message.Message):
-    __slots__ = ("trace_id", "span_id", "route_span_id", "parent_span_id", "tracestate", "stream", "entry_id", "route_began_ns", "route_ended_ns", "client_request_id")
+    __slots__ = ("trace_id", "span_id", "route_span_id", "parent_span_id", "tracestate", "stream", "entry_id", "route_began_ns", "route_ended_ns", "client_request_id", "placed_here")
     TRACE_ID_FIELD_NUMBER: _ClassVar[int]
     SPAN_ID_FIELD_NUMBER: _ClassVar[int]
     ROUTE_SPAN_ID_FIELD_NUMBER: _ClassVar[int]
@@ -51,6 +51,7 @@ class Trace(_message.Message):
     ROUTE_BEGAN_NS_FIELD_NUMBER: _ClassVar[int]
     ROUTE_ENDED_NS_FIELD_NUMBER: _ClassVar[int]
     CLIENT_REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    PLACED_HERE_FIELD_NUMBER: _ClassVar[int]
     trace_id: bytes
     span_id: int
     route_span_id: int
@@ -61,7 +62,8 @@ class Trace(_message.Message):
     route_began_ns: int
     route_ended_ns: int
     client_request_id: str
-    def __init__(self, trace_id: _Optional[bytes] = ..., span_id: _Optional[int] = ..., route_span_id: _Optional[int] = ..., parent_span_id: _Optional[int] = ..., tracestate: _Optional[str] = ..., stream: _Optional[str] = ..., entry_id: _Optional[str] = ..., route_began_ns: _Optional[int] = ..., route_ended_ns: _Optional[int] = ..., client_request_id: _Optional[str] = ...) -> None: ...
+    placed_here: bool
+    def __init__(self, trace_id: _Optional[bytes] = ..., span_id: _Optional[int] = ..., route_span_id: _Optional[int] = ..., parent_span_id: _Optional[int] = ..., tracestate: _Optional[str] = ..., stream: _Optional[str] = ..., entry_id: _Optional[str] = ..., route_began_ns: _Optional[int] = ..., route_ended_ns: _Optional[int] = ..., client_request_id: _Optional[str] = ..., placed_here: _Optional[bool] = ...) -> None: ...
 
 class Mirrored(_message.Message):
     __slots__ = ("shadow_request_id", "model", "deadline_ns")

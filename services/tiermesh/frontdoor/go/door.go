@@ -40,8 +40,9 @@ type door struct {
 	router   *routerClient
 	pending  *pending
 	proxy    *proxy
-	delivery string // this door's Delivery address, on every job
-	books    *books // nil: the calls answered here are not booked at the gateway
+	delivery string  // this door's Delivery address, on every job
+	books    *books  // nil: the calls answered here are not booked at the gateway
+	placer   *placer // nil: the router places every job
 
 	inFlight atomic.Int64
 	metrics  *metrics
@@ -91,7 +92,7 @@ func (d *door) handle(_ interface{}, stream grpc.ServerStream) error {
 		return status.Errorf(codes.ResourceExhausted, "too many requests in flight at this gateway (%d)", d.cfg.maxInFlight)
 	}
 	defer d.inFlight.Add(-1)
-	resp, err := d.infer(ctx, stream, job, entry)
+	resp, err := d.infer(ctx, stream, m, job, entry)
 	d.ended(entry, status.Code(err))
 	if err != nil {
 		return err
@@ -114,14 +115,24 @@ func (d *door) ended(entry *tiermeshv1.Entry, code codes.Code) {
 
 // infer routes the job and waits for its result; what it learns on the way goes in entry
 // (where the job was placed, its result, whether the caller left while it was queued).
-func (d *door) infer(ctx context.Context, stream grpc.ServerStream, job *tiermeshv1.Job, entry *tiermeshv1.Entry) (proto.Message, error) {
+func (d *door) infer(ctx context.Context, stream grpc.ServerStream, m *model, job *tiermeshv1.Job, entry *tiermeshv1.Entry) (proto.Message, error) {
 	deadline := time.Unix(0, job.DeadlineNs)
 	results := d.pending.register(job.RequestId)
 	defer d.pending.discard(job.RequestId)
 	began := time.Now().UnixNano()
-	reply, err := d.router.route(ctx, job, deadline)
+	var reply *tiermeshv1.RouteReply
+	var err error
+	placedHere := false
+	if d.placer != nil {
+		reply = d.placer.place(m, job)
+		placedHere = reply != nil
+	}
+	if reply == nil {
+		reply, err = d.router.route(ctx, job, deadline)
+	}
 	if t := entry.Trace; t != nil && err == nil {
 		t.Stream, t.EntryId, t.RouteBeganNs, t.RouteEndedNs = reply.Stream, reply.EntryId, began, time.Now().UnixNano()
+		t.PlacedHere = placedHere
 	}
 	if err != nil {
 		if ctx.Err() != nil { // the job may be queued already: its workers are told

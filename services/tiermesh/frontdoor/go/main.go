@@ -53,6 +53,9 @@ type config struct {
 	// root); with any other OTEL_TRACES_SAMPLER every ModelInfer goes to the Python gateway.
 	traceable       bool
 	maxMessageBytes int
+	// Redis, where the door queues the jobs of models with a placement plan itself
+	// ("" = the router places every job: TIERMESH_FRONT_DOOR_PLACES=0).
+	redisURL string
 }
 
 func env(key, fallback string) string {
@@ -115,6 +118,14 @@ func metricsAddress() string {
 	return net.JoinHostPort(env("TIERMESH_METRICS_HOST", "127.0.0.1"), port)
 }
 
+// placesWith is the Redis the door queues jobs on, unless TIERMESH_FRONT_DOOR_PLACES=0.
+func placesWith() string {
+	if env("TIERMESH_FRONT_DOOR_PLACES", "1") == "0" {
+		return ""
+	}
+	return env("TIERMESH_REDIS_URL", "")
+}
+
 func loadConfig() config {
 	for _, key := range []string{"TIERMESH_TENANTS_FILE", "TIERMESH_TLS_CERT_FILE", "TIERMESH_TLS_CLIENT_CA_FILE"} {
 		if env(key, "") != "" {
@@ -140,6 +151,7 @@ func loadConfig() config {
 		tracing:         spansWritten(),
 		traceable:       defaultSampler(env("OTEL_TRACES_SAMPLER", "")),
 		maxMessageBytes: 64 << 20,
+		redisURL:        placesWith(),
 	}
 }
 
@@ -211,7 +223,11 @@ func main() {
 		delivery: deliveryLis.Addr().String(),
 		books:    booked,
 	}
+	if cfg.redisURL != "" {
+		door.placer = newPlacer(cfg.redisURL)
+	}
 	door.metrics = newMetrics(&door.inFlight)
+	door.metrics.placer = door.placer
 	if _, err := serveMetrics(cfg.metricsListen, door.metrics); err != nil {
 		log.Fatalf("the metrics port %s: %v", cfg.metricsListen, err)
 	}
@@ -251,6 +267,9 @@ func main() {
 		log.Printf("stopped: %d requests answered here, %d passed to the Python gateway "+
 			"(accepted %d, answered %d, late_results %d)",
 			m.ok(), m.passed.Load(), m.accepted.Load(), m.resolved.Load(), late.Load())
+		if door.placer != nil {
+			log.Printf("jobs with a placement plan: %s", door.placer.describe())
+		}
 		os.Exit(0)
 	}()
 	fmt.Fprintf(os.Stderr, "frontdoor: serving on %s (delivery %s, Python gateway %s)\n",

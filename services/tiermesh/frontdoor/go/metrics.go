@@ -36,6 +36,7 @@ type metrics struct {
 	// result reached the waiting call (late results: deliveryServer.late).
 	accepted, resolved atomic.Int64
 	inFlight           *atomic.Int64 // the door's own count, which its cap reads
+	placer             *placer       // nil: the router places every job
 }
 
 func newMetrics(inFlight *atomic.Int64) *metrics {
@@ -96,6 +97,12 @@ func (m *metrics) ServeHTTP(w http.ResponseWriter, _ *http.Request) {
 	b.WriteString("# HELP tiermesh_front_door_passed_total Calls the front door passed to the Python gateway\n")
 	b.WriteString("# TYPE tiermesh_front_door_passed_total counter\n")
 	fmt.Fprintf(&b, "tiermesh_front_door_passed_total %d\n", m.passed.Load())
+	if m.placer != nil {
+		b.WriteString("# HELP tiermesh_front_door_placed_total Jobs of models with a placement plan, by who queued them\n")
+		b.WriteString("# TYPE tiermesh_front_door_placed_total counter\n")
+		fmt.Fprintf(&b, "tiermesh_front_door_placed_total{by=\"door\"} %d\n", m.placer.placed.Load())
+		fmt.Fprintf(&b, "tiermesh_front_door_placed_total{by=\"router\"} %d\n", m.placer.passed.Load())
+	}
 	// As prometheus-client's process collector names it: `tiermesh bench --mesh-metrics`
 	// and the dashboards read every process's CPU from it.
 	var usage syscall.Rusage

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/metadata"
 	"inference"
 )
 
@@ -38,7 +39,8 @@ type model struct {
 	maxTextBytes    int64 // 0: not a text model
 	maxSequence     int64 // 0: no bound
 	indexed         indexed
-	servable        bool // not generative (decoupled), no response cache
+	servable        bool        // not generative (decoupled), no response cache
+	plan            *directPlan // nil: the router places every job of the model
 }
 
 // takeable: the door serves the model's requests itself (ready, and servable).
@@ -126,7 +128,8 @@ func (m *models) read(full bool) (map[string]*model, error) {
 		if err != nil {
 			return nil, err
 		}
-		cfg, err := m.client.ModelConfig(ctx, &inference.ModelConfigRequest{Name: name})
+		cfg, err := m.client.ModelConfig(metadata.AppendToOutgoingContext(ctx, planHeader, "1"),
+			&inference.ModelConfigRequest{Name: name})
 		if err != nil {
 			return nil, err
 		}
@@ -165,6 +168,7 @@ func modelOf(e indexed, meta *inference.ModelMetadataResponse, cfg *inference.Mo
 	decoupled := cfg.ModelTransactionPolicy != nil && cfg.ModelTransactionPolicy.Decoupled
 	cached := cfg.ResponseCache != nil && cfg.ResponseCache.Enable
 	m.servable = !decoupled && !cached
+	m.plan = planOf(cfg)
 	return m
 }
 

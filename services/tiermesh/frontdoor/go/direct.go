@@ -1,0 +1,207 @@
+package main
+
+import (
+	"encoding/json"
+	"log"
+	"strconv"
+	"sync/atomic"
+	"time"
+
+	"github.com/golang/protobuf/proto"
+	"github.com/gomodule/redigo/redis"
+	"inference"
+	"tiermeshv1"
+)
+
+// The ModelConfig parameter holding a model's placement plan (core/direct_plan.py), and
+// the header the door reads its models with to be given it.
+const (
+	planParameter = "tiermesh.direct"
+	planHeader    = "x-tiermesh-placement"
+)
+
+// directPlan is where the door may queue a model's jobs itself, without the router: the
+// plan the Python gateway decided from the model's config (core/direct_plan.py says when
+// a model has one and what each field means).
+type directPlan struct {
+	Version         string     `json:"version"`
+	Variant         string     `json:"variant"`
+	Tier            string     `json:"tier"`
+	Bounds          []int64    `json:"bounds"`
+	Batched         bool       `json:"batched"`
+	Streams         [][]string `json:"streams"`
+	RateFields      []string   `json:"rate_fields"`
+	Workers         string     `json:"workers"`
+	Rate            string     `json:"rate"`
+	QueueBound      int64      `json:"queue_bound"`
+	ModelBound      int64      `json:"model_bound"`
+	ModelStreams    []string   `json:"model_streams"`
+	EnqueuedPrefix  string     `json:"enqueued_prefix"`
+	Guard           string     `json:"guard"`
+	Fields          []string   `json:"fields"`
+	Script          string     `json:"script"`
+	RememberMargin  int64      `json:"remember_margin_ms"`
+	RememberForever int64      `json:"remember_no_deadline_ms"`
+
+	admission *redis.Script // run by its SHA1, loaded where Redis lacks it
+}
+
+// planOf is the model's plan from its config, or nil (none, or one the door cannot read).
+func planOf(cfg *inference.ModelConfig) *directPlan {
+	p, ok := cfg.Parameters[planParameter]
+	if !ok || p.StringValue == "" {
+		return nil
+	}
+	plan := &directPlan{}
+	if err := json.Unmarshal([]byte(p.StringValue), plan); err != nil {
+		log.Printf("model %s: its placement plan is unreadable (%v); the router places its jobs", cfg.Name, err)
+		return nil
+	}
+	if len(plan.Streams) == 0 || len(plan.Fields) != 3 || len(plan.RateFields) == 0 || plan.Script == "" {
+		return nil
+	}
+	plan.admission = redis.NewScript(-1, plan.Script) // the key count goes with each call
+	return plan
+}
+
+// bucketOf is the length bucket of a job, as router/policy.py's job_length and bucket_for:
+// its longest dimension over all inputs (the batch dimension left out when the model
+// batches), the first bucket whose bound is at least that, the last for anything longer.
+func (p *directPlan) bucketOf(job *tiermeshv1.Job) int {
+	if len(p.Bounds) == 0 {
+		return 0
+	}
+	skip := 0
+	if p.Batched {
+		skip = 1
+	}
+	length, first := int64(1), true
+	for _, t := range job.Inputs {
+		longest := int64(1)
+		if len(t.Shape) > skip {
+			longest = t.Shape[skip]
+			for _, d := range t.Shape[skip:] {
+				if d > longest {
+					longest = d
+				}
+			}
+		}
+		if first || longest > length {
+			length, first = longest, false
+		}
+	}
+	for i, bound := range p.Bounds {
+		if bound >= length {
+			return i
+		}
+	}
+	return len(p.Bounds) - 1
+}
+
+// placer queues jobs with the admission script, as the router does, for models with a
+// plan; every job it does not queue (no plan, a version the plan is not for, a rollout
+// under way, a refusal, Redis trouble) goes to the router, which decides again.
+type placer struct {
+	pool   *redis.Pool
+	placed atomic.Int64 // jobs queued here
+	passed atomic.Int64 // jobs with a plan the router placed after all
+	// When the last Redis error was logged (unix ns): one line per errorLogEvery at most,
+	// not one per job while Redis is away.
+	loggedNs atomic.Int64
+}
+
+const errorLogEvery = 10 * time.Second
+
+func newPlacer(url string) *placer {
+	return &placer{pool: &redis.Pool{
+		MaxIdle:     16,
+		IdleTimeout: time.Minute,
+		Dial: func() (redis.Conn, error) {
+			return redis.DialURL(url, redis.DialConnectTimeout(time.Second),
+				redis.DialReadTimeout(5*time.Second), redis.DialWriteTimeout(5*time.Second))
+		},
+	}}
+}
+
+// place queues the job on its stream and returns the reply the router would have given,
+// or nil when the router is to place it. The job is left as it came.
+func (pl *placer) place(m *model, job *tiermeshv1.Job) *tiermeshv1.RouteReply {
+	p := m.plan
+	if p == nil || (job.Version != "" && job.Version != p.Version) {
+		return nil
+	}
+	level := int(job.Priority)
+	if level < 1 || level > len(p.Streams) {
+		return nil
+	}
+	bucket := p.bucketOf(job)
+	if bucket >= len(p.Streams[level-1]) || bucket >= len(p.RateFields) {
+		return nil
+	}
+	stream := p.Streams[level-1][bucket]
+	now := time.Now().UnixNano()
+	if job.DeadlineNs > 0 && job.DeadlineNs <= now {
+		return nil // the router refuses it, as one whose deadline passed before it was queued
+	}
+	leftMs := int64(-1)
+	remember := p.RememberForever
+	if job.DeadlineNs > 0 {
+		leftMs = (job.DeadlineNs - now) / int64(time.Millisecond)
+		remember = leftMs + p.RememberMargin
+	}
+	// What the router sets on a job it queues (routing.py _admit, policy.py choose_stream),
+	// written into the entry and then put back: the router places the job as it came.
+	version, variant, tier, bucketWas := job.Version, job.Variant, job.Tier, job.Bucket
+	routed, enqueued := job.Timing.RoutedNs, job.Timing.EnqueuedNs
+	job.Version, job.Variant, job.Tier, job.Bucket = p.Version, p.Variant, p.Tier, uint32(bucket)
+	job.Timing.RoutedNs, job.Timing.EnqueuedNs = now, now
+	entry, err := proto.Marshal(job)
+	job.Version, job.Variant, job.Tier, job.Bucket = version, variant, tier, bucketWas
+	job.Timing.RoutedNs, job.Timing.EnqueuedNs = routed, enqueued
+	if err != nil {
+		return nil
+	}
+	keys := []interface{}{}
+	index := map[string]int{}
+	at := func(key string) int {
+		if i, ok := index[key]; ok {
+			return i
+		}
+		keys = append(keys, key)
+		index[key] = len(keys)
+		return len(keys)
+	}
+	args := []interface{}{1, p.Fields[0], p.Fields[1], p.Fields[2],
+		at(stream), at(p.Workers), at(p.Rate), at(p.EnqueuedPrefix + job.RequestId),
+		p.QueueBound, p.ModelBound, p.RateFields[bucket], leftMs, remember, entry,
+		job.TraceContext["traceparent"], job.TraceContext["tracestate"], at(p.Guard),
+		len(p.ModelStreams)}
+	for _, s := range p.ModelStreams {
+		args = append(args, at(s))
+	}
+	call := append([]interface{}{len(keys)}, keys...)
+	call = append(call, args...)
+	conn := pl.pool.Get()
+	defer conn.Close()
+	reply, err := redis.Strings(p.admission.Do(conn, call...))
+	if err != nil || len(reply) != 2 || (reply[0] != "ok" && reply[0] != "dup") {
+		// Redis trouble, a refusal or a rollout: the router decides, and words what the
+		// caller hears.
+		if err != nil {
+			last := pl.loggedNs.Load()
+			if now-last >= int64(errorLogEvery) && pl.loggedNs.CompareAndSwap(last, now) {
+				log.Printf("placing a job of %s: %v; the router places it (and all until Redis answers)", m.name, err)
+			}
+		}
+		pl.passed.Add(1)
+		return nil
+	}
+	pl.placed.Add(1)
+	return &tiermeshv1.RouteReply{RequestId: job.RequestId, Stream: stream, EntryId: reply[1], Version: p.Version}
+}
+
+// describe is the door's stop line's word on it.
+func (pl *placer) describe() string {
+	return "placed here " + strconv.FormatInt(pl.placed.Load(), 10) + ", by the router after all " +
+		strconv.FormatInt(pl.passed.Load(), 10)
+}

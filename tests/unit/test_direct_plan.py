@@ -1,0 +1,104 @@
+"""core/direct_plan: the front door's placement plan names the streams, keys and bounds the
+router itself would place a job by (router/policy.py, router/admission.py), and exists only
+for models whose placement needs nothing but the stream."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from tiermesh.core import keys
+from tiermesh.core.admission_script import ADMISSION_SCRIPT
+from tiermesh.core.direct_plan import direct_plan, plan_parameter
+from tiermesh.core.jobs import Job
+from tiermesh.core.repository import ModelConfig, parse_config
+from tiermesh.core.tensors import TensorData
+from tiermesh.router.policy import DEFAULT_TIER, choose_stream, model_streams
+
+TIERS = {"edge": {"max_cost": 64, "variant": "fp32"}, "center": {}}
+
+
+def _cfg(**over: Any) -> ModelConfig:
+    raw = {
+        "name": "tabular",
+        "max_batch_size": 32,
+        "inputs": [
+            {"name": "A", "datatype": "FP32", "dims": [-1]},
+            {"name": "B", "datatype": "FP32", "dims": [-1, -1]},
+        ],
+        "outputs": [{"name": "Y", "datatype": "FP32", "dims": [1]}],
+        "versions": {"3": {"model.onnx": "0" * 64}},
+        "priority_levels": 3,
+        "default_priority": 2,
+        "length_buckets": [16, 64, 256],
+        **over,
+    }
+    return parse_config(raw, "test")
+
+
+def _stream_of(plan: dict[str, Any], job: Job) -> str:
+    """The door's lookup (frontdoor/go/direct.go, bucketOf), written again here."""
+    skip = 1 if plan["batched"] else 0
+    length = max((max(t.shape[skip:], default=1) for t in job.inputs), default=1)
+    bounds = plan["bounds"]
+    bucket = next((i for i, b in enumerate(bounds) if b >= length), len(bounds) - 1)
+    return str(plan["streams"][job.priority - 1][max(bucket, 0)])
+
+
+@pytest.mark.parametrize(
+    "over",
+    [{}, {"length_buckets": []}, {"max_batch_size": 0}, {"model_queue_bound": 100}],
+    ids=["buckets", "no-buckets", "not-batched", "model-bound"],
+)
+@pytest.mark.parametrize("priority", [1, 2, 3])
+@pytest.mark.parametrize(
+    "shapes", [[(1, 5), (1, 5, 3)], [(4, 16), (4, 2, 17)], [(2, 300), (2, 1, 1)], [(1,), (1, 1)]]
+)
+def test_the_plan_places_a_job_where_the_router_would(
+    over: dict[str, Any], priority: int, shapes: list[tuple[int, ...]]
+) -> None:
+    cfg = _cfg(**over)
+    plan = direct_plan(cfg, explicit_control=False)
+    assert plan is not None
+    inputs = tuple(TensorData(n, "FP32", s, b"") for n, s in zip("AB", shapes, strict=True))
+    job = Job("r1", cfg.name, inputs, "gw:1", priority=priority)
+    placed = job.with_(variant=plan["variant"], version=plan["version"])
+    stream = choose_stream(cfg, placed, DEFAULT_TIER)
+    assert _stream_of(plan, job) == stream.name
+    assert plan["tier"] == stream.tier == DEFAULT_TIER
+    assert plan["rate_fields"][stream.bucket] == keys.rate_field(stream.bucket)
+    assert plan["workers"] == keys.workers_key(stream.model, stream.tier)
+    assert plan["rate"] == keys.rate_key(stream.model, stream.tier)
+    assert plan["model_streams"] == [s.name for s in model_streams(cfg, stream)]
+    assert (plan["queue_bound"], plan["model_bound"]) == (cfg.queue_bound, cfg.model_queue_bound)
+    assert plan["enqueued_prefix"] + "r1" == keys.enqueued_key("r1")
+    assert plan["guard"] == keys.rollout_key(cfg.queue_model)
+
+
+def test_the_plan_names_the_script_the_router_registers() -> None:
+    plan = direct_plan(_cfg(), explicit_control=False)
+    assert plan is not None
+    assert plan["script"] == ADMISSION_SCRIPT
+    assert plan["fields"] == [keys.JOB_FIELD, keys.TRACEPARENT_FIELD, keys.TRACESTATE_FIELD]
+
+
+@pytest.mark.parametrize(
+    ("over", "explicit"),
+    [
+        ({"tokenize": {"tokenizer": "tokenizer.json", "max_length": 128}}, False),
+        ({"tiers": TIERS}, False),
+        ({}, True),
+    ],
+    ids=["text", "tiers", "explicit-model-control"],
+)
+def test_models_the_router_must_place_get_no_plan(over: dict[str, Any], explicit: bool) -> None:
+    cfg = _cfg(**over)
+    assert direct_plan(cfg, explicit_control=explicit) is None
+    assert plan_parameter(cfg, explicit_control=explicit) == ""
+
+
+def test_the_parameter_is_the_plan_as_json() -> None:
+    cfg = _cfg()
+    assert json.loads(plan_parameter(cfg, explicit_control=False)) == direct_plan(cfg, False)
