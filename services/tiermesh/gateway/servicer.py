@@ -20,7 +20,8 @@ from tiermesh.gateway.control import version_parameter
 from tiermesh.gateway.plane import Caller, DataPlane
 from tiermesh.gateway.stream import stream_infer
 
-# Asked for by the Go front door: ModelConfig then carries the model's placement plan.
+# Sent by the Go front door when it reads its models (frontdoor/go/direct.go): ModelConfig
+# then carries the model's placement plan; other callers never see it.
 PLAN_HEADER = "x-tiermesh-placement"
 
 

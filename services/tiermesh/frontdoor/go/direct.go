@@ -14,7 +14,7 @@ import (
 )
 
 // The ModelConfig parameter holding a model's placement plan (core/direct_plan.py), and
-// the header the door reads its models with to be given it.
+// the header the door reads its models with to be given it (gateway/servicer.py).
 const (
 	planParameter = "tiermesh.direct"
 	planHeader    = "x-tiermesh-placement"
@@ -127,7 +127,7 @@ func newPlacer(url string) *placer {
 // or nil when the router is to place it. The job is left as it came.
 func (pl *placer) place(m *model, job *tiermeshv1.Job) *tiermeshv1.RouteReply {
 	p := m.plan
-	if p == nil || (job.Version != "" && job.Version != p.Version) {
+	if p == nil || job.Timing == nil || (job.Version != "" && job.Version != p.Version) {
 		return nil
 	}
 	level := int(job.Priority)
