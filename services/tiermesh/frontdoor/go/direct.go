@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
 	"log"
 	"strconv"
@@ -110,11 +111,21 @@ type placer struct {
 	loggedNs atomic.Int64
 }
 
-const errorLogEvery = 10 * time.Second
+const (
+	errorLogEvery = 10 * time.Second
+	// Connections to Redis, kept open and shared by every call: a job waits for a free one
+	// (a script call takes ~0.1 ms) rather than dialling a new one, which under load would
+	// open and close a connection a job.
+	redisConnections = 64
+	// The longest a job waits for a free connection before the router places it.
+	connectionWait = time.Second
+)
 
 func newPlacer(url string) *placer {
 	return &placer{pool: &redis.Pool{
-		MaxIdle:     16,
+		MaxIdle:     redisConnections,
+		MaxActive:   redisConnections,
+		Wait:        true,
 		IdleTimeout: time.Minute,
 		Dial: func() (redis.Conn, error) {
 			return redis.DialURL(url, redis.DialConnectTimeout(time.Second),
@@ -181,9 +192,14 @@ func (pl *placer) place(m *model, job *tiermeshv1.Job) *tiermeshv1.RouteReply {
 	}
 	call := append([]interface{}{len(keys)}, keys...)
 	call = append(call, args...)
-	conn := pl.pool.Get()
-	defer conn.Close()
-	reply, err := redis.Strings(p.admission.Do(conn, call...))
+	ctx, cancel := context.WithTimeout(context.Background(), connectionWait)
+	defer cancel()
+	var reply []string
+	conn, err := pl.pool.GetContext(ctx)
+	if err == nil {
+		defer conn.Close()
+		reply, err = redis.Strings(p.admission.Do(conn, call...))
+	}
 	if err != nil || len(reply) != 2 || (reply[0] != "ok" && reply[0] != "dup") {
 		// Redis trouble, a refusal or a rollout: the router decides, and words what the
 		// caller hears.
