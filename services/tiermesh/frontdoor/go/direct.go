@@ -150,13 +150,26 @@ func (pl *placer) place(m *model, job *tiermeshv1.Job) *tiermeshv1.RouteReply {
 		return nil
 	}
 	stream := p.Streams[level-1][bucket]
-	now := time.Now().UnixNano()
-	if job.DeadlineNs > 0 && job.DeadlineNs <= now {
+	if job.DeadlineNs > 0 && job.DeadlineNs <= time.Now().UnixNano() {
 		return nil // the router refuses it, as one whose deadline passed before it was queued
 	}
+	// The connection first: a job waiting for one holds nothing more than its call does.
+	ctx, cancel := context.WithTimeout(context.Background(), connectionWait)
+	conn, err := pl.pool.GetContext(ctx)
+	cancel()
+	if err != nil {
+		pl.failed(m, err)
+		return nil
+	}
+	defer conn.Close()
+	now := time.Now().UnixNano()
 	leftMs := int64(-1)
 	remember := p.RememberForever
 	if job.DeadlineNs > 0 {
+		if job.DeadlineNs <= now {
+			pl.passed.Add(1)
+			return nil
+		}
 		leftMs = (job.DeadlineNs - now) / int64(time.Millisecond)
 		remember = leftMs + p.RememberMargin
 	}
@@ -172,15 +185,16 @@ func (pl *placer) place(m *model, job *tiermeshv1.Job) *tiermeshv1.RouteReply {
 	if err != nil {
 		return nil
 	}
-	keys := []interface{}{}
-	index := map[string]int{}
+	// KEYS names each key once (the stream is among the model's streams when those count).
+	keys := make([]interface{}, 1, 6+len(p.ModelStreams))
 	at := func(key string) int {
-		if i, ok := index[key]; ok {
-			return i
+		for i, k := range keys[1:] {
+			if k == key {
+				return i + 1
+			}
 		}
 		keys = append(keys, key)
-		index[key] = len(keys)
-		return len(keys)
+		return len(keys) - 1
 	}
 	args := []interface{}{1, p.Fields[0], p.Fields[1], p.Fields[2],
 		at(stream), at(p.Workers), at(p.Rate), at(p.EnqueuedPrefix + job.RequestId),
@@ -190,30 +204,31 @@ func (pl *placer) place(m *model, job *tiermeshv1.Job) *tiermeshv1.RouteReply {
 	for _, s := range p.ModelStreams {
 		args = append(args, at(s))
 	}
-	call := append([]interface{}{len(keys)}, keys...)
-	call = append(call, args...)
-	ctx, cancel := context.WithTimeout(context.Background(), connectionWait)
-	defer cancel()
-	var reply []string
-	conn, err := pl.pool.GetContext(ctx)
-	if err == nil {
-		defer conn.Close()
-		reply, err = redis.Strings(p.admission.Do(conn, call...))
-	}
+	keys[0] = len(keys) - 1 // the key count goes first (a script of any number of keys)
+	reply, err := redis.Strings(p.admission.Do(conn, append(keys, args...)...))
 	if err != nil || len(reply) != 2 || (reply[0] != "ok" && reply[0] != "dup") {
 		// Redis trouble, a refusal or a rollout: the router decides, and words what the
 		// caller hears.
 		if err != nil {
-			last := pl.loggedNs.Load()
-			if now-last >= int64(errorLogEvery) && pl.loggedNs.CompareAndSwap(last, now) {
-				log.Printf("placing a job of %s: %v; the router places it (and all until Redis answers)", m.name, err)
-			}
+			pl.failed(m, err)
+			return nil
 		}
 		pl.passed.Add(1)
 		return nil
 	}
 	pl.placed.Add(1)
 	return &tiermeshv1.RouteReply{RequestId: job.RequestId, Stream: stream, EntryId: reply[1], Version: p.Version}
+}
+
+// failed: Redis could not be asked; the router places the job. Logged once per
+// errorLogEvery at most, not once a job while Redis is away.
+func (pl *placer) failed(m *model, err error) {
+	pl.passed.Add(1)
+	now := time.Now().UnixNano()
+	last := pl.loggedNs.Load()
+	if now-last >= int64(errorLogEvery) && pl.loggedNs.CompareAndSwap(last, now) {
+		log.Printf("placing a job of %s: %v; the router places it (and all until Redis answers)", m.name, err)
+	}
 }
 
 // describe is the door's stop line's word on it.
