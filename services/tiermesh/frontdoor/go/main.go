@@ -54,7 +54,7 @@ type config struct {
 	traceable       bool
 	maxMessageBytes int
 	// Redis, where the door queues the jobs of models with a placement plan itself
-	// ("" = the router places every job: TIERMESH_FRONT_DOOR_PLACES=0).
+	// ("" = the router places every job, the default; TIERMESH_FRONT_DOOR_PLACES=1 turns it on).
 	redisURL string
 }
 
@@ -118,9 +118,11 @@ func metricsAddress() string {
 	return net.JoinHostPort(env("TIERMESH_METRICS_HOST", "127.0.0.1"), port)
 }
 
-// placesWith is the Redis the door queues jobs on, unless TIERMESH_FRONT_DOOR_PLACES=0.
+// placesWith is the Redis the door queues jobs on with TIERMESH_FRONT_DOOR_PLACES=1 ("": the
+// router places every job). Off by default while the soak's door RSS grows ~5 MB with it on
+// (README, "The Go front door").
 func placesWith() string {
-	if env("TIERMESH_FRONT_DOOR_PLACES", "1") == "0" {
+	if env("TIERMESH_FRONT_DOOR_PLACES", "0") != "1" {
 		return ""
 	}
 	return env("TIERMESH_REDIS_URL", "")
