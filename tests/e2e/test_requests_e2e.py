@@ -266,13 +266,12 @@ def test_one_trace_spans_every_hop(mesh_up: UpProcess) -> None:
     # mlp has no output step: its worker delivers the result itself (postprocess's span is
     # the worker's), tests/integration/test_trace.py has the trace through postprocess. In the
     # default mesh the router places every job (test_front_door_e2e.py has the door placing).
-    placer = "tiermesh-router"
-    assert services == {"tiermesh-gateway", placer, "tiermesh-worker"}
+    assert services == {"tiermesh-gateway", "tiermesh-router", "tiermesh-worker"}
     spans = [s for s in mesh_up.spans() if s["context"]["trace_id"] == trace_id]
     names = {s["name"] for s in spans}
     assert {"route", "queue wait", "compute", "postprocess", "deliver"} <= names
     route = next(s for s in spans if s["name"] == "route")
-    assert route["resource"]["attributes"]["service.name"] == placer
+    assert route["resource"]["attributes"]["service.name"] == "tiermesh-router"
 
 
 PARTS = (
