@@ -13,9 +13,10 @@ from tiermesh.core import keys
 from tiermesh.core.admission_script import ADMISSION_SCRIPT
 from tiermesh.core.direct_plan import direct_plan, plan_parameter
 from tiermesh.core.jobs import Job
+from tiermesh.core.keys import DEFAULT_TIER
 from tiermesh.core.repository import ModelConfig, parse_config
 from tiermesh.core.tensors import TensorData
-from tiermesh.router.policy import DEFAULT_TIER, choose_stream, model_streams
+from tiermesh.router.policy import choose_stream, model_streams
 
 TIERS = {"edge": {"max_cost": 64, "variant": "fp32"}, "center": {}}
 

@@ -8,12 +8,8 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from tiermesh.core.keys import StreamKey, background_streams, compute_unit
+from tiermesh.core.keys import DEFAULT_TIER, StreamKey, background_streams, compute_unit
 from tiermesh.core.model_config import ModelConfig
-
-# The tier of a model without tiers (router/policy.py's DEFAULT_TIER; not imported from
-# there to keep this module free of the router).
-DEFAULT_TIER = "center"
 
 # Job statuses: loading (inputs arriving) -> queued (sealed, nothing fed yet) -> running
 # -> done; cancelled from any of them.

@@ -28,8 +28,6 @@ from tiermesh.core.admission_script import (
 from tiermesh.core.model_config import ModelConfig
 
 PARAMETER = "tiermesh.direct"
-# The tier of a model without tiers (router/policy.py DEFAULT_TIER).
-UNTIERED = "center"
 
 
 def direct_plan(cfg: ModelConfig, explicit_control: bool) -> dict[str, Any] | None:
@@ -48,21 +46,21 @@ def direct_plan(cfg: ModelConfig, explicit_control: bool) -> dict[str, Any] | No
         return None
     version = cfg.stable.version
     unit = keys.compute_unit(cfg.queue_model, cfg.default_variant, version)
-    streams = keys.stream_keys(unit, UNTIERED, cfg.priority_levels, cfg.bucket_count)
+    streams = keys.stream_keys(unit, keys.DEFAULT_TIER, cfg.priority_levels, cfg.bucket_count)
     by_level = [
         [s.name for s in streams if s.priority == p] for p in range(1, cfg.priority_levels + 1)
     ]
     return {
         "version": version,
         "variant": cfg.default_variant,
-        "tier": UNTIERED,
+        "tier": keys.DEFAULT_TIER,
         "default_priority": cfg.default_priority,
         "bounds": list(cfg.length_buckets),
         "batched": cfg.max_batch_size > 0,
         "streams": by_level,
         "rate_fields": [keys.rate_field(b) for b in range(cfg.bucket_count)],
-        "workers": keys.workers_key(unit, UNTIERED),
-        "rate": keys.rate_key(unit, UNTIERED),
+        "workers": keys.workers_key(unit, keys.DEFAULT_TIER),
+        "rate": keys.rate_key(unit, keys.DEFAULT_TIER),
         "queue_bound": cfg.queue_bound,
         "model_bound": cfg.model_queue_bound,
         "model_streams": [s.name for s in streams] if cfg.model_queue_bound > 0 else [],

@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 PREFIX = "tm"
+# The tier of a model without tiers: its streams and workers are named under it.
+DEFAULT_TIER = "center"
 GROUP = "workers"
 # Field names inside a stream entry.
 JOB_FIELD = "job"

@@ -9,12 +9,10 @@ import grpc
 
 from tiermesh.core.errors import MeshError, exhausted, unavailable
 from tiermesh.core.jobs import Job
-from tiermesh.core.keys import StreamKey, compute_unit, stream_keys
+from tiermesh.core.keys import DEFAULT_TIER, StreamKey, compute_unit, stream_keys
 from tiermesh.core.repository import ModelConfig
 from tiermesh.core.tier_spec import TierSpec
 from tiermesh.router.admission import Admission
-
-DEFAULT_TIER = "center"
 
 
 def job_length(job: Job, batched: bool = True) -> int:

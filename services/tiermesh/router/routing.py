@@ -26,7 +26,7 @@ from tiermesh.core.errors import (
     unknown_model,
 )
 from tiermesh.core.jobs import Job
-from tiermesh.core.keys import StreamKey
+from tiermesh.core.keys import DEFAULT_TIER, StreamKey
 from tiermesh.core.model_config import ModelConfig
 from tiermesh.core.repository import ModelRepository
 from tiermesh.core.settings import RouterSettings
@@ -37,7 +37,6 @@ from tiermesh.router.admission import Admitter, Enqueue
 from tiermesh.router.inputs import prompted, tokenized
 from tiermesh.router.metrics import RouterMetrics
 from tiermesh.router.policy import (
-    DEFAULT_TIER,
     choose_stream,
     job_cost,
     model_streams,
