@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 
 import pytest
 
@@ -110,3 +111,18 @@ async def test_open_loop_sends_on_schedule_and_counts_what_the_cap_refuses() -> 
     assert sorted(r.start_s for r in recorder.records if r.ok) == pytest.approx([0.0, 0.1])
     assert all(r.lag_ms == pytest.approx(0.0) for r in recorder.records)
     assert recorder.in_flight == 0
+
+
+def test_the_recorder_keeps_its_records_out_of_full_collections() -> None:
+    recorder = runner.Recorder(clock=Clock())
+    record = Record(0.0, "16", 1, 0, 0, Outcome(OK, 1.0))
+    gc.unfreeze()
+    try:
+        for _ in range(runner.FREEZE_EVERY - 1):
+            recorder.add(Record(0.0, "16", 1, 0, 0, Outcome(OK, 1.0)))
+        assert gc.get_freeze_count() == 0
+        recorder.add(record)
+        # every record kept so far (and what else survived) is out of the collector's walks
+        assert gc.get_freeze_count() >= runner.FREEZE_EVERY
+    finally:
+        gc.unfreeze()
