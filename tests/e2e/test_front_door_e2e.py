@@ -72,11 +72,7 @@ def door_up(tmp_path_factory: pytest.TempPathFactory) -> Iterator[UpProcess]:
     # No span files: the door's own figures, without the cost of writing spans.
     with running(
         tmp_path_factory.mktemp("door"),
-        extra_env={
-            "TIERMESH_FRONT_DOOR": "go",
-            "TIERMESH_MAX_IN_FLIGHT": str(MAX_IN_FLIGHT),
-            "TIERMESH_FRONT_DOOR_PLACES": "1",
-        },
+        extra_env={"TIERMESH_FRONT_DOOR": "go", "TIERMESH_MAX_IN_FLIGHT": str(MAX_IN_FLIGHT)},
         span_files=False,
     ) as up:
         yield up
@@ -490,8 +486,7 @@ def test_a_traced_call_the_door_answers_has_every_hop_on_its_trace(
     """The door in a mesh that writes spans (the default sampler): it answers traced calls
     itself, and the gateway writes their spans from its books as for its own calls."""
     tmp = tmp_path_factory.mktemp("door-traced")
-    env = {"TIERMESH_FRONT_DOOR": "go", "TIERMESH_FRONT_DOOR_PLACES": "1"}
-    with running(tmp, extra_env=env) as up:
+    with running(tmp, extra_env={"TIERMESH_FRONT_DOOR": "go"}) as up:
         client = grpcclient.InferenceServerClient(up.url)
         x = np.ones((2, 4), np.float32)
         answer = client.infer("mlp", [mlp_input(x)], request_id="traced")

@@ -44,11 +44,12 @@ DEADLINE_S = 1.0
 # until their deadline is nearly spent, and most of the work done is for callers that
 # time out. 64 keeps the queue inside the mesh to ~64 / capacity (0.1-0.3 s here).
 MAX_IN_FLIGHT = 64
-# The router places mlp's jobs here (the default), not the front door
-# (TIERMESH_FRONT_DOOR_PLACES=1): with the door placing, the capacity (~2,700/s on two cores)
-# is more than this Python load generator can offer twice of on the same cores, and the 2x
-# and 5x phases measured the generator's own backlog (seconds of send lag, the mesh at half a
-# core) rather than the mesh. A generator that can offer it is issue #23's.
+# The router places mlp's jobs here, not the front door (TIERMESH_FRONT_DOOR_PLACES=0): the
+# door queues a plain model's jobs itself for about a third of the CPU, and the capacity it
+# reaches (~2,700/s on two cores) is more than this Python load generator can offer twice
+# of on the same cores: the 2x and 5x phases then measure the generator's own backlog
+# (seconds of send lag, the mesh at half a core) rather than the mesh. A generator that can
+# offer it is issue #23's.
 OVERLOAD_ENV = {"TIERMESH_MAX_IN_FLIGHT": str(MAX_IN_FLIGHT), "TIERMESH_FRONT_DOOR_PLACES": "0"}
 CAPACITY_CONCURRENCY = 32  # closed-loop callers when measuring capacity (< MAX_IN_FLIGHT)
 WARMUP_S = 2.0
