@@ -118,13 +118,17 @@ def start_up(
     credentials: grpc.ChannelCredentials | None = None,
     span_files: bool = True,
     rollout_model: str = "",
+    repository_hook: Callable[[Path], None] | None = None,
 ) -> UpProcess:
     """`up_args` are added to the `tiermesh up` command line (e.g. TLS flags); with
     `credentials` the first health check of the public port speaks TLS. Without
     `span_files` no service writes its spans (each written synchronously: a cost that
     load tests should not measure, and that production, exporting in batches, does not pay).
-    `rollout_model` adds a model with good, drifting and failing versions (tests/conftest.py)."""
+    `rollout_model` adds a model with good, drifting and failing versions (tests/conftest.py);
+    `repository_hook` changes the repository before the mesh starts."""
     repo = copy_repository(tmp / "models", fetched=fetched, rollout_model=rollout_model)
+    if repository_hook is not None:
+        repository_hook(repo)
     port = free_port()
     env = dict(os.environ)
     env.pop("TIERMESH_REDIS_URL", None)

@@ -24,6 +24,7 @@ import pytest
 import redis
 import redis.asyncio as aioredis
 import tritonclient.grpc as grpcclient
+import yaml
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from tritonclient.grpc import service_pb2_grpc
 from tritonclient.utils import InferenceServerException
@@ -315,6 +316,71 @@ def test_the_door_queues_plain_jobs_itself_as_the_router_would(door_up: UpProces
     for job in jobs:
         assert job.timing.routed_ns >= job.timing.received_ns > 0
         assert job.timing.enqueued_ns >= job.timing.routed_ns
+
+
+TEXT_MODEL = "minilm-l3"
+
+
+def without_tiers(repo: Path) -> None:
+    """minilm-l3 served by one tier: a text model the door may place (with tiers the
+    router chooses the tier from live backlogs)."""
+    cfg = repo / TEXT_MODEL / "config.yaml"
+    raw = yaml.safe_load(cfg.read_text())
+    raw.pop("tiers")
+    cfg.write_text(yaml.safe_dump(raw, sort_keys=False))
+
+
+def text_input(texts: list[str]) -> grpcclient.InferInput:
+    tensor = grpcclient.InferInput("text", [len(texts), 1], "BYTES")
+    tensor.set_data_from_numpy(np.array([[t.encode()] for t in texts], dtype=np.object_))
+    return tensor
+
+
+def test_the_door_tokenizes_a_text_models_jobs_and_queues_them_as_the_router_would(
+    fetched_models: tuple[str, ...], tmp_path: Path
+) -> None:
+    """The door tokenizes ASCII texts itself (frontdoor/go/wordpiece.go) and queues the job
+    the router would have queued: the same token ids, mask and `truncated`; a text that is
+    not ASCII goes to the router."""
+    with running(
+        tmp_path,
+        fetched=(TEXT_MODEL,),
+        extra_env={"TIERMESH_FRONT_DOOR": "go"},
+        span_files=False,
+        repository_hook=without_tiers,
+    ) as up:
+        client = grpcclient.InferenceServerClient(up.url)
+        texts = ["Hello, World! [SEP] tokenizers", "a second text,\tLONGER than the first one"]
+        by_door, by_router = placed(up, "door"), placed(up, "router")
+        call = lambda rid: client.infer(  # noqa: E731
+            TEXT_MODEL, [text_input(texts)], request_id=rid, client_timeout=60
+        )
+        with ThreadPoolExecutor(2) as pool:
+            with worker_paused(up):
+                direct = pool.submit(call, "direct")
+                eventually(lambda: len(queued_jobs(up, TEXT_MODEL)) == 1, "not queued by the door")
+                with placed_by_router(up, TEXT_MODEL):
+                    routed = pool.submit(call, "routed")
+                    eventually(lambda: len(queued_jobs(up, TEXT_MODEL)) == 2, "nor by the router")
+                jobs = queued_jobs(up, TEXT_MODEL)
+            answers = [direct.result(), routed.result()]
+        assert placed(up, "door") - by_door == 1
+        assert placed(up, "router") - by_router == 1
+        assert [j.client_request_id for j in jobs] == ["direct", "routed"]
+
+        def placement(job: Job) -> Job:
+            return dataclasses.replace(
+                job, request_id="", client_request_id="", deadline_ns=0, timing=Timing()
+            )
+
+        assert placement(jobs[0]) == placement(jobs[1])
+        assert [t.name for t in jobs[0].inputs] == ["input_ids", "attention_mask"]
+        assert jobs[0].inputs[0].shape == (2, 11) and jobs[0].annotations["truncated"] == "false"
+        vectors = [a.as_numpy("sentence_embedding") for a in answers]
+        np.testing.assert_allclose(vectors[0], vectors[1], rtol=1e-5, atol=1e-6)
+        assert vectors[0].shape == (2, 384)
+        client.infer(TEXT_MODEL, [text_input(["caf\u00e9 cr\u00e8me"])], client_timeout=60)
+        assert placed(up, "router") - by_router == 2  # not ASCII: the router's tokenizer
 
 
 def test_a_killed_router_is_reached_again_on_a_new_stream(door_up: UpProcess) -> None:

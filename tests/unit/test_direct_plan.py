@@ -103,3 +103,17 @@ def test_models_the_router_must_place_get_no_plan(over: dict[str, Any], explicit
 def test_the_parameter_is_the_plan_as_json() -> None:
     cfg = _cfg()
     assert json.loads(plan_parameter(cfg, explicit_control=False)) == direct_plan(cfg, False)
+
+
+def test_a_text_model_gets_a_plan_with_the_tokenizer_the_door_runs() -> None:
+    cfg = _cfg(
+        inputs=[{"name": "text", "datatype": "BYTES", "dims": [1]}],
+        tokenize={"tokenizer": "tokenizer.json", "max_length": 128},
+    )
+    text = {"file": "/models/m/3/tokenizer.json", "max_length": 128}
+    plan = direct_plan(cfg, explicit_control=False, text=text)
+    assert plan is not None and plan["text"] == text
+    assert direct_plan(cfg, explicit_control=True, text=text) is None
+    # a model without text carries none, whatever it is handed
+    plain = direct_plan(_cfg(), explicit_control=False, text=text)
+    assert plain is not None and plain["text"] is None

@@ -5,13 +5,14 @@ functions the router places by; the door only looks the stream up and calls the 
 script (core/admission_script.py) with what the plan names.
 
 Only a model whose placement needs no decision beyond its stream gets one: no input
-processing (text, prompts), no tiers (the tier choice reads live backlogs), no cascade, not
-under explicit model control (a version may be unloaded while workers still drain it). A
-rollout is checked in Redis, job by job: the plan's guard key is the model's rollout
-record, and while one exists the script answers `reroute` and the router places the job
-(the rollout's split, mirrors and promoted version are the router's). Any other outcome
-than queued goes to the router too, which decides again and words the refusal, so the door
-never words one itself.
+processing but a text the door tokenizes as the router would (`text_plan`: a BERT-style
+WordPiece tokenizer; the door does it for ASCII texts), no prompts, no tiers (the tier
+choice reads live backlogs), no cascade, not under explicit model control (a version may be
+unloaded while workers still drain it). A rollout is checked in Redis, job by job: the
+plan's guard key is the model's rollout record, and while one exists the script answers
+`reroute` and the router places the job (the rollout's split, mirrors and promoted version
+are the router's). Any other outcome than queued goes to the router too, which decides again
+and words the refusal, so the door never words one itself.
 """
 
 from __future__ import annotations
@@ -25,12 +26,83 @@ from tiermesh.core.admission_script import (
     REMEMBER_MARGIN_MS,
     REMEMBER_NO_DEADLINE_MS,
 )
-from tiermesh.core.model_config import ModelConfig
+from tiermesh.core.model_config import TOKEN_IDS, TOKEN_MASK, ModelConfig
 
 PARAMETER = "tiermesh.direct"
 
 
-def direct_plan(cfg: ModelConfig, explicit_control: bool) -> dict[str, Any] | None:
+def text_plan(
+    cfg: ModelConfig, tokenizer: dict[str, Any], file: str, sha256: str
+) -> dict[str, Any] | None:
+    """How the door may tokenize `cfg`'s text as router/text.py does, from the model's
+    tokenizer.json (`tokenizer`, read from `file` with digest `sha256`), or None when it has
+    a shape the door does not do: the door knows a BertNormalizer that cleans the text, a
+    BertPreTokenizer, WordPiece and a [CLS] text [SEP] template, with special tokens
+    matched in the raw text."""
+    spec = cfg.tokenize
+    if spec is None or len(cfg.inputs) != 1:
+        return None
+    normalizer = tokenizer.get("normalizer") or {}
+    model = tokenizer.get("model") or {}
+    added = tokenizer.get("added_tokens") or []
+    first_last = _single_template(tokenizer.get("post_processor") or {})
+    if (
+        normalizer.get("type") != "BertNormalizer"
+        or not normalizer.get("clean_text")
+        or (tokenizer.get("pre_tokenizer") or {}).get("type") != "BertPreTokenizer"
+        or model.get("type") != "WordPiece"
+        or not model.get("continuing_subword_prefix")
+        or first_last is None
+        or any(
+            t.get("normalized") or t.get("lstrip") or t.get("rstrip") or t.get("single_word")
+            for t in added
+        )
+    ):
+        return None
+    return {
+        "file": file,
+        "sha256": sha256,
+        "max_length": spec.max_length,
+        "lowercase": bool(normalizer.get("lowercase")),
+        "prefix": model["continuing_subword_prefix"],
+        "unk_token": model.get("unk_token", "[UNK]"),
+        "max_input_chars_per_word": int(model.get("max_input_chars_per_word") or 0),
+        "first": first_last[0],
+        "last": first_last[1],
+        "added": [{"content": t["content"], "id": t["id"]} for t in added],
+        "input": cfg.inputs[0].name,
+        "ids": TOKEN_IDS,
+        "mask": TOKEN_MASK,
+    }
+
+
+def _single_template(post: dict[str, Any]) -> tuple[int, int] | None:
+    """The ids before and after a single text, for [CLS] text [SEP] templates only."""
+    if post.get("type") == "BertProcessing":
+        return int(post["cls"][1]), int(post["sep"][1])
+    if post.get("type") != "TemplateProcessing":
+        return None
+    single = post.get("single") or []
+    specials = post.get("special_tokens") or {}
+    if (
+        len(single) != 3
+        or "SpecialToken" not in single[0]
+        or single[1].get("Sequence", {}).get("id") != "A"
+        or "SpecialToken" not in single[2]
+    ):
+        return None
+    ids = []
+    for part in (single[0], single[2]):
+        found = specials.get(part["SpecialToken"]["id"], {}).get("ids") or []
+        if len(found) != 1:
+            return None
+        ids.append(int(found[0]))
+    return ids[0], ids[1]
+
+
+def direct_plan(
+    cfg: ModelConfig, explicit_control: bool, text: dict[str, Any] | None = None
+) -> dict[str, Any] | None:
     """The plan for `cfg`'s jobs that name no version (or its stable one), or None when the
     router must place them. `streams[p - 1][b]` is the stream of priority level p and
     length bucket b; a job's bucket is the first whose bound is at least its length (its
@@ -38,7 +110,7 @@ def direct_plan(cfg: ModelConfig, explicit_control: bool) -> dict[str, Any] | No
     last bucket for anything longer, as router/policy.py's choose_stream."""
     if (
         explicit_control
-        or cfg.tokenize is not None
+        or (cfg.tokenize is not None and text is None)
         or cfg.generation is not None
         or cfg.tiers
         or cfg.cascade is not None
@@ -71,10 +143,13 @@ def direct_plan(cfg: ModelConfig, explicit_control: bool) -> dict[str, Any] | No
         "script": ADMISSION_SCRIPT,
         "remember_margin_ms": REMEMBER_MARGIN_MS,
         "remember_no_deadline_ms": REMEMBER_NO_DEADLINE_MS,
+        "text": text if cfg.tokenize is not None else None,
     }
 
 
-def plan_parameter(cfg: ModelConfig, explicit_control: bool) -> str:
+def plan_parameter(
+    cfg: ModelConfig, explicit_control: bool, text: dict[str, Any] | None = None
+) -> str:
     """The plan as the ModelConfig parameter's JSON; "" for none."""
-    plan = direct_plan(cfg, explicit_control)
+    plan = direct_plan(cfg, explicit_control, text)
     return "" if plan is None else json.dumps(plan, separators=(",", ":"))

@@ -49,6 +49,13 @@ class ModelVersion:
     files: Mapping[str, str]
 
 
+# What text input processing gives a job (router/text.py, and the Go front door's
+# tokenizer): its compute inputs, and the annotation that tells the caller its text was cut.
+TOKEN_IDS = "input_ids"
+TOKEN_MASK = "attention_mask"
+TRUNCATED = "truncated"
+
+
 @dataclass(frozen=True, slots=True)
 class TokenizeSpec:
     """Router-side text input processing: WordPiece via the `tokenizers` library."""

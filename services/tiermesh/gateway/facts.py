@@ -4,6 +4,7 @@ every door (gRPC, REST) and, when the request is traced, its span's attributes. 
 from __future__ import annotations
 
 from tiermesh.core.jobs import JobResult
+from tiermesh.core.model_config import TRUNCATED
 
 # Every response parameter the mesh adds is named `tiermesh.<fact>`, so none can collide with
 # a parameter of the caller's own (or Triton's, like `triton_final_response`). The same names
@@ -40,8 +41,8 @@ def _facts(
     for key, kind in GENERATION_FACTS.items():
         if key in result.annotations:
             facts[key] = kind(result.annotations[key])
-    if "truncated" in result.annotations:
-        facts["truncated"] = result.annotations["truncated"] == "true"
+    if TRUNCATED in result.annotations:
+        facts["truncated"] = result.annotations[TRUNCATED] == "true"
     if result.annotations.get("cascaded") == "true":
         facts["cascaded"] = True
         facts["edge_confidence"] = float(result.annotations.get("edge_confidence", "nan"))

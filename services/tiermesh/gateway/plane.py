@@ -27,7 +27,6 @@ import redis.asyncio as aioredis
 import structlog
 from opentelemetry import trace
 
-from tiermesh.core.direct_plan import plan_parameter
 from tiermesh.core.errors import MeshError, exhausted, invalid, unavailable
 from tiermesh.core.jobs import Job, Timing
 from tiermesh.core.repository import ModelConfig, ModelRepository
@@ -36,6 +35,7 @@ from tiermesh.core.telemetry import trace_id_of, w3c_context
 from tiermesh.gateway.capture import Capture
 from tiermesh.gateway.control import ModelControl, check_allowed
 from tiermesh.gateway.dispatch import Answer, Call, Dispatcher
+from tiermesh.gateway.door_plans import DoorPlans
 from tiermesh.gateway.generation import generation_of
 from tiermesh.gateway.hop_spans import HopSpans
 from tiermesh.gateway.metrics import GatewayMetrics
@@ -120,6 +120,7 @@ class DataPlane:
         # Where the gateway exports: a traced request's spans of the hops after this one.
         self._hop_spans = hop_spans
         self._dispatch = Dispatcher(upstream, pending, metrics, self.statistics, clock_ns)
+        self._door_plans = DoorPlans(repo, settings.model_control == "explicit")
         # Traffic capture (gateway/capture.py), set by __main__ when configured.
         self.capture: Capture | None = None
 
@@ -335,7 +336,7 @@ class DataPlane:
 
     def direct_plan(self, cfg: ModelConfig) -> str:
         """The front door's placement plan for the model (core/direct_plan.py), as JSON."""
-        return plan_parameter(cfg, self._settings.model_control == "explicit")
+        return self._door_plans.parameter(cfg)
 
     async def model_ready(self, caller: Caller, name: str, version: str) -> bool:
         """ModelReady: loaded (model control) and served by a live worker."""

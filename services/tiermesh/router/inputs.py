@@ -7,6 +7,7 @@ from collections.abc import Sequence
 
 from tiermesh.core.errors import MeshError, invalid, unavailable
 from tiermesh.core.jobs import Job
+from tiermesh.core.model_config import TRUNCATED
 from tiermesh.core.tensors import TensorData
 from tiermesh.generate.inputs import GenerationInputError
 from tiermesh.generate.tensors import prompt_of
@@ -33,7 +34,7 @@ def with_tokens(job: Job, encoded: tuple[tuple[TensorData, TensorData], bool]) -
     """The job with its text replaced by (input_ids, attention_mask), `truncated` told to
     the caller (the online path and the batch feeder alike)."""
     (ids, mask), truncated = encoded
-    annotations = {**job.annotations, "truncated": "true" if truncated else "false"}
+    annotations = {**job.annotations, TRUNCATED: "true" if truncated else "false"}
     return job.with_(inputs=(ids, mask), annotations=annotations)
 
 

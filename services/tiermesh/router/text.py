@@ -14,6 +14,7 @@ import numpy as np
 import numpy.typing as npt
 from tokenizers import Encoding, Tokenizer
 
+from tiermesh.core.model_config import TOKEN_IDS, TOKEN_MASK
 from tiermesh.core.tensors import (
     BYTES,
     TensorData,
@@ -70,15 +71,15 @@ class TextEncoder:
             if len(mine) == 1:  # the common case: one text per request, no padding
                 row = np.asarray([mine[0].ids], dtype=np.int64)
                 tensors = (
-                    TensorData("input_ids", "INT64", row.shape, row.tobytes()),
-                    TensorData("attention_mask", "INT64", row.shape, _ones(row.shape[1])),
+                    TensorData(TOKEN_IDS, "INT64", row.shape, row.tobytes()),
+                    TensorData(TOKEN_MASK, "INT64", row.shape, _ones(row.shape[1])),
                 )
                 out.append((tensors, bool(mine[0].overflowing)))
                 continue
             enc = _padded(mine)
             tensors = (
-                from_numpy("input_ids", enc.input_ids, "INT64"),
-                from_numpy("attention_mask", enc.attention_mask, "INT64"),
+                from_numpy(TOKEN_IDS, enc.input_ids, "INT64"),
+                from_numpy(TOKEN_MASK, enc.attention_mask, "INT64"),
             )
             out.append((tensors, enc.truncated))
         return out

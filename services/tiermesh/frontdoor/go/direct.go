@@ -43,8 +43,10 @@ type directPlan struct {
 	Script          string     `json:"script"`
 	RememberMargin  int64      `json:"remember_margin_ms"`
 	RememberForever int64      `json:"remember_no_deadline_ms"`
+	Text            *textPlan  `json:"text"` // a text model's tokenizer (nil: no text)
 
 	admission *redis.Script // run by its SHA1, loaded where Redis lacks it
+	tokenizer *wordPiece
 }
 
 // planOf is the model's plan from its config, or nil (none, or one the door cannot read).
@@ -62,6 +64,14 @@ func planOf(cfg *inference.ModelConfig) *directPlan {
 		return nil
 	}
 	plan.admission = redis.NewScript(-1, plan.Script) // the key count goes with each call
+	if plan.Text != nil {
+		wp, err := loadWordPiece(plan.Text)
+		if err != nil {
+			log.Printf("model %s: its tokenizer is unreadable (%v); the router places its jobs", cfg.Name, err)
+			return nil
+		}
+		plan.tokenizer = wp
+	}
 	return plan
 }
 
@@ -144,6 +154,16 @@ func (pl *placer) place(m *model, job *tiermeshv1.Job) *tiermeshv1.RouteReply {
 	level := int(job.Priority)
 	if level < 1 || level > len(p.Streams) {
 		return nil
+	}
+	// A text model's job as the router's input processing leaves it (router/inputs.py): its
+	// text as token ids and mask, `truncated` told; put back as it came after the entry.
+	inputs, annotations := job.Inputs, job.Annotations
+	if p.tokenizer != nil {
+		if !p.tokenize(job) { // a text the router's tokenizer is for
+			pl.passed.Add(1)
+			return nil
+		}
+		defer func() { job.Inputs, job.Annotations = inputs, annotations }()
 	}
 	bucket := p.bucketOf(job)
 	if bucket >= len(p.Streams[level-1]) || bucket >= len(p.RateFields) {
@@ -235,4 +255,36 @@ func (pl *placer) failed(m *model, err error) {
 func (pl *placer) describe() string {
 	return "placed here " + strconv.FormatInt(pl.placed.Load(), 10) + ", by the router after all " +
 		strconv.FormatInt(pl.passed.Load(), 10)
+}
+
+// tokenize sets the job's inputs and annotations to those the router's input processing
+// gives it; false (the job untouched) when the door does not tokenize its text.
+func (p *directPlan) tokenize(job *tiermeshv1.Job) bool {
+	t := p.Text
+	if len(job.Inputs) != 1 || job.Inputs[0].Name != t.Input || job.Inputs[0].Datatype != "BYTES" {
+		return false
+	}
+	rows := int64(1)
+	for _, n := range job.Inputs[0].Shape {
+		rows *= n
+	}
+	if rows < 1 {
+		return false
+	}
+	ids, mask, length, truncated, ok := p.tokenizer.tokenized(job.Inputs[0].Raw, rows)
+	if !ok {
+		return false
+	}
+	shape := []int64{rows, length}
+	annotations := make(map[string]string, len(job.Annotations)+1)
+	for k, v := range job.Annotations {
+		annotations[k] = v
+	}
+	annotations["truncated"] = strconv.FormatBool(truncated)
+	job.Inputs = []*tiermeshv1.Tensor{
+		{Name: t.IdsName, Datatype: "INT64", Shape: shape, Raw: ids},
+		{Name: t.MaskName, Datatype: "INT64", Shape: shape, Raw: mask},
+	}
+	job.Annotations = annotations
+	return true
 }

@@ -1,0 +1,52 @@
+"""The Go front door's placement plans (core/direct_plan.py), as the gateway hands them to
+it with a model's config: a text model's plan names its tokenizer.json (checked against
+the repository's checksum here, read and checked again by the door), read once per model
+version."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any
+
+import structlog
+
+from tiermesh.core.direct_plan import plan_parameter, text_plan
+from tiermesh.core.model_config import ModelConfig, RepositoryError
+from tiermesh.core.repository import ModelRepository
+
+log = structlog.get_logger()
+
+
+class DoorPlans:
+    def __init__(self, repo: ModelRepository, explicit_control: bool) -> None:
+        self._repo = repo
+        self._explicit = explicit_control
+        self._texts: dict[tuple[str, str], dict[str, Any] | None] = {}
+
+    def parameter(self, cfg: ModelConfig) -> str:
+        """The plan as JSON, "" for none (the router places the model's jobs)."""
+        text = self._text(cfg) if cfg.tokenize is not None else None
+        return plan_parameter(cfg, self._explicit, text)
+
+    def _text(self, cfg: ModelConfig) -> dict[str, Any] | None:
+        key = (cfg.name, cfg.stable.version)
+        if key not in self._texts:
+            self._texts[key] = self._read(cfg)
+        return self._texts[key]
+
+    def _read(self, cfg: ModelConfig) -> dict[str, Any] | None:
+        assert cfg.tokenize is not None
+        file = cfg.tokenize.tokenizer_file
+        try:
+            folder = self._repo.checked_files(cfg.name, [file], cfg.stable.version)
+            data = (folder / file).read_bytes()
+            plan = text_plan(cfg, json.loads(data), str(folder / file), _sha256(data))
+        except (RepositoryError, OSError, ValueError, KeyError, TypeError) as exc:
+            log.warning("the front door cannot tokenize this model", model=cfg.name, error=str(exc))
+            return None
+        return plan
+
+
+def _sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
