@@ -507,7 +507,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "round). Default: one mesh, `default`, environment as make run. `{otlp}` in a value "
         "is the address of an OTLP trace receiver this script runs, e.g. "
         "traced:OTEL_EXPORTER_OTLP_ENDPOINT={otlp} (every request sampled); "
-        "PYTHONPATH=CHECKOUT/services runs another checkout's code (before/after).",
+        "PYTHONPATH=CHECKOUT/services runs another checkout's Python services (before/"
+        "after); the Go front door is built from this checkout whatever PYTHONPATH says "
+        "(`up` runs in this process): vary it by its environment (TIERMESH_FRONT_DOOR_PLACES, "
+        "GOGC, TIERMESH_FRONT_DOOR=python).",
     )
     return p.parse_args(argv)
 
