@@ -19,6 +19,8 @@ log = structlog.get_logger()
 
 
 class DoorPlans:
+    """The plan of each model the door reads; a text model's tokenizer read once a version."""
+
     def __init__(self, repo: ModelRepository, explicit_control: bool) -> None:
         self._repo = repo
         self._explicit = explicit_control
@@ -41,12 +43,9 @@ class DoorPlans:
         try:
             folder = self._repo.checked_files(cfg.name, [file], cfg.stable.version)
             data = (folder / file).read_bytes()
-            plan = text_plan(cfg, json.loads(data), str(folder / file), _sha256(data))
+            digest = hashlib.sha256(data).hexdigest()
+            plan = text_plan(cfg, json.loads(data), str(folder / file), digest)
         except (RepositoryError, OSError, ValueError, KeyError, TypeError) as exc:
             log.warning("the front door cannot tokenize this model", model=cfg.name, error=str(exc))
             return None
         return plan
-
-
-def _sha256(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()

@@ -69,8 +69,11 @@ func loadWordPiece(plan *textPlan) (*wordPiece, error) {
 	if err := json.Unmarshal(data, &file); err != nil {
 		return nil, fmt.Errorf("%s: %v", plan.File, err)
 	}
+	if plan.MaxLength < 2 || plan.Prefix == "" {
+		return nil, fmt.Errorf("a text plan without max_length or prefix")
+	}
 	unknown, ok := file.Model.Vocab[plan.Unknown]
-	if !ok || plan.MaxLength < 2 || plan.Prefix == "" {
+	if !ok {
 		return nil, fmt.Errorf("%s: no %q in its vocabulary", plan.File, plan.Unknown)
 	}
 	wp := &wordPiece{plan: plan, vocab: file.Model.Vocab, unknown: unknown}
@@ -194,12 +197,15 @@ func (wp *wordPiece) pieces(ids []int64, word []byte) []int64 {
 func (wp *wordPiece) tokenized(texts []byte, rows int64) (ids, mask []byte, length int64, truncated, ok bool) {
 	all := make([][]int64, 0, rows)
 	for i := int64(0); i < rows; i++ {
-		n := binary.LittleEndian.Uint32(texts)
-		row, cut, fine := wp.encode(texts[4 : 4+n])
+		if len(texts) < 4 || uint64(len(texts)-4) < uint64(binary.LittleEndian.Uint32(texts)) {
+			return nil, nil, 0, false, false // not BYTES framing (the door checked it already)
+		}
+		n := 4 + int(binary.LittleEndian.Uint32(texts))
+		row, cut, fine := wp.encode(texts[4:n])
 		if !fine {
 			return nil, nil, 0, false, false
 		}
-		texts = texts[4+n:]
+		texts = texts[n:]
 		all = append(all, row)
 		truncated = truncated || cut
 		if int64(len(row)) > length {
