@@ -9,16 +9,19 @@ from __future__ import annotations
 
 import hashlib
 import json
+import shutil
 import subprocess
 from pathlib import Path
 
 import numpy as np
 import pytest
+import yaml
 
 from tests.conftest import MODELS
 from tiermesh.core.direct_plan import text_plan
 from tiermesh.core.repository import ModelRepository
 from tiermesh.frontdoor.build import build, missing_tools
+from tiermesh.gateway.door_plans import DoorPlans
 from tiermesh.router.text import TextEncoder
 
 pytestmark = [
@@ -109,3 +112,26 @@ def test_a_tokenizer_of_another_shape_gets_no_plan(fetched_models: tuple[str, ..
         {"added_tokens": [{**tokenizer["added_tokens"][0], "normalized": True}]},
     ):
         assert text_plan(cfg, {**tokenizer, **change}, str(path), "0") is None, change
+
+
+def test_the_gateway_hands_the_door_a_checked_tokenizer(
+    fetched_models: tuple[str, ...], tmp_path: Path
+) -> None:
+    """gateway/door_plans.py: the plan names the version's tokenizer.json and its digest;
+    a tokenizer that no longer matches its sha256 gives no plan (the router tokenizes)."""
+    folder = tmp_path / "minilm-l3"
+    (folder / "1").mkdir(parents=True)
+    shutil.copy(MODELS / "minilm-l3" / "config.yaml", folder / "config.yaml")
+    tokenizer = folder / "1" / "tokenizer.json"
+    shutil.copy(MODELS / "minilm-l3" / "1" / "tokenizer.json", tokenizer)
+    cfg = yaml.safe_load((folder / "config.yaml").read_text())
+    cfg.pop("tiers")
+    (folder / "config.yaml").write_text(yaml.safe_dump(cfg))
+    repo = ModelRepository(tmp_path)
+    model = repo.load()["minilm-l3"]
+    plan = json.loads(DoorPlans(repo, explicit_control=False).parameter(model))
+    assert plan["text"]["file"] == str(tokenizer)
+    assert plan["text"]["sha256"] == hashlib.sha256(tokenizer.read_bytes()).hexdigest()
+    with tokenizer.open("ab") as f:
+        f.write(b" ")
+    assert DoorPlans(repo, explicit_control=False).parameter(model) == ""

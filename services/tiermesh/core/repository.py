@@ -106,6 +106,14 @@ class ModelRepository:
         folder, _ = self._verify(name, version, keep=(), only=tuple(files))
         return folder
 
+    def checked_bytes(self, name: str, file: str, version: str = "") -> tuple[Path, bytes]:
+        """One file of (name, version) as bytes that matched its sha256, read once, and its
+        path. Raises RepositoryError like checked_folder."""
+        folder, kept = self._verify(name, version, keep=(file,), only=(file,))
+        if file not in kept:
+            raise RepositoryError(f"model {name!r}: {file} is not among its version's files")
+        return folder / file, kept[file]
+
     def verified_model(self, name: str, version: str = "", variant: str = "") -> VerifiedModel:
         """The model file of (name, version, variant) as verified bytes, with the bytes of
         the ONNX external data it refers to: what an onnxruntime session is built from.

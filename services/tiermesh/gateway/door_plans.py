@@ -5,7 +5,6 @@ version."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 from typing import Any
 
@@ -13,6 +12,7 @@ import structlog
 
 from tiermesh.core.direct_plan import plan_parameter, text_plan
 from tiermesh.core.model_config import ModelConfig, RepositoryError
+from tiermesh.core.model_files import sha256_bytes
 from tiermesh.core.repository import ModelRepository
 
 log = structlog.get_logger()
@@ -41,11 +41,10 @@ class DoorPlans:
         assert cfg.tokenize is not None
         file = cfg.tokenize.tokenizer_file
         try:
-            folder = self._repo.checked_files(cfg.name, [file], cfg.stable.version)
-            data = (folder / file).read_bytes()
-            digest = hashlib.sha256(data).hexdigest()
-            plan = text_plan(cfg, json.loads(data), str(folder / file), digest)
+            path, data = self._repo.checked_bytes(cfg.name, file, cfg.stable.version)
+            plan = text_plan(cfg, json.loads(data), str(path), sha256_bytes(data))
         except (RepositoryError, OSError, ValueError, KeyError, TypeError) as exc:
+            # a tokenizer.json the door cannot use: the router tokenizes this model's texts
             log.warning("the front door cannot tokenize this model", model=cfg.name, error=str(exc))
             return None
         return plan
