@@ -127,6 +127,9 @@ async def run(args: argparse.Namespace) -> int:
         model = mvr.MODEL
         specs = [mvr.spec_text(i, n, t) for i, (n, t, _) in enumerate(inputs)]
     args.out.mkdir(parents=True, exist_ok=True)
+    # --traced: every call sampled, its spans exported to this script's OTLP sink
+    sink = await mvr.OtlpSink.start() if args.traced else None
+    env = {"OTEL_EXPORTER_OTLP_ENDPOINT": sink.endpoint} if sink is not None else {}
     with tempfile.TemporaryDirectory(prefix="tiermesh-profile-") as tmp:
         repo = mvr.build_repo(Path(tmp) / "models")
         port = free_port()
@@ -138,6 +141,7 @@ async def run(args: argparse.Namespace) -> int:
                 http_port=0,
                 metrics_port=0,
                 grace_s=5.0,
+                extra_env=env,
             )
         )
         mesh.start()
@@ -177,10 +181,13 @@ async def run(args: argparse.Namespace) -> int:
         finally:
             await client.close()
             mesh.stop()
+            if sink is not None:
+                await sink.stop()
         parts = [
             f"profile_request_path {time.strftime('%Y-%m-%d %H:%M')} commit {mvr.git_commit()}: "
             f"{model} at concurrency 32, {ok} answers in {wall:.1f} s ({ok / wall:.0f} req/s), "
-            f"py-spy at {args.rate} Hz; shares are of each process's samples"
+            f"py-spy at {args.rate} Hz{', every call traced' if args.traced else ''}; shares are "
+            "of each process's samples"
         ]
         for name in pids:
             path = Path(tmp) / f"{name}.txt"
@@ -207,6 +214,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         action="store_true",
         help="only samples of the thread holding the GIL: where Python code spends CPU "
         "(without it, a thread waiting in grpc's poller or a lock can count too)",
+    )
+    p.add_argument(
+        "--traced",
+        action="store_true",
+        help="every call traced, spans exported over OTLP to a sink this script runs",
     )
     p.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "profile")
     return p.parse_args(argv)
