@@ -26,7 +26,7 @@ from tiermesh.core.admission_script import (
     REMEMBER_MARGIN_MS,
     REMEMBER_NO_DEADLINE_MS,
 )
-from tiermesh.core.model_config import TOKEN_IDS, TOKEN_MASK, ModelConfig
+from tiermesh.core.model_config import TOKEN_IDS, TOKEN_MASK, TRUNCATED, ModelConfig
 
 PARAMETER = "tiermesh.direct"
 
@@ -73,6 +73,7 @@ def text_plan(
         "input": cfg.inputs[0].name,
         "ids": TOKEN_IDS,
         "mask": TOKEN_MASK,
+        "truncated": TRUNCATED,
     }
 
 

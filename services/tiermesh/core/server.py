@@ -15,10 +15,9 @@ from opentelemetry.instrumentation.grpc import aio_server_interceptor, filters
 from tiermesh.core.telemetry import Telemetry
 
 # Calls that carry no single request stay out of traces: health checks (frequent, they say
-# nothing about requests) and the long-lived internal streams of batches, whose jobs each
-# get a span of their own where their trace is sampled.
-# Calls that carry many requests' work (streams of batches, the front door's books): a span
-# of one is no request's, and each cost the gateway ~0.1 ms of a traced request's budget.
+# nothing about requests), the long-lived internal streams of batches and the front door's
+# books (many calls' entries a call), whose jobs each get a span of their own where their
+# trace is sampled.
 UNTRACED_METHODS = ("RouteStream", "ProcessStream", "DeliverStream", "Record")
 
 

@@ -280,7 +280,7 @@ func (p *directPlan) tokenize(job *tiermeshv1.Job) bool {
 	for k, v := range job.Annotations {
 		annotations[k] = v
 	}
-	annotations["truncated"] = strconv.FormatBool(truncated)
+	annotations[t.Truncated] = strconv.FormatBool(truncated)
 	job.Inputs = []*tiermeshv1.Tensor{
 		{Name: t.IdsName, Datatype: "INT64", Shape: shape, Raw: ids},
 		{Name: t.MaskName, Datatype: "INT64", Shape: shape, Raw: mask},

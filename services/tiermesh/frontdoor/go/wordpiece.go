@@ -28,6 +28,7 @@ type textPlan struct {
 	Input     string       `json:"input"` // the text input's name
 	IdsName   string       `json:"ids"`   // the compute inputs the router writes
 	MaskName  string       `json:"mask"`
+	Truncated string       `json:"truncated"` // the annotation that tells the caller
 }
 
 type addedToken struct {
@@ -46,12 +47,30 @@ type wordPiece struct {
 	unknown int64
 }
 
-// Tokenizers by file digest: a model's config is read again every 30 s, its vocabulary once.
-var tokenizers sync.Map
+// Vocabularies by file digest: a model's config is read again every 30 s, its
+// tokenizer.json once.
+var vocabularies sync.Map
 
 func loadWordPiece(plan *textPlan) (*wordPiece, error) {
-	if found, ok := tokenizers.Load(plan.Sha256); ok {
-		return &wordPiece{plan: plan, vocab: found.(*wordPiece).vocab, unknown: found.(*wordPiece).unknown}, nil
+	if plan.MaxLength < 2 || plan.Prefix == "" || plan.IdsName == "" || plan.MaskName == "" || plan.Truncated == "" {
+		return nil, fmt.Errorf("a text plan without max_length, prefix or the names it writes")
+	}
+	vocab, err := vocabularyOf(plan)
+	if err != nil {
+		return nil, err
+	}
+	unknown, ok := vocab[plan.Unknown]
+	if !ok {
+		return nil, fmt.Errorf("%s: no %q in its vocabulary", plan.File, plan.Unknown)
+	}
+	return &wordPiece{plan: plan, vocab: vocab, unknown: unknown}, nil
+}
+
+// vocabularyOf is the WordPiece vocabulary of the plan's tokenizer.json, once its digest is
+// the one the gateway checked.
+func vocabularyOf(plan *textPlan) (map[string]int64, error) {
+	if found, ok := vocabularies.Load(plan.Sha256); ok {
+		return found.(map[string]int64), nil
 	}
 	data, err := os.ReadFile(plan.File)
 	if err != nil {
@@ -69,16 +88,8 @@ func loadWordPiece(plan *textPlan) (*wordPiece, error) {
 	if err := json.Unmarshal(data, &file); err != nil {
 		return nil, fmt.Errorf("%s: %v", plan.File, err)
 	}
-	if plan.MaxLength < 2 || plan.Prefix == "" {
-		return nil, fmt.Errorf("a text plan without max_length or prefix")
-	}
-	unknown, ok := file.Model.Vocab[plan.Unknown]
-	if !ok {
-		return nil, fmt.Errorf("%s: no %q in its vocabulary", plan.File, plan.Unknown)
-	}
-	wp := &wordPiece{plan: plan, vocab: file.Model.Vocab, unknown: unknown}
-	tokenizers.Store(plan.Sha256, wp)
-	return wp, nil
+	vocabularies.Store(plan.Sha256, file.Model.Vocab)
+	return file.Model.Vocab, nil
 }
 
 // encode is the text's ids, [first] pieces [last], cut to max_length (truncated says so),
