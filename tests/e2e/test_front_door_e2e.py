@@ -40,6 +40,7 @@ from tests.e2e.test_requests_e2e import (
     concurrent_mlp_calls,
     mlp_input,
     reference,
+    service_stopped,
     worker_paused,
 )
 from tests.e2e.test_rollout_e2e import MODEL as ROLLOUT_MODEL
@@ -316,6 +317,30 @@ def test_the_door_queues_plain_jobs_itself_as_the_router_would(door_up: UpProces
     for job in jobs:
         assert job.timing.routed_ns >= job.timing.received_ns > 0
         assert job.timing.enqueued_ns >= job.timing.routed_ns
+
+
+def test_jobs_that_come_while_an_admission_call_is_out_go_in_the_next_one(
+    door_up: UpProcess,
+) -> None:
+    """While Redis holds the door's first admission call, the calls that come meanwhile
+    wait for it and then go together: every job queued by the door, in two script calls at
+    most, each answer its own caller's."""
+    rng = np.random.default_rng(21)
+    inputs = [rng.standard_normal((1 + i % 3, 4)).astype(np.float32) for i in range(MAX_IN_FLIGHT)]
+    samples = lambda: scrape_metrics(door_up.metrics_urls()["frontdoor"])  # noqa: E731
+    calls_before = samples()[("tiermesh_front_door_admission_calls_total", frozenset())]
+    by_door = placed(door_up, "door")
+    with ThreadPoolExecutor(1) as pool:
+        with service_stopped(door_up, "redis"):  # its first call waits in Redis
+            sent = pool.submit(concurrent_mlp_calls, door_up.url, inputs)
+            eventually(lambda: door_in_flight(door_up) == len(inputs), "the calls never came")
+        results = sent.result(timeout=60)
+    assert [r.get_response().id for r in results] == [f"r{i}" for i in range(len(inputs))]
+    for result, x in zip(results, inputs, strict=True):
+        np.testing.assert_allclose(result.as_numpy("OUTPUT0"), reference(door_up, x), rtol=1e-6)
+    assert placed(door_up, "door") - by_door == len(inputs)
+    calls = samples()[("tiermesh_front_door_admission_calls_total", frozenset())] - calls_before
+    assert 1 <= calls <= 2
 
 
 TEXT_MODEL = "minilm-l3"

@@ -43,14 +43,21 @@ def mlp_input(x: np.ndarray) -> grpcclient.InferInput:
 
 
 @contextmanager
-def worker_paused(up: UpProcess) -> Iterator[None]:
-    """SIGSTOP the worker process: entries wait in the stream, as behind a busy worker."""
-    pid = up.children()["worker"]
+def service_stopped(up: UpProcess, service: str) -> Iterator[None]:
+    """SIGSTOP one child of `up` (by `children()`'s name) for the block, then SIGCONT."""
+    pid = up.children()[service]
     os.kill(pid, signal.SIGSTOP)
     try:
         yield
     finally:
         os.kill(pid, signal.SIGCONT)
+
+
+@contextmanager
+def worker_paused(up: UpProcess) -> Iterator[None]:
+    """SIGSTOP the worker process: entries wait in the stream, as behind a busy worker."""
+    with service_stopped(up, "worker"):
+        yield
 
 
 def test_health_metadata_and_config(mesh_up: UpProcess) -> None:

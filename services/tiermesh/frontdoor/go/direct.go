@@ -1,10 +1,10 @@
 package main
 
 import (
-	"context"
 	"encoding/json"
 	"log"
 	"strconv"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -116,6 +116,10 @@ type placer struct {
 	pool   *redis.Pool
 	placed atomic.Int64 // jobs queued here
 	passed atomic.Int64 // jobs with a plan the router placed after all
+	calls  atomic.Int64 // admission script calls made (each for one or more jobs)
+	most   int          // jobs one call carries at most
+	mu     sync.Mutex
+	queues map[string]*admitQueue // by script and entry fields: jobs one call may carry
 	// When the last Redis error was logged (unix ns): one line per errorLogEvery at most,
 	// not one per job while Redis is away.
 	loggedNs atomic.Int64
@@ -123,16 +127,15 @@ type placer struct {
 
 const (
 	errorLogEvery = 10 * time.Second
-	// Connections to Redis, kept open and shared by every call: a job waits for a free one
-	// (a script call takes ~0.1 ms) rather than dialling a new one, which under load would
-	// open and close a connection a job.
-	redisConnections = 64
-	// The longest a job waits for a free connection before the router places it.
+	// Connections to Redis, kept open: one admission call at a time per queue (admit.go),
+	// and a plan or two per mesh, so a few are plenty.
+	redisConnections = 8
+	// The longest a call waits for a free connection before the router places its jobs.
 	connectionWait = time.Second
 )
 
-func newPlacer(url string) *placer {
-	return &placer{pool: &redis.Pool{
+func newPlacer(url string, most int) *placer {
+	return &placer{most: most, queues: map[string]*admitQueue{}, pool: &redis.Pool{
 		MaxIdle:     redisConnections,
 		MaxActive:   redisConnections,
 		Wait:        true,
@@ -173,15 +176,6 @@ func (pl *placer) place(m *model, job *tiermeshv1.Job) *tiermeshv1.RouteReply {
 	if job.DeadlineNs > 0 && job.DeadlineNs <= time.Now().UnixNano() {
 		return nil // the router refuses it, as one whose deadline passed before it was queued
 	}
-	// The connection first: a job waiting for one holds nothing more than its call does.
-	ctx, cancel := context.WithTimeout(context.Background(), connectionWait)
-	conn, err := pl.pool.GetContext(ctx)
-	cancel()
-	if err != nil {
-		pl.failed(m, err)
-		return nil
-	}
-	defer conn.Close()
 	now := time.Now().UnixNano()
 	leftMs := int64(-1)
 	remember := p.RememberForever
@@ -205,39 +199,38 @@ func (pl *placer) place(m *model, job *tiermeshv1.Job) *tiermeshv1.RouteReply {
 	if err != nil {
 		return nil
 	}
-	// KEYS names each key once (the stream is among the model's streams when those count).
-	keys := make([]interface{}, 1, 6+len(p.ModelStreams))
-	at := func(key string) int {
-		for i, k := range keys[1:] {
-			if k == key {
-				return i + 1
-			}
-		}
-		keys = append(keys, key)
-		return len(keys) - 1
+	item := &admitItem{
+		stream: stream, workers: p.Workers, rate: p.Rate, enqueued: p.EnqueuedPrefix + job.RequestId,
+		guard: p.Guard, modelStreams: p.ModelStreams,
+		values: []interface{}{p.QueueBound, p.ModelBound, p.RateFields[bucket], leftMs, remember, entry,
+			job.TraceContext["traceparent"], job.TraceContext["tracestate"]},
 	}
-	args := []interface{}{1, p.Fields[0], p.Fields[1], p.Fields[2],
-		at(stream), at(p.Workers), at(p.Rate), at(p.EnqueuedPrefix + job.RequestId),
-		p.QueueBound, p.ModelBound, p.RateFields[bucket], leftMs, remember, entry,
-		job.TraceContext["traceparent"], job.TraceContext["tracestate"], at(p.Guard),
-		len(p.ModelStreams)}
-	for _, s := range p.ModelStreams {
-		args = append(args, at(s))
+	pl.queue(p).admit(item)
+	if item.err != nil {
+		pl.failed(m, item.err)
+		return nil
 	}
-	keys[0] = len(keys) - 1 // the key count goes first (a script of any number of keys)
-	reply, err := redis.Strings(p.admission.Do(conn, append(keys, args...)...))
-	if err != nil || len(reply) != 2 || (reply[0] != "ok" && reply[0] != "dup") {
-		// Redis trouble, a refusal or a rollout: the router decides, and words what the
-		// caller hears.
-		if err != nil {
-			pl.failed(m, err)
-			return nil
-		}
+	if item.outcome != "ok" && item.outcome != "dup" {
+		// A refusal or a rollout: the router decides, and words what the caller hears.
 		pl.passed.Add(1)
 		return nil
 	}
 	pl.placed.Add(1)
-	return &tiermeshv1.RouteReply{RequestId: job.RequestId, Stream: stream, EntryId: reply[1], Version: p.Version}
+	return &tiermeshv1.RouteReply{RequestId: job.RequestId, Stream: stream, EntryId: item.detail, Version: p.Version}
+}
+
+// queue is the admission queue of the plan's script and entry fields (shared by every plan
+// with the same ones: one call may carry jobs of several models).
+func (pl *placer) queue(p *directPlan) *admitQueue {
+	key := p.Script + "\x00" + p.Fields[0] + "\x00" + p.Fields[1] + "\x00" + p.Fields[2]
+	pl.mu.Lock()
+	defer pl.mu.Unlock()
+	q, ok := pl.queues[key]
+	if !ok {
+		q = &admitQueue{pool: pl.pool, script: p.admission, fields: p.Fields, calls: &pl.calls, most: pl.most}
+		pl.queues[key] = q
+	}
+	return q
 }
 
 // failed: Redis could not be asked; the router places the job. Logged once per

@@ -55,6 +55,9 @@ type config struct {
 	// Redis, where the door queues the jobs of models with a placement plan itself
 	// ("" = the router places every job: TIERMESH_FRONT_DOOR_PLACES=0).
 	redisURL string
+	// The most jobs one admission call carries (TIERMESH_FRONT_DOOR_ADMIT_BATCH; 1: a call
+	// a job, as before admit.go).
+	admitBatch int
 }
 
 func env(key, fallback string) string {
@@ -151,7 +154,17 @@ func loadConfig() config {
 		traceable:       defaultSampler(env("OTEL_TRACES_SAMPLER", "")),
 		maxMessageBytes: 64 << 20,
 		redisURL:        placesWith(),
+		admitBatch:      admitBatch(),
 	}
+}
+
+// admitBatch is TIERMESH_FRONT_DOOR_ADMIT_BATCH: the most jobs one admission call carries.
+func admitBatch() int {
+	n := envInt("TIERMESH_FRONT_DOOR_ADMIT_BATCH", defaultAdmitItems)
+	if n < 1 || n > 1000 {
+		log.Fatalf("TIERMESH_FRONT_DOOR_ADMIT_BATCH=%d: choose 1 to 1000 jobs a call", n)
+	}
+	return int(n)
 }
 
 func main() {
@@ -225,7 +238,7 @@ func main() {
 		books:    booked,
 	}
 	if cfg.redisURL != "" {
-		door.placer = newPlacer(cfg.redisURL)
+		door.placer = newPlacer(cfg.redisURL, cfg.admitBatch)
 	}
 	door.metrics = newMetrics(&door.inFlight)
 	door.metrics.placer = door.placer

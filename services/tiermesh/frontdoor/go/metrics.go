@@ -102,6 +102,9 @@ func (m *metrics) ServeHTTP(w http.ResponseWriter, _ *http.Request) {
 		b.WriteString("# TYPE tiermesh_front_door_placed_total counter\n")
 		fmt.Fprintf(&b, "tiermesh_front_door_placed_total{by=\"door\"} %d\n", m.placer.placed.Load())
 		fmt.Fprintf(&b, "tiermesh_front_door_placed_total{by=\"router\"} %d\n", m.placer.passed.Load())
+		b.WriteString("# HELP tiermesh_front_door_admission_calls_total Admission script calls the front door made (each for one or more jobs)\n")
+		b.WriteString("# TYPE tiermesh_front_door_admission_calls_total counter\n")
+		fmt.Fprintf(&b, "tiermesh_front_door_admission_calls_total %d\n", m.placer.calls.Load())
 	}
 	// As prometheus-client's process collector names it: `tiermesh bench --mesh-metrics`
 	// and the dashboards read every process's CPU from it.
