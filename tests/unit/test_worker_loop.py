@@ -104,6 +104,14 @@ class MemoryStreams:
         self._note("read", None, [e.entry_id for e in out])
         return out
 
+    async def read_checking(
+        self, streams: Sequence[StreamKey], count: int, block_ms: int | None, check: Sequence[str]
+    ) -> tuple[list[Entry], set[str]]:
+        """`read`, and the flags of `check` in the same round trip (noted as `flags`)."""
+        if check:
+            self._note("flags", None, check)
+        return await self.read(streams, count, block_ms), self.cancel_flags & set(check)
+
     async def done(
         self, stream: StreamKey, entry_ids: Sequence[str], drain_rate: float | None = None
     ) -> None:
@@ -361,6 +369,28 @@ async def test_a_cancelled_request_that_waited_is_skipped_before_compute(
     assert not h.answers["gone"].done()  # its caller left: nothing handed off
     assert h.result("kept").code == grpc.StatusCode.OK
     assert h.worker.cancelled == 1 and h.worker.computed_rows == 1
+
+
+async def test_the_flags_of_buffered_requests_come_with_the_next_read(
+    make: Callable[..., Awaitable[Harness]],
+) -> None:
+    """More than a batch waited: the next batch's cancel flags are read in the round trip
+    of the step's read, not in one of their own; one whose caller left meanwhile is dropped
+    then (acknowledged at once), never computed."""
+    h = await make()
+    ids = [h.add(f"r{i}", LOW) for i in range(40)]  # the mlp batches at most 32
+    h.clock.now += CANCEL_CHECK_FIRST_NS  # they waited in the stream: flags first
+    await h.steps()
+    assert [len(run) for run in h.runner.runs] == [32]
+    h.streams.cancel_flags.add("r39")
+    h.streams.calls.clear()
+    await h.steps()
+    assert h.runner.runs[1] == [f"r{i}" for i in range(32, 39)]
+    assert [m for m, _, _ in h.streams.calls] == ["flags", "read", "done", "done"]
+    assert h.streams.named("flags") == [(None, tuple(f"r{i}" for i in range(32, 40)))]
+    assert h.acked() == [(LOW, (ids[39],)), (LOW, tuple(ids[32:39]))]
+    assert not h.answers["r39"].done()
+    assert h.worker.cancelled == 1 and h.worker.computed_rows == 39
 
 
 async def test_a_fresh_batch_computes_while_its_cancel_flags_are_read(

@@ -12,7 +12,9 @@ from tiermesh.worker.scheduler import StreamView
 # A batch whose requests all waited less than this since they were queued computes while
 # their cancel flags are read (a caller seldom leaves that soon, and the read is a Redis
 # round trip, ~0.3 ms at concurrency 1 on the reference machine); a batch holding one that
-# waited longer reads them first, so what callers left under load is never computed.
+# waited longer reads them first, so what callers left under load is never computed. A
+# request already buffered at the step's read had its flags read in that round trip
+# (Intake.read_new) and needs no read of its own.
 CANCEL_CHECK_FIRST_NS = 10_000_000
 
 

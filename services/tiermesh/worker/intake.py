@@ -62,6 +62,9 @@ class Intake:
         self._poll_block_ms = poll_block_ms
         self._stopping = stopping
         self.buffer: dict[StreamKey, list[QueuedJob]] = defaultdict(list)
+        # Request ids of online entries buffered at the last `read_new`, whose cancel flags
+        # that read found clear (read in its round trip): a batch of them needs no read.
+        self._checked: set[str] = set()
         self.expired = 0
         self.cancelled = 0
 
@@ -109,8 +112,22 @@ class Intake:
 
     async def read_new(self) -> None:
         """One read of new entries over every stream with room (one XREADGROUP), blocking
-        as long as `block_ms` allows."""
-        await self.collect(await self._read_any(self.block_ms()))
+        as long as `block_ms` allows. In the same round trip it reads the cancel flags of
+        the online entries buffered already (the next batch is mostly theirs under load):
+        those whose caller left are dropped now, the others need no read of their own
+        before or while they compute (`skip`, `left_meanwhile`)."""
+        check = [
+            q.job.request_id for k, qs in self.buffer.items() if not is_background(k) for q in qs
+        ]
+        entries, gone = await self._read_any(self.block_ms(), check)
+        self._checked = set(check) - gone
+        if gone:
+            for key, queued in self.buffer.items():
+                live, left = split_cancelled(queued, gone)
+                if left:
+                    self.buffer[key] = live
+                    await self._drop(key, left, "cancelled")
+        await self.collect(entries)
 
     def block_ms(self) -> int | None:
         """How long the next read may block: while idle, the poll; while online work is
@@ -126,21 +143,24 @@ class Intake:
         wait = PACE_POLL_MS if math.isinf(wait) else math.ceil(wait)
         return max(1, min(self._poll_block_ms, wait))  # BLOCK 0 would block for ever
 
-    async def _read_any(self, block_ms: int | None) -> list[Entry]:
+    async def _read_any(
+        self, block_ms: int | None, check: Sequence[str]
+    ) -> tuple[list[Entry], set[str]]:
+        """(entries read, the ids among `check` whose callers left)."""
         wanted = [k for k in self._units.keys if self.room(k) > 0]
         count = max((self.room(k) for k in wanted), default=0)
-        if not wanted:
+        if not wanted and not check:
             if block_ms:  # nothing to read (every unit unloaded, or paced): idle, not spinning
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._stopping.wait(), block_ms / 1000)
-            return []
+            return [], set()
         try:
-            return await self._streams.read(wanted, count, block_ms)
+            return await self._streams.read_checking(wanted, count, block_ms, check)
         except STREAM_ERRORS as exc:
             log.warning("redis read failed; retrying", error=str(exc))
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._stopping.wait(), 1.0)
-            return []
+            return [], set()
 
     async def fill(self, key: StreamKey) -> None:
         """Wait for more entries of this stream until the scheduler closes the batch.
@@ -197,7 +217,7 @@ class Intake:
         batch) are dropped. Nobody waits for their answer (the gateway answered the expired
         ones itself), so they are acknowledged at once and never handed off."""
         live, expired = split_expired(batch, self._clock_ns())
-        gone = await self._gone(live) if cancelled_too else set()
+        gone = await self._gone(self._unchecked(live)) if cancelled_too else set()
         live, cancelled = split_cancelled(live, gone)
         if self._background is not None and is_background(key):
             try:
@@ -212,13 +232,19 @@ class Intake:
     async def left_meanwhile(self, key: StreamKey, batch: list[QueuedJob]) -> set[str]:
         """For a batch computing while its cancel flags are read: the request ids whose
         caller left, dropped (acknowledged at once, never handed off) as `skip` does."""
-        gone = await self._gone(batch)
+        gone = await self._gone(self._unchecked(batch))
         await self._drop(key, split_cancelled(batch, gone)[1], "cancelled")
         return gone
+
+    def _unchecked(self, batch: list[QueuedJob]) -> list[QueuedJob]:
+        """The requests of `batch` whose cancel flags the last read did not read."""
+        return [q for q in batch if q.job.request_id not in self._checked]
 
     async def _gone(self, batch: list[QueuedJob]) -> set[str]:
         """The request ids of `batch` whose caller left (one read of their cancel flags);
         none when Redis cannot say (they are computed, and their gateway drops the answer)."""
+        if not batch:
+            return set()
         try:
             return await self._streams.cancelled([q.job.request_id for q in batch])
         except STREAM_ERRORS:

@@ -55,6 +55,14 @@ class WorkStreams(Protocol):
         self, streams: Sequence[StreamKey], count: int, block_ms: int | None, pending: bool = False
     ) -> list[Entry]: ...
 
+    async def read_checking(
+        self,
+        streams: Sequence[StreamKey],
+        count: int,
+        block_ms: int | None,
+        check: Sequence[str],
+    ) -> tuple[list[Entry], set[str]]: ...
+
     async def done(
         self, stream: StreamKey, entry_ids: Sequence[str], drain_rate: float | None = None
     ) -> None: ...
@@ -148,6 +156,43 @@ class StreamClient:
                 raise
             await self.ensure_groups(streams)
             reply = await self._xreadgroup(streams, ident, count, block_ms)
+        return self._entries(streams, reply)
+
+    async def read_checking(
+        self,
+        streams: Sequence[StreamKey],
+        count: int,
+        block_ms: int | None,
+        check: Sequence[str],
+    ) -> tuple[list[Entry], set[str]]:
+        """`read` of new entries and, in the same round trip (read first, so before the
+        read blocks), the cancel flags of the request ids in `check`: (entries, the ids
+        among `check` whose callers have given up)."""
+        if not check:
+            return await self.read(streams, count, block_ms), set()
+        if not streams:
+            return [], await self.cancelled(check)
+        async with self._redis.pipeline(transaction=False) as pipe:
+            pipe.mget([keys.cancel_key(r) for r in check])
+            pipe.xreadgroup(
+                keys.GROUP,
+                self.consumer,
+                {k.name: ">" for k in streams},
+                count=count,
+                block=block_ms,
+            )
+            flags, reply = await pipe.execute(raise_on_error=False)
+        if isinstance(flags, Exception):
+            raise flags
+        gone = {r for r, flag in zip(check, flags, strict=True) if flag is not None}
+        if isinstance(reply, ResponseError) and "NOGROUP" in str(reply):
+            return await self.read(streams, count, block_ms), gone  # as `read` recovers
+        if isinstance(reply, Exception):
+            raise reply
+        return self._entries(streams, reply), gone
+
+    def _entries(self, streams: Sequence[StreamKey], reply: object) -> list[Entry]:
+        """The entries of an XREADGROUP reply, held from now on."""
         by_name = {k.name: k for k in streams}
         out = []
         # RESP2 reply: [[stream, [[id, {field: value}], ...]], ...]
