@@ -47,6 +47,7 @@ type directPlan struct {
 
 	admission *redis.Script // run by its SHA1, loaded where Redis lacks it
 	tokenizer *wordPiece
+	queue     atomic.Pointer[admitQueue] // the placer's queue for this plan, once asked
 }
 
 // planOf is the model's plan from its config, or nil (none, or one the door cannot read).
@@ -220,8 +221,12 @@ func (pl *placer) place(m *model, job *tiermeshv1.Job) *tiermeshv1.RouteReply {
 }
 
 // queue is the admission queue of the plan's script and entry fields (shared by every plan
-// with the same ones: one call may carry jobs of several models).
+// with the same ones: one call may carry jobs of several models), kept on the plan after
+// its first job.
 func (pl *placer) queue(p *directPlan) *admitQueue {
+	if q := p.queue.Load(); q != nil {
+		return q
+	}
 	key := p.Script + "\x00" + p.Fields[0] + "\x00" + p.Fields[1] + "\x00" + p.Fields[2]
 	pl.mu.Lock()
 	defer pl.mu.Unlock()
@@ -230,6 +235,7 @@ func (pl *placer) queue(p *directPlan) *admitQueue {
 		q = &admitQueue{pool: pl.pool, script: p.admission, fields: p.Fields, calls: &pl.calls, most: pl.most}
 		pl.queues[key] = q
 	}
+	p.queue.Store(q)
 	return q
 }
 
@@ -246,7 +252,8 @@ func (pl *placer) failed(m *model, err error) {
 
 // describe is the door's stop line's word on it.
 func (pl *placer) describe() string {
-	return "placed here " + strconv.FormatInt(pl.placed.Load(), 10) + ", by the router after all " +
+	return "placed here " + strconv.FormatInt(pl.placed.Load(), 10) + " (in " +
+		strconv.FormatInt(pl.calls.Load(), 10) + " admission calls), by the router after all " +
 		strconv.FormatInt(pl.passed.Load(), 10)
 }
 
