@@ -165,15 +165,15 @@ class StreamClient:
         block_ms: int | None,
         check: Sequence[str],
     ) -> tuple[list[Entry], set[str]]:
-        """`read` of new entries and, in the same round trip (read first, so before the
-        read blocks), the cancel flags of the request ids in `check`: (entries, the ids
-        among `check` whose callers have given up)."""
+        """`read` of new entries and, in the same round trip (the flags first, so a read
+        that blocks does not hold them back), the cancel flags of the request ids in
+        `check`: (entries, the ids among `check` whose callers have given up)."""
         if not check:
             return await self.read(streams, count, block_ms), set()
         if not streams:
             return [], await self.cancelled(check)
         async with self._redis.pipeline(transaction=False) as pipe:
-            pipe.mget([keys.cancel_key(r) for r in check])
+            pipe.mget(_cancel_keys(check))
             pipe.xreadgroup(
                 keys.GROUP,
                 self.consumer,
@@ -184,7 +184,7 @@ class StreamClient:
             flags, reply = await pipe.execute(raise_on_error=False)
         if isinstance(flags, Exception):
             raise flags
-        gone = {r for r, flag in zip(check, flags, strict=True) if flag is not None}
+        gone = _flagged(check, flags)
         if isinstance(reply, ResponseError) and "NOGROUP" in str(reply):
             return await self.read(streams, count, block_ms), gone  # as `read` recovers
         if isinstance(reply, Exception):
@@ -362,8 +362,7 @@ class StreamClient:
         """The ids among `request_ids` whose callers have given up."""
         if not request_ids:
             return set()
-        flags = await self._redis.mget([keys.cancel_key(r) for r in request_ids])
-        return {r for r, flag in zip(request_ids, flags, strict=True) if flag is not None}
+        return _flagged(request_ids, await self._redis.mget(_cancel_keys(request_ids)))
 
     async def heartbeat(self, models: Iterable[str], tier: str, ttl_ms: int) -> None:
         """Register this consumer in the worker set of each model on `tier` for `ttl_ms`
@@ -393,3 +392,12 @@ def _claimed(stream: StreamKey, reply: Any) -> list[Entry]:
 def _id_key(entry_id: str) -> tuple[int, int]:
     ms, _, seq = entry_id.partition("-")
     return int(ms), int(seq or 0)
+
+
+def _cancel_keys(request_ids: Sequence[str]) -> list[str]:
+    return [keys.cancel_key(r) for r in request_ids]
+
+
+def _flagged(request_ids: Sequence[str], flags: Sequence[object]) -> set[str]:
+    """The ids whose cancel flag (MGET's reply, in the same order) is set."""
+    return {r for r, flag in zip(request_ids, flags, strict=True) if flag is not None}
