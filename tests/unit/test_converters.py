@@ -24,7 +24,7 @@ from tiermesh.gateway.converters import (
     model_metadata,
 )
 from tiermesh.gateway.decoding import UNDECODABLE_MESSAGE, add_inference_servicer
-from tiermesh.gateway.requests import validate
+from tiermesh.gateway.requests import MAX_LISTED_ELEMENTS, validate
 
 
 def _cfg(**over: Any) -> ModelConfig:
@@ -108,6 +108,36 @@ def test_typed_contents_value_out_of_range() -> None:
     t = msg.inputs.add(name="A", datatype="INT8", shape=[1])
     t.contents.int_contents.append(300)
     assert "does not fit INT8" in _invalid(msg)
+
+
+def test_typed_contents_whose_count_is_not_the_shapes_are_refused_unread() -> None:
+    msg = service_pb2.ModelInferRequest(model_name="m")
+    t = msg.inputs.add(name="A", datatype="INT32", shape=[2])
+    t.contents.int_contents.extend([0] * 5)
+    assert "contents hold 5 elements, shape [2] needs 2" in _invalid(msg)
+
+
+def test_typed_contents_past_the_listed_limit_must_be_raw() -> None:
+    msg = service_pb2.ModelInferRequest(model_name="m")
+    t = msg.inputs.add(name="A", datatype="BOOL", shape=[MAX_LISTED_ELEMENTS + 1])
+    t.contents.bool_contents.extend([False] * (MAX_LISTED_ELEMENTS + 1))
+    assert "send larger tensors as raw_input_contents" in _invalid(msg)
+
+
+def test_the_screen_sees_each_input_before_its_contents_are_read() -> None:
+    msg = service_pb2.ModelInferRequest(model_name="m")
+    msg.inputs.add(name="A", datatype="INT8", shape=[1]).contents.int_contents.append(300)
+    seen: list[tuple[str, str, tuple[int, ...]]] = []
+
+    def screen(name: str, datatype: str, shape: tuple[int, ...]) -> None:
+        seen.append((name, datatype, shape))
+        raise MeshError(grpc.StatusCode.INVALID_ARGUMENT, "refused by the screen")
+
+    with pytest.raises(MeshError) as exc:
+        infer_request(msg, screen)
+    # The value 300 does not fit INT8: had the contents been read, that would be the error.
+    assert exc.value.message == "refused by the screen"
+    assert seen == [("A", "INT8", (1,))]
 
 
 def test_fp16_must_be_raw() -> None:

@@ -31,7 +31,7 @@ from tiermesh.gateway.dispatch import Call
 from tiermesh.gateway.metrics import GatewayMetrics
 from tiermesh.gateway.pending import PendingRequests
 from tiermesh.gateway.plane import SERVER, Caller, DataPlane
-from tiermesh.gateway.requests import InferRequest
+from tiermesh.gateway.requests import InferRequest, Screen
 from tiermesh.gateway.rest_codec import config_doc, metadata_doc, server_doc
 from tiermesh.gateway.security import Gate
 from tiermesh.gateway.upstream import Routed, Upstream
@@ -94,7 +94,9 @@ def _plane(**settings: Any) -> tuple[DataPlane, AnsweringRouter, CollectorRegist
     return plane, router, registry
 
 
-def _parse(model: str = "simple") -> InferRequest:
+def _parse(screen: Screen, model: str = "simple") -> InferRequest:
+    for t in INPUTS:
+        screen(t.name, t.datatype, t.shape)
     return InferRequest(model, "", INPUTS)
 
 
@@ -120,6 +122,33 @@ async def test_an_answer_is_counted_once_in_metrics_and_statistics() -> None:
     assert registry.get_sample_value("tiermesh_request_duration_seconds_count", labels) == 1
 
 
+async def test_a_tensor_the_model_refuses_is_refused_from_its_shape_before_it_is_read() -> None:
+    plane, router, _ = _plane()
+    read: list[str] = []
+
+    def parse(screen: Screen) -> InferRequest:
+        screen("INPUT0", "INT32", (1, 17))  # the model's INPUT0 is [-1, 16]
+        read.append("INPUT0")
+        return _parse(screen)
+
+    with pytest.raises(MeshError) as err:
+        await plane.infer("simple", parse, CALLER)
+    assert err.value.code == grpc.StatusCode.INVALID_ARGUMENT
+    assert "dimension 1 is 17, the model expects 16" in err.value.message
+    assert read == [] and router.jobs == []
+
+
+async def test_a_call_to_an_unknown_model_is_not_read() -> None:
+    plane, _, _ = _plane()
+
+    def parse(screen: Screen) -> InferRequest:
+        raise AssertionError("the request of an unknown model was read")
+
+    with pytest.raises(MeshError) as err:
+        await plane.infer("no-such-model", parse, CALLER)
+    assert err.value.code == grpc.StatusCode.NOT_FOUND
+
+
 async def test_refusals_are_counted_by_code_and_in_the_failed_statistics() -> None:
     plane, router, registry = _plane()
     plane.draining = True
@@ -127,7 +156,7 @@ async def test_refusals_are_counted_by_code_and_in_the_failed_statistics() -> No
         await plane.infer("simple", _parse, CALLER)
     assert err.value.code == grpc.StatusCode.UNAVAILABLE
     with pytest.raises(MeshError) as err:
-        await plane.infer("no-such-model", lambda: _parse("no-such-model"), CALLER)
+        await plane.infer("no-such-model", lambda screen: _parse(screen, "no-such-model"), CALLER)
     assert _count(registry, "simple", "UNAVAILABLE") == 1
     assert _count(registry, "unknown", "UNAVAILABLE") == 1
     assert plane.statistics.of("simple", "1").fail.count == 1

@@ -15,6 +15,7 @@ from tiermesh.core.jobs import JobResult, Timing
 from tiermesh.core.tensors import TensorData
 from tiermesh.gateway.control import check_allowed
 from tiermesh.gateway.rest_codec import (
+    MAX_JSON_BYTES,
     OutputChoice,
     http_status,
     infer_body,
@@ -85,9 +86,13 @@ def test_binary_inputs_follow_the_json_header() -> None:
         (json.dumps(_doc(datatype="INT33")).encode(), "unknown datatype"),
         (json.dumps(_doc(data=[1.5, 2])).encode(), "is not of datatype INT32"),
         (json.dumps(_doc(data=[True, 2])).encode(), "is not of datatype INT32"),
-        (json.dumps(_doc(data=[1, 2, 3])).encode(), "3 values in 'data' for shape [1, 2]"),
+        (json.dumps(_doc(data=[1, 2, 3])).encode(), "more than 2 values in 'data'"),
         (json.dumps(_doc(data=[1, 2**40])).encode(), "does not fit INT32"),
         (json.dumps(_doc(shape="x")).encode(), "'shape' must be a list of integers"),
+        (b"[" * 100_000 + b"]" * 100_000, "nested too deeply"),
+        (b'{"inputs": [' + b"9" * 5000 + b"]}", "malformed JSON"),
+        (b" " * (MAX_JSON_BYTES + 1), "send large tensors as binary data"),
+        (json.dumps(_doc(shape=[1, 2_000_000])).encode(), "over the limit of"),
     ],
 )
 def test_bad_bodies_are_invalid_argument_naming_the_problem(body: bytes, message: str) -> None:
@@ -95,6 +100,21 @@ def test_bad_bodies_are_invalid_argument_naming_the_problem(body: bytes, message
         parse_infer(body, None, "simple", "")
     assert err.value.code == grpc.StatusCode.INVALID_ARGUMENT
     assert message in err.value.message
+
+
+def test_the_screen_sees_each_input_before_its_data_is_read() -> None:
+    seen: list[tuple[str, str, tuple[int, ...]]] = []
+
+    def screen(name: str, datatype: str, shape: tuple[int, ...]) -> None:
+        seen.append((name, datatype, shape))
+        raise MeshError(grpc.StatusCode.INVALID_ARGUMENT, "refused by the screen")
+
+    # 2**40 does not fit INT32: had the data been read, that would be the error.
+    body = json.dumps(_doc(data=[1, 2**40])).encode()
+    with pytest.raises(MeshError) as err:
+        parse_infer(body, None, "simple", "", screen)
+    assert err.value.message == "refused by the screen"
+    assert seen == [("INPUT0", "INT32", (1, 2))]
 
 
 def test_binary_sizes_must_account_for_every_byte() -> None:

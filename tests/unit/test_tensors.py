@@ -90,8 +90,21 @@ def test_bytes_element_count_must_match_shape(items: int, shape: tuple[int, ...]
     with pytest.raises(MeshError) as exc:
         validate_raw("TEXT", "BYTES", shape, raw)
     msg = _invalid(exc)
-    assert f"holds {items} elements" in msg
-    assert f"needs {int(np.prod(shape))}" in msg
+    count = int(np.prod(shape))
+    if items > count:
+        assert f"holds more elements than the {count} its shape needs" in msg
+    else:
+        assert f"holds {items} elements" in msg
+        assert f"needs {count}" in msg
+
+
+def test_a_bytes_scan_stops_one_element_past_the_shape() -> None:
+    # Millions of empty elements fit a few megabytes; the split reads two of them here, or
+    # it would reach the broken framing at the end and name that instead.
+    raw = _frame(*[b""] * 1_000_000) + b"\x01"
+    with pytest.raises(MeshError) as exc:
+        validate_raw("TEXT", "BYTES", (1,), raw)
+    assert "holds more elements than the 1 its shape needs" in _invalid(exc)
 
 
 def test_bytes_invalid_utf8_names_element_and_byte() -> None:

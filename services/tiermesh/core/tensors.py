@@ -60,11 +60,17 @@ def element_size(datatype: str) -> int:
 
 
 def split_bytes(raw: bytes, count: int, name: str) -> list[bytes]:
-    """Split v2-framed BYTES content into exactly `count` elements, or raise INVALID_ARGUMENT."""
+    """Split v2-framed BYTES content into exactly `count` elements, or raise INVALID_ARGUMENT.
+    The scan stops past the `count`-th element: content framed as many more (millions of
+    empty elements fit a few megabytes) is refused for what one more element costs."""
     out: list[bytes] = []
     pos = 0
     view = memoryview(raw)
     while pos < len(raw):
+        if len(out) == count:
+            raise invalid(
+                f"input '{shown(name)}': BYTES holds more elements than the {count} its shape needs"
+            )
         if len(raw) - pos < 4:
             raise invalid(
                 f"input '{shown(name)}': BYTES framing broken: {len(raw) - pos} trailing bytes "

@@ -3,18 +3,19 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import numpy as np
 from tritonclient.grpc import model_config_pb2, service_pb2
 
-from tiermesh.core.errors import invalid, shown
+from tiermesh.core.errors import invalid, shown, shown_shape
 from tiermesh.core.jobs import JobResult
 from tiermesh.core.repository import ModelConfig, TensorSpec
-from tiermesh.core.tensors import BYTES, TensorData, join_bytes
+from tiermesh.core.tensors import BYTES, TensorData, element_count, join_bytes
 from tiermesh.gateway.facts import response_facts
 from tiermesh.gateway.generation import PARAMETERS as GENERATION_PARAMETERS
 from tiermesh.gateway.plane import ServerInfo
-from tiermesh.gateway.requests import InferRequest
+from tiermesh.gateway.requests import MAX_LISTED_ELEMENTS, InferRequest, Screen, no_screen
 
 # InferTensorContents field and numpy dtype for each datatype a client may send typed.
 _CONTENTS: dict[str, tuple[str, str]] = {
@@ -73,26 +74,45 @@ def _param_values(params: object, keys: tuple[str, ...]) -> dict[str, object]:
     return out
 
 
-def _typed_contents(t: service_pb2.ModelInferRequest.InferInputTensor) -> bytes:
+def _typed_contents(
+    t: service_pb2.ModelInferRequest.InferInputTensor, shape: tuple[int, ...]
+) -> bytes:
+    """The raw bytes of typed contents, built only once their count matches the shape (the
+    length of a repeated field is known without reading it)."""
     contents = t.contents
     if t.datatype == BYTES:
-        return join_bytes(list(contents.bytes_contents))
-    if t.datatype not in _CONTENTS:
+        values: Any = contents.bytes_contents
+    elif t.datatype in _CONTENTS:
+        field, dtype = _CONTENTS[t.datatype]
+        values = getattr(contents, field)
+    else:
         raise invalid(
             f"input '{shown(t.name)}': datatype {shown(t.datatype)} must be sent as raw contents"
         )
-    field, dtype = _CONTENTS[t.datatype]
-    values = list(getattr(contents, field))
+    count = element_count(shape)
+    if len(values) != count:
+        raise invalid(
+            f"input '{shown(t.name)}': contents hold {len(values)} elements, shape "
+            f"{shown_shape(shape)} needs {count}"
+        )
+    if count > MAX_LISTED_ELEMENTS:
+        raise invalid(
+            f"input '{shown(t.name)}': {count} typed elements, over the limit of "
+            f"{MAX_LISTED_ELEMENTS}; send larger tensors as raw_input_contents"
+        )
+    if t.datatype == BYTES:
+        return join_bytes(values)
     try:
-        return bytes(np.asarray(values, dtype=dtype).tobytes())
-    except OverflowError:
+        return bytes(np.fromiter(values, dtype=dtype, count=count).tobytes())
+    except (OverflowError, ValueError):
         raise invalid(
             f"input '{shown(t.name)}': a value does not fit {shown(t.datatype)}"
         ) from None
 
 
-def infer_request(msg: service_pb2.ModelInferRequest) -> InferRequest:
-    """The domain request; INVALID_ARGUMENT for framing the protocol itself forbids."""
+def infer_request(msg: service_pb2.ModelInferRequest, screen: Screen = no_screen) -> InferRequest:
+    """The domain request; INVALID_ARGUMENT for framing the protocol itself forbids, and
+    for what `screen` refuses."""
     if len(msg.inputs) > MAX_INPUTS:
         raise invalid(f"{len(msg.inputs)} inputs, over the limit of {MAX_INPUTS}")
     raw = list(msg.raw_input_contents)
@@ -110,8 +130,10 @@ def infer_request(msg: service_pb2.ModelInferRequest) -> InferRequest:
             raise invalid(
                 f"input '{shown(t.name)}': rank {len(t.shape)} over the limit of {MAX_RANK}"
             )
-        data = raw[i] if raw else _typed_contents(t)
-        inputs.append(TensorData(t.name, t.datatype, tuple(int(d) for d in t.shape), data))
+        shape = tuple(int(d) for d in t.shape)
+        screen(t.name, t.datatype, shape)
+        data = raw[i] if raw else _typed_contents(t, shape)
+        inputs.append(TensorData(t.name, t.datatype, shape, data))
     priority = _param_int(msg.parameters, "priority") or 0
     return InferRequest(
         model=msg.model_name,

@@ -27,7 +27,7 @@ import redis.asyncio as aioredis
 import structlog
 from opentelemetry import trace
 
-from tiermesh.core.errors import MeshError, exhausted, invalid, unavailable
+from tiermesh.core.errors import MeshError, exhausted, invalid, unavailable, unknown_model
 from tiermesh.core.jobs import Job, Timing
 from tiermesh.core.repository import ModelConfig, ModelRepository
 from tiermesh.core.settings import GatewaySettings
@@ -42,6 +42,8 @@ from tiermesh.gateway.metrics import GatewayMetrics
 from tiermesh.gateway.pending import PartialCallback, PendingRequests
 from tiermesh.gateway.requests import (
     InferRequest,
+    Screen,
+    check_tensor,
     effective_deadline_ns,
     find_model,
     priority_level,
@@ -153,12 +155,13 @@ class DataPlane:
     async def infer(
         self,
         model_name: str,
-        parse: Callable[[], InferRequest],
+        parse: Callable[[Screen], InferRequest],
         caller: Caller,
         on_partial: PartialCallback | None = None,
     ) -> Answer:
         """The inference path of every door: `parse` turns the door's message into the
-        domain request, after the caller's credentials were checked. `on_partial` (a
+        domain request, after the caller's credentials and quota were checked, calling the
+        Screen it is given with each input before it builds the input's contents. `on_partial` (a
         streaming caller) gets the pieces of a generative model's answer as they come,
         before the final answer is returned. Raises MeshError for every refusal; whatever
         the outcome, the call is counted once."""
@@ -215,7 +218,7 @@ class DataPlane:
 
     async def _infer(
         self,
-        parse: Callable[[], InferRequest],
+        parse: Callable[[Screen], InferRequest],
         caller: Caller,
         call: Call,
         on_partial: PartialCallback | None,
@@ -231,32 +234,47 @@ class DataPlane:
         tenant = self._gate.authenticate(caller.metadata)
         call.tenant = tenant.name if tenant else ""
         self._gate.check_model(tenant, call.model)
-        req = parse()
-        named = self._repo.get(req.model)
-        if named is not None:  # unloaded through model control: UNAVAILABLE
-            self.control.check_served(named, req.version)
-        cfg = find_model(self._repo, req.model, req.version)
-        call.version = req.version
-        validate(cfg, req)
-        span = trace.get_current_span()
-        if self._hop_spans is not None and self._hop_spans.exporting and span.is_recording():
-            call.hops = self._hop_spans.choose(span.get_span_context())
-        job = self._job(cfg, req, call, caller, on_partial is not None)
-        if cfg.generation is None:
-            on_partial = None
-        call.variant = job.variant
-        call.job = job
-        bound = {"request_id": job.request_id, "model": job.model}
-        if not span.get_span_context().is_valid and (tid := trace_id_of(job.trace_context)):
-            bound["trace_id"] = tid  # no span here: the logs still name the caller's trace
-        structlog.contextvars.bind_contextvars(**bound)
-        if span.is_recording():
-            span.set_attribute("tiermesh.request_id", job.request_id)
-            span.set_attribute("tiermesh.client_request_id", job.client_request_id)
-            if tenant is not None:
-                span.set_attribute("tiermesh.tenant", tenant.name)
-        async with self._gate.hold(tenant, job.request_id, job.deadline_ns):
+        known = self._repo.get(call.model)
+        if known is None:
+            raise unknown_model(call.model)
+        # The tenant's quota next, before the request is read: every call takes a token,
+        # valid or not, and the in-flight slot bounds what a tenant's calls hold at once.
+        # The slot's deadline is the call's without its `timeout` parameter (not yet read):
+        # a longer one outlives its slot's safety expiry, never the other way.
+        held_until_ns = effective_deadline_ns(
+            call.received_ns, caller.time_remaining_s, None, self._default_timeout_ms(known)
+        )
+        async with self._gate.hold(tenant, call.request_id, held_until_ns):
+            # A tensor the model would refuse is refused from its shape, before it is built.
+            req = parse(lambda name, datatype, shape: check_tensor(known, name, datatype, shape))
+            self.control.check_served(known, req.version)
+            cfg = find_model(self._repo, req.model, req.version)
+            call.version = req.version
+            validate(cfg, req)
+            span = trace.get_current_span()
+            if self._hop_spans is not None and self._hop_spans.exporting and span.is_recording():
+                call.hops = self._hop_spans.choose(span.get_span_context())
+            job = self._job(cfg, req, call, caller, on_partial is not None)
+            if cfg.generation is None:
+                on_partial = None
+            call.variant = job.variant
+            call.job = job
+            bound = {"request_id": job.request_id, "model": job.model}
+            if not span.get_span_context().is_valid and (tid := trace_id_of(job.trace_context)):
+                bound["trace_id"] = tid  # no span here: the logs still name the caller's trace
+            structlog.contextvars.bind_contextvars(**bound)
+            if span.is_recording():
+                span.set_attribute("tiermesh.request_id", job.request_id)
+                span.set_attribute("tiermesh.client_request_id", job.client_request_id)
+                if tenant is not None:
+                    span.set_attribute("tiermesh.tenant", tenant.name)
             return await self._dispatch.answer(cfg, job, call, on_partial)
+
+    def _default_timeout_ms(self, cfg: ModelConfig) -> int:
+        """The wait of a call that names none (no gRPC deadline, no `timeout`)."""
+        if cfg.generation is not None:
+            return cfg.generation.default_timeout_ms
+        return self._settings.default_timeout_ms
 
     def _job(
         self, cfg: ModelConfig, req: InferRequest, call: Call, caller: Caller, stream: bool
@@ -283,9 +301,7 @@ class DataPlane:
                 received_ns,
                 caller.time_remaining_s,
                 req.timeout_us,
-                cfg.generation.default_timeout_ms
-                if cfg.generation
-                else self._settings.default_timeout_ms,
+                self._default_timeout_ms(cfg),
             ),
             requested_outputs=req.requested_outputs,
             timing=Timing(received_ns=received_ns),

@@ -13,7 +13,6 @@ span, continuing the caller's W3C `traceparent` when it sends one.
 from __future__ import annotations
 
 import asyncio
-import json
 import ssl
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -27,13 +26,14 @@ from tiermesh.core.errors import INTERNAL_MESSAGE, RETRY_AFTER_KEY, MeshError, i
 from tiermesh.core.grpc_errors import REDIS_OUTAGE, REDIS_OUTAGE_MESSAGE
 from tiermesh.core.settings import GatewaySettings
 from tiermesh.gateway.plane import Caller, DataPlane
-from tiermesh.gateway.requests import InferRequest
+from tiermesh.gateway.requests import InferRequest, Screen
 from tiermesh.gateway.rest_codec import (
     HEADER_LENGTH,
     OutputChoice,
     config_doc,
     http_status,
     infer_body,
+    json_object,
     metadata_doc,
     parse_infer,
     retry_after_s,
@@ -127,6 +127,12 @@ class RestDoor:
         if self._runner is not None:
             await self._runner.cleanup()
 
+    async def _optional_json(self, request: web.Request) -> dict[str, Any]:
+        """The JSON object of a body that may be empty, read once its caller's key passed."""
+        self._plane.authenticate(_caller(request))
+        body = await request.read()
+        return json_object(body) if body.strip() else {}
+
     @web.middleware
     async def _middleware(self, request: web.Request, handler: Handler) -> web.StreamResponse:
         """One SERVER span per request; every failure as `{"error": ...}` with its status."""
@@ -189,13 +195,13 @@ class RestDoor:
         return _json({"model_stats": docs})
 
     async def index(self, request: web.Request) -> web.StreamResponse:
-        doc = await _optional_json(request)
+        doc = await self._optional_json(request)
         if doc.get("repository_name"):
             raise invalid("this server has one model repository, named ''")
         return _json(await self._plane.index_docs(_caller(request), doc.get("ready") is True))
 
     async def load(self, request: web.Request) -> web.StreamResponse:
-        doc = await _optional_json(request)
+        doc = await self._optional_json(request)
         params = doc.get("parameters") or {}
         if not isinstance(params, dict) or set(params) - {"version"}:
             raise invalid(
@@ -207,7 +213,7 @@ class RestDoor:
         return web.Response(status=200)
 
     async def unload(self, request: web.Request) -> web.StreamResponse:
-        doc = await _optional_json(request)
+        doc = await self._optional_json(request)
         params = doc.get("parameters") or {}
         version = str(params.get("version", "")) if isinstance(params, dict) else ""
         await self._plane.unload(_caller(request), request.match_info["model"], version)
@@ -216,11 +222,13 @@ class RestDoor:
     async def infer(self, request: web.Request) -> web.StreamResponse:
         name, version = _model(request)
         header_length = _header_length(request)
+        # The caller's key before its body: a stranger's 64 MiB is never read.
+        self._plane.authorize(_caller(request), name)
         body = await request.read()
         chosen: list[OutputChoice] = []
 
-        def parse() -> InferRequest:
-            req, choice = parse_infer(body, header_length, name, version)
+        def parse(screen: Screen) -> InferRequest:
+            req, choice = parse_infer(body, header_length, name, version, screen)
             chosen.append(choice)
             return req
 
@@ -241,20 +249,6 @@ class RestDoor:
 def _model(request: web.Request) -> tuple[str, str]:
     """The model's name and version in the path ("" where the route has none)."""
     return request.match_info.get("model", ""), request.match_info.get("version", "")
-
-
-async def _optional_json(request: web.Request) -> dict[str, Any]:
-    """The JSON object of a body that may be empty."""
-    body = await request.read()
-    if not body.strip():
-        return {}
-    try:
-        doc = json.loads(body)
-    except (UnicodeDecodeError, json.JSONDecodeError):
-        raise invalid("malformed JSON in the request body") from None
-    if not isinstance(doc, dict):
-        raise invalid("the request body must be a JSON object")
-    return doc
 
 
 def _ssl_context(settings: GatewaySettings) -> ssl.SSLContext | None:

@@ -29,7 +29,7 @@ from tiermesh.gateway.converters import MAX_INPUTS, MAX_RANK, tensor_shape
 from tiermesh.gateway.facts import response_facts
 from tiermesh.gateway.generation import PARAMETERS as GENERATION_PARAMETERS
 from tiermesh.gateway.plane import ServerInfo
-from tiermesh.gateway.requests import InferRequest
+from tiermesh.gateway.requests import MAX_LISTED_ELEMENTS, InferRequest, Screen, no_screen
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
 
@@ -89,7 +89,18 @@ _JSON_DTYPES: dict[str, tuple[str, tuple[type, ...]]] = {
 }
 
 
-def _json_object(data: bytes) -> dict[str, Any]:
+# The JSON part of a request body (its header, with the binary extension): json.loads holds
+# the event loop ~5 ms a MiB and builds an object per value. Tensors larger than this travel
+# as binary data (the extension every KServe v2 REST client has).
+MAX_JSON_BYTES = 8 << 20
+
+
+def json_object(data: bytes) -> dict[str, Any]:
+    if len(data) > MAX_JSON_BYTES:
+        raise invalid(
+            f"the JSON of the request body is {len(data)} bytes, over the limit of "
+            f"{MAX_JSON_BYTES}; send large tensors as binary data (binary_data_size)"
+        )
     try:
         doc = json.loads(data)
     except UnicodeDecodeError:
@@ -98,6 +109,10 @@ def _json_object(data: bytes) -> dict[str, Any]:
         raise invalid(
             f"malformed JSON in the request body: {exc.msg} at line {exc.lineno} column {exc.colno}"
         ) from None
+    except RecursionError:
+        raise invalid("malformed JSON in the request body: nested too deeply") from None
+    except ValueError as exc:  # an integer of more digits than Python converts (4300)
+        raise invalid(f"malformed JSON in the request body: {shown(str(exc), 80)}") from None
     if not isinstance(doc, dict):
         raise invalid("the request body must be a JSON object")
     return doc
@@ -126,29 +141,38 @@ def _params(doc: Mapping[str, Any], where: str) -> Mapping[str, Any]:
     return params
 
 
-def _flatten(data: Any, name: str) -> list[Any]:
-    """Nested JSON lists, row-major; scalars as they are."""
+def _flatten(data: Any, name: str, count: int) -> list[Any]:
+    """Nested JSON lists, row-major; scalars as they are. The walk stops one value past
+    `count`: a list of millions of values for a small shape costs what the shape does."""
     if not isinstance(data, list):
         return [data]
     out: list[Any] = []
     stack = [iter(data)]
-    while stack:
+    while stack and len(out) <= count:
         for item in stack[-1]:
             if isinstance(item, list):
                 stack.append(iter(item))
                 break
             out.append(item)
+            if len(out) > count:
+                break
         else:
             stack.pop()
     return out
 
 
 def _json_tensor(name: str, datatype: str, shape: tuple[int, ...], data: Any) -> bytes:
-    items = _flatten(data, name)
     count = math.prod(shape)
-    if len(items) != count:
+    if count > MAX_LISTED_ELEMENTS:
         raise invalid(
-            f"input '{shown(name)}': {len(items)} values in 'data' for shape {list(shape)} "
+            f"input '{shown(name)}': {count} values in 'data', over the limit of "
+            f"{MAX_LISTED_ELEMENTS}; send larger tensors as binary data"
+        )
+    items = _flatten(data, name, count)
+    if len(items) != count:
+        shown_count = f"more than {count}" if len(items) > count else str(len(items))
+        raise invalid(
+            f"input '{shown(name)}': {shown_count} values in 'data' for shape {list(shape)} "
             f"({count} values)"
         )
     if datatype == BYTES:
@@ -182,13 +206,18 @@ def _shape(raw: Any, name: str) -> tuple[int, ...]:
 
 
 def parse_infer(
-    body: bytes, header_length: int | None, model: str, version: str
+    body: bytes,
+    header_length: int | None,
+    model: str,
+    version: str,
+    screen: Screen = no_screen,
 ) -> tuple[InferRequest, OutputChoice]:
-    """The domain request of a REST infer call; INVALID_ARGUMENT naming what is wrong."""
+    """The domain request of a REST infer call; INVALID_ARGUMENT naming what is wrong, or
+    what `screen` refuses of an input before its data is read."""
     if header_length is not None and not 0 <= header_length <= len(body):
         raise invalid(f"{HEADER_LENGTH} {header_length} does not fit a body of {len(body)} bytes")
     split = len(body) if header_length is None else header_length
-    doc = _json_object(body[:split])
+    doc = json_object(body[:split])
     binary = memoryview(body)[split:]
     raw_inputs = doc.get("inputs")
     if not isinstance(raw_inputs, list):
@@ -207,6 +236,7 @@ def parse_infer(
                 f"input '{shown(name)}': unknown datatype {shown(json.dumps(datatype), 32)}"
             )
         shape = _shape(t.get("shape"), name)
+        screen(name, datatype, shape)
         size = _int_param(_params(t, f"input '{shown(name)}'"), "binary_data_size")
         if size is not None:
             if "data" in t:

@@ -73,7 +73,9 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
     @grpc_method
     async def ModelInfer(self, request, context):  # type: ignore[no-untyped-def]
         answer = await self._plane.infer(
-            request.model_name, lambda: converters.infer_request(request), caller_of(context)
+            request.model_name,
+            lambda screen: converters.infer_request(request, screen),
+            caller_of(context),
         )
         return converters.infer_response(answer.result, answer.responded_ns, answer.cache_hit)
 

@@ -61,7 +61,10 @@ async def _answer(plane: DataPlane, request: Any, caller: Caller, out: asyncio.Q
 
     try:
         answer = await plane.infer(
-            request.model_name, lambda: converters.infer_request(request), caller, piece
+            request.model_name,
+            lambda screen: converters.infer_request(request, screen),
+            caller,
+            piece,
         )
     except MeshError as err:
         return _error(request, err.message)
