@@ -41,11 +41,12 @@ def make_server(
     max_metadata_bytes: int | None = None,
     *,
     intercepted: bool = True,
+    extra_options: tuple[tuple[str, int], ...] = (),
 ) -> grpc.aio.Server:
     """A grpc.aio server, with the OpenTelemetry server interceptor where `telemetry`
     exports, unless not `intercepted` (a server whose servicer records its calls' spans
     itself: the gateway's public port). `max_metadata_bytes` bounds the request headers of
-    a call (gRPC's own default when None)."""
+    a call (gRPC's own default when None); `extra_options` are further channel arguments."""
     options: list[tuple[str, int]] = [
         ("grpc.max_receive_message_length", max_message_bytes),
         ("grpc.max_send_message_length", max_message_bytes),
@@ -60,6 +61,7 @@ def make_server(
             ("grpc.max_metadata_size", max_metadata_bytes),
             ("grpc.absolute_max_metadata_size", max_metadata_bytes),
         ]
+    options += extra_options
     # The interceptor costs ~0.1-0.2 ms of CPU per call even when no span is recorded: only
     # where spans go somewhere (benchmarks/grpc_hops.py).
     interceptors = (

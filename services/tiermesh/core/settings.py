@@ -59,6 +59,9 @@ class GatewaySettings(ServiceSettings):
     delivery_advertise: str = ""
     router_address: str = "127.0.0.1:8012"
     max_message_bytes: int = 64 * 1024 * 1024
+    # A compressed request on the public port inflates to at most this many bytes; beyond,
+    # RESOURCE_EXHAUSTED before the rest is inflated (decoding.py).
+    max_inflated_bytes: int = Field(default=16 * 1024 * 1024, gt=0)
     # Used when a request sets neither a gRPC deadline nor a `timeout` parameter.
     default_timeout_ms: int = Field(default=30_000, gt=0)
     # Requests this gateway waits on at once; beyond it callers are refused at once.

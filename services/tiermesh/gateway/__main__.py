@@ -39,10 +39,14 @@ from tiermesh.gateway.auth import Tenants
 from tiermesh.gateway.batch_jobs import BatchJobsServicer
 from tiermesh.gateway.books import BooksServicer, DoorBooks
 from tiermesh.gateway.cache import ResponseCache
-from tiermesh.gateway.call_spans import CallSpans, add_servicer
+from tiermesh.gateway.call_spans import CallSpans
 from tiermesh.gateway.capture import Capture, CaptureMetrics, initial_state
 from tiermesh.gateway.control import ModelControl
-from tiermesh.gateway.decoding import add_inference_servicer
+from tiermesh.gateway.decoding import (
+    PUBLIC_SERVER_OPTIONS,
+    add_inference_servicer,
+    add_public_servicer,
+)
 from tiermesh.gateway.delivery import DeliveryServicer
 from tiermesh.gateway.hop_spans import HopSpans
 from tiermesh.gateway.metrics import GatewayMetrics
@@ -149,13 +153,21 @@ async def serve(
     # The KServe v2 REST door: the same plane behind JSON and binary-data bodies.
     rest = RestDoor(plane, settings, telemetry.tracer) if settings.http_port >= 0 else None
     public = make_server(
-        telemetry, settings.max_message_bytes, settings.max_metadata_bytes, intercepted=False
+        telemetry,
+        settings.max_message_bytes,
+        settings.max_metadata_bytes,
+        intercepted=False,
+        extra_options=PUBLIC_SERVER_OPTIONS,
     )
-    # Like tritonclient's add_..._to_server; unparseable requests get INVALID_ARGUMENT.
+    # Like tritonclient's add_..._to_server; compressed requests inflate within a bound,
+    # unparseable ones get INVALID_ARGUMENT (decoding.py).
     spans = CallSpans(telemetry.tracer) if telemetry.exporting else None
-    add_inference_servicer(InferenceServicer(plane), public, spans)
+    inflated = settings.max_inflated_bytes
+    add_inference_servicer(InferenceServicer(plane), public, spans, inflated)
     batch_jobs = BatchJobsServicer(plane, BatchStore(redis, settings.batch_retention_s))
-    add_servicer(batch_pb2_grpc.add_BatchJobsServicer_to_server, batch_jobs, public, spans)
+    add_public_servicer(
+        batch_pb2_grpc.add_BatchJobsServicer_to_server, batch_jobs, public, spans, inflated
+    )
     health = add_health(public)
     port = bind(
         public, settings.gateway_host, settings.gateway_port, public_server_credentials(settings)

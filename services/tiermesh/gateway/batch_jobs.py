@@ -18,6 +18,7 @@ from tiermesh.core.jobs import Job
 from tiermesh.core.repository import ModelConfig
 from tiermesh.core.tensors import BYTES, TensorData
 from tiermesh.core.wire import encode_job, tensor_from_proto
+from tiermesh.gateway.decoding import messages
 from tiermesh.gateway.plane import DataPlane
 from tiermesh.gateway.requests import InferRequest, validate, variant_of
 from tiermesh.gateway.servicer import caller_of
@@ -60,7 +61,7 @@ class BatchJobsServicer(batch_pb2_grpc.BatchJobsServicer):
 
     @grpc_method
     async def Submit(self, request_iterator, context):  # type: ignore[no-untyped-def]
-        chunks: AsyncIterator[batch_pb2.SubmitChunk] = request_iterator.__aiter__()
+        chunks: AsyncIterator[batch_pb2.SubmitChunk] = messages(request_iterator).__aiter__()
         try:
             first = await chunks.__anext__()
         except StopAsyncIteration:

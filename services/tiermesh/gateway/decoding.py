@@ -1,22 +1,33 @@
-"""Public requests that do not even parse are malformed input: INVALID_ARGUMENT.
+"""The public port's requests before they are messages: inflated within a bound, parsed, or
+refused with a code of DESIGN.md's table.
 
 grpc answers a request its deserializer cannot parse (bytes that are not the message, a
 string field that is not UTF-8) with UNKNOWN and the parser's exception in the details,
 a code DESIGN.md's table does not have and a detail that should stay in the server.
-:func:`add_inference_servicer` registers the KServe servicer as tritonclient's generated
-function does, except that each unary method's deserializer hands an unparseable request
-on as a marker, and a guard in front of the method aborts it with INVALID_ARGUMENT.
+And grpc inflates a compressed message whole before it compares its size with the message
+limit: 1 MB of gzip is 1 GiB in the gateway's memory before the refusal. So the public
+server hands its handlers messages as they came (`PUBLIC_SERVER_OPTIONS`), and each
+method's deserializer here inflates a compressed one itself, stopping at
+`max_inflated_bytes`.
+
+:func:`add_public_servicer` registers a servicer as its generated function does, except
+that each deserializer hands a request it refuses on as a `Refused` marker, and a guard in
+front of the method ends the call with the marker's code (a stream of requests: the
+marker reaches the method, which answers it on the stream or ends the call).
 """
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+import zlib
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
 from typing import Any
 
 import grpc
 from google.protobuf.message import DecodeError  # type: ignore[import-untyped]
 from tritonclient.grpc import service_pb2_grpc
 
+from tiermesh.core.errors import MeshError
 from tiermesh.core.grpc_errors import fail_call
 from tiermesh.gateway.call_spans import CallSpans, add_servicer
 
@@ -26,50 +37,146 @@ UNDECODABLE_MESSAGE = (
 )
 
 
-class _Undecodable:
-    """Stands for a request that did not parse."""
+# Let handlers inflate: grpc's own inflation has no bound below the message limit's check.
+PUBLIC_SERVER_OPTIONS = (("grpc.per_message_decompression", 0),)
+
+_GZIP_MAGIC = b"\x1f\x8b"  # field 3 with wire type 7, which protobuf does not have
 
 
-_UNDECODABLE = _Undecodable()
+@dataclass(frozen=True, slots=True)
+class Refused:
+    """Stands for a request refused before it was a message."""
 
-Behavior = Callable[[Any, grpc.aio.ServicerContext], Awaitable[Any]]
+    code: grpc.StatusCode
+    message: str
+
+    def error(self) -> MeshError:
+        return MeshError(self.code, self.message)
 
 
-def _lenient(deserialize: Callable[[bytes], Any]) -> Callable[[bytes], Any]:
-    def lenient(data: bytes) -> Any:
+_UNDECODABLE = Refused(grpc.StatusCode.INVALID_ARGUMENT, UNDECODABLE_MESSAGE)
+
+
+def _zlib_framed(data: bytes) -> bool:
+    """RFC 1950's header (grpc's "deflate"): deflate, a window <= 32 KiB, a valid check."""
+    return (
+        len(data) >= 2
+        and data[0] & 0x0F == 8
+        and data[0] >> 4 <= 7
+        and (data[0] << 8 | data[1]) % 31 == 0
+    )
+
+
+def inflated(data: bytes, limit: int) -> bytes | Refused:
+    """The message in `data`: as it came, or inflated (gzip, zlib) to at most `limit`
+    bytes. A message of the KServe protocol never starts with gzip's magic bytes; one may
+    start like a zlib header, so bytes that do not inflate as zlib are the message itself."""
+    gzip = data[:2] == _GZIP_MAGIC
+    if not gzip and not _zlib_framed(data):
+        return data
+    inflater = zlib.decompressobj(31 if gzip else 15)
+    try:
+        out = inflater.decompress(data, limit + 1)
+    except zlib.error:
+        return _UNDECODABLE if gzip else data
+    if len(out) > limit:
+        return Refused(
+            grpc.StatusCode.RESOURCE_EXHAUSTED,
+            f"the request inflates past {limit} bytes, the limit of a compressed request "
+            "(TIERMESH_MAX_INFLATED_BYTES); send it uncompressed or smaller",
+        )
+    if not inflater.eof or inflater.unused_data:
+        return _UNDECODABLE if gzip else data
+    return out
+
+
+Behavior = Callable[[Any, grpc.aio.ServicerContext], Any]
+
+
+def _reading(deserialize: Callable[[bytes], Any], limit: int) -> Callable[[bytes], Any]:
+    def read(data: bytes) -> Any:
+        message = inflated(data, limit)
+        if isinstance(message, Refused):
+            return message
         try:
-            return deserialize(data)
+            return deserialize(message)
         except DecodeError:
             return _UNDECODABLE
 
-    return lenient
+    return read
 
 
 def _guarded(behavior: Behavior) -> Behavior:
     async def guarded(request: Any, context: grpc.aio.ServicerContext) -> Any:
-        if request is _UNDECODABLE:
-            return fail_call(context, grpc.StatusCode.INVALID_ARGUMENT, UNDECODABLE_MESSAGE)
+        if isinstance(request, Refused):
+            return fail_call(context, request.code, request.message)
         return await behavior(request, context)
 
     return guarded
 
 
-def _guard(handler: Any) -> Any:
-    """The unary-unary handler with a lenient deserializer and a guard; others unchanged."""
-    if handler.request_streaming or handler.response_streaming:
-        return handler
-    return handler._replace(
-        request_deserializer=_lenient(handler.request_deserializer),
-        unary_unary=_guarded(handler.unary_unary),
-    )
+def _guarded_stream(behavior: Behavior) -> Behavior:
+    """A unary request answered with a stream: a refused request ends it before its first."""
+
+    async def guarded(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+        if isinstance(request, Refused):
+            fail_call(context, request.code, request.message)
+            return
+        async for response in behavior(request, context):
+            yield response
+
+    return guarded
+
+
+def _guard(limit: int) -> Callable[[Any], Any]:
+    """Each handler with the bounded reader; a unary request's with a guard."""
+
+    def guard(handler: Any) -> Any:
+        handler = handler._replace(
+            request_deserializer=_reading(handler.request_deserializer, limit)
+        )
+        if handler.request_streaming:
+            return handler  # the method sees each Refused in its stream (stream.py)
+        if handler.response_streaming:
+            return handler._replace(unary_stream=_guarded_stream(handler.unary_stream))
+        return handler._replace(unary_unary=_guarded(handler.unary_unary))
+
+    return guard
+
+
+async def messages(requests: AsyncIterator[Any]) -> AsyncIterator[Any]:
+    """A stream of requests whose first refused one ends the call with its code."""
+    async for request in requests:
+        if isinstance(request, Refused):
+            raise request.error()
+        yield request
+
+
+def add_public_servicer(
+    add: Callable[[Any, Any], None],
+    servicer: Any,
+    server: grpc.aio.Server,
+    spans: CallSpans | None,
+    max_inflated_bytes: int,
+) -> None:
+    """The generated `add_...Servicer_to_server` function `add` on the public port: with
+    requests inflated within `max_inflated_bytes`, those that do not parse answered
+    INVALID_ARGUMENT instead of grpc's UNKNOWN, and with `spans` (the gateway exports) a
+    SERVER span per call."""
+    add_servicer(add, servicer, server, spans, _guard(max_inflated_bytes))
 
 
 def add_inference_servicer(
-    servicer: Any, server: grpc.aio.Server, spans: CallSpans | None = None
+    servicer: Any,
+    server: grpc.aio.Server,
+    spans: CallSpans | None = None,
+    max_inflated_bytes: int = 16 << 20,
 ) -> None:
-    """`service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server`, with unparseable
-    requests answered INVALID_ARGUMENT instead of grpc's UNKNOWN, and with `spans` (the
-    gateway exports) a SERVER span per call."""
-    add_servicer(
-        service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server, servicer, server, spans, _guard
+    """`service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server` as a public servicer."""
+    add_public_servicer(
+        service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server,
+        servicer,
+        server,
+        spans,
+        max_inflated_bytes,
     )

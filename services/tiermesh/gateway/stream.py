@@ -27,6 +27,7 @@ from tiermesh.core.errors import INTERNAL_MESSAGE, MeshError
 from tiermesh.core.grpc_errors import REDIS_OUTAGE, REDIS_OUTAGE_MESSAGE
 from tiermesh.core.jobs import JobResult
 from tiermesh.gateway import converters
+from tiermesh.gateway.decoding import Refused
 from tiermesh.gateway.generation import TextCursor
 from tiermesh.generate.tensors import output_text, text_tensor
 
@@ -40,6 +41,9 @@ _END = object()
 
 
 def _error(request: Any, message: str) -> service_pb2.ModelStreamInferResponse:
+    """The stream's answer to a failed request (None: one that did not parse)."""
+    if request is None:
+        return service_pb2.ModelStreamInferResponse(error_message=message)
     return service_pb2.ModelStreamInferResponse(
         error_message=message,
         infer_response=service_pb2.ModelInferResponse(
@@ -105,6 +109,9 @@ async def stream_infer(
     async def read() -> None:
         try:
             async for request in requests:
+                if isinstance(request, Refused):  # did not inflate or parse (decoding.py)
+                    out.put_nowait(_error(None, request.message))
+                    continue
                 await slots.acquire()
                 task = asyncio.create_task(one(request))
                 tasks.add(task)
