@@ -11,13 +11,15 @@ marked false). A client that leaves the stream cancels its requests: the workers
 generating them.
 
 Requests are taken off the stream while fewer than MAX_IN_FLIGHT of its requests are
-unanswered; beyond that the stream's flow control holds the client back.
+unanswered or answered but not yet written to the client; beyond that the stream's flow
+control holds the client back, and one that never reads its answers holds no more.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import structlog
@@ -38,6 +40,14 @@ log = structlog.get_logger("tiermesh.gateway.stream")
 
 MAX_IN_FLIGHT = 64
 _END = object()
+
+
+@dataclass(frozen=True, slots=True)
+class _Last:
+    """A request's last response: its slot is freed when the stream has written it, so a
+    client that does not read holds at most MAX_IN_FLIGHT answers here, not every one."""
+
+    response: Any
 
 
 def _error(request: Any, message: str) -> service_pb2.ModelStreamInferResponse:
@@ -101,10 +111,13 @@ async def stream_infer(
     tasks: set[asyncio.Task[None]] = set()
 
     async def one(request: Any) -> None:
+        answered = False
         try:
-            await out.put(await _answer(plane, request, caller(), out))
+            out.put_nowait(_Last(await _answer(plane, request, caller(), out)))
+            answered = True  # its slot is freed once the answer is written, below
         finally:
-            slots.release()
+            if not answered:
+                slots.release()
 
     async def read() -> None:
         try:
@@ -123,7 +136,11 @@ async def stream_infer(
     reader = asyncio.create_task(read(), name="stream-reader")
     try:
         while (message := await out.get()) is not _END:
-            yield message
+            if isinstance(message, _Last):
+                yield message.response
+                slots.release()
+            else:
+                yield message
     finally:
         # The client went away or the stream ended: nothing of it keeps running.
         reader.cancel()

@@ -1,0 +1,67 @@
+"""ModelStreamInfer holds at most MAX_IN_FLIGHT answers of a client that does not read them:
+a request's slot is freed when its answer is written, not when it is ready."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+from tritonclient.grpc import service_pb2
+
+from tiermesh.core.jobs import JobResult
+from tiermesh.gateway.dispatch import Answer
+from tiermesh.gateway.plane import Caller
+from tiermesh.gateway.stream import MAX_IN_FLIGHT, stream_infer
+
+CALLER = Caller((), None, "ipv4:127.0.0.1:1")
+
+
+class AnsweringPlane:
+    """Answers every request at once (the one fake: the data plane has its own tests)."""
+
+    def __init__(self, progress: asyncio.Event) -> None:
+        self.answered = 0
+        self._progress = progress
+
+    async def infer(self, model: str, parse: Callable[..., Any], caller: Caller, piece: Any) -> Any:
+        self.answered += 1
+        self._progress.set()
+        return Answer(JobResult(request_id=str(self.answered), model=model, gateway=""), 0)
+
+    def is_generative(self, model: str) -> bool:
+        return False
+
+
+async def _until(check: Callable[[], bool], progress: asyncio.Event) -> None:
+    """Wait, within a deadline, until `check` holds; `progress` is set at each change."""
+    async with asyncio.timeout(10):
+        while not check():
+            progress.clear()
+            await progress.wait()
+
+
+async def test_a_client_that_does_not_read_holds_at_most_max_in_flight_answers() -> None:
+    progress = asyncio.Event()
+    plane = AnsweringPlane(progress)
+    taken = 0
+
+    async def requests() -> AsyncIterator[Any]:
+        nonlocal taken
+        for i in range(MAX_IN_FLIGHT * 4):
+            taken += 1
+            progress.set()
+            yield service_pb2.ModelInferRequest(model_name="m", id=str(i))
+
+    answers = stream_infer(plane, requests(), lambda: CALLER)  # type: ignore[arg-type]
+    first = await answers.__anext__()  # then the client reads no more
+    assert first.infer_response.model_name == "m"
+    # Every slot's request answered, and one more request taken, waiting for a slot.
+    await _until(lambda: plane.answered == MAX_IN_FLIGHT and taken == MAX_IN_FLIGHT + 1, progress)
+    for _ in range(100):  # the loop has every chance to take more: it takes none
+        await asyncio.sleep(0)
+    assert (plane.answered, taken) == (MAX_IN_FLIGHT, MAX_IN_FLIGHT + 1)
+    # Reading one answer frees one slot: one more request is taken and answered.
+    await answers.__anext__()
+    await _until(lambda: plane.answered == MAX_IN_FLIGHT + 1, progress)
+    await answers.aclose()
