@@ -1,8 +1,9 @@
 """What Triton's example clients do (simple_grpc_* and simple_http_*: infer with and without
 requested outputs, async, aio, strings and the BYTES identity, health and metadata, the
-unknown-model error in Triton's words, model control, streaming, statistics), written here
-against `tiermesh up` through tritonclient unmodified, plus curl against the v2 REST
-endpoint."""
+unknown-model error in Triton's words, streaming, statistics), written here against
+`tiermesh up` (the Python gateway, on loopback without API keys) through tritonclient
+unmodified, plus curl against the v2 REST endpoint. Model control, which needs an admin
+tenant's key: test_model_control_e2e.py."""
 
 from __future__ import annotations
 
@@ -10,7 +11,6 @@ import json
 import queue
 import subprocess
 import time
-import urllib.request
 from collections.abc import Callable, Iterator
 from functools import partial
 from pathlib import Path
@@ -18,18 +18,13 @@ from typing import Any
 
 import numpy as np
 import pytest
-import redis
 import tritonclient.grpc as grpcclient
 import tritonclient.grpc.aio as grpcaio
 import tritonclient.http as httpclient
 import tritonclient.http.aio as httpaio
-from prometheus_client.parser import text_string_to_metric_families
 from tritonclient.utils import InferenceServerException, np_to_triton_dtype
 
-from tests.conftest import copy_model
 from tests.e2e.conftest import UpProcess, start_up
-from tests.polling import eventually
-from tiermesh.core import keys
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -48,7 +43,7 @@ IDENTITY_ROWS = [
 
 @pytest.fixture(scope="module")
 def mesh(tmp_path_factory: pytest.TempPathFactory) -> Iterator[UpProcess]:
-    up = start_up(tmp_path_factory.mktemp("triton"), up_args=["--model-control", "explicit"])
+    up = start_up(tmp_path_factory.mktemp("triton"), up_args=["--front-door", "python"])
     try:
         yield up
     finally:
@@ -244,85 +239,6 @@ def test_grpc_stream_answers_each_request_by_id(mesh: UpProcess) -> None:
     assert len(errors) == 1 and f"{UNKNOWN_MODEL}: 'nope' is not found" in errors[0]
 
 
-def test_grpc_model_control(mesh: UpProcess) -> None:
-    client = grpcclient.InferenceServerClient(mesh.url)
-    index = client.get_model_repository_index(as_json=True)["models"]
-    assert {"name": "simple", "version": "1", "state": "READY"} in index
-    client.unload_model("simple_string")
-    try:
-        assert not client.is_model_ready("simple_string")
-        a = np.array([["1"] * 16], dtype=np.object_)
-        with pytest.raises(InferenceServerException) as err:
-            client.infer("simple_string", grpc_inputs(a, a))
-        assert err.value.status() == "StatusCode.UNAVAILABLE"
-        entry = next(
-            m
-            for m in client.get_model_repository_index(as_json=True)["models"]
-            if m["name"] == "simple_string"
-        )
-        assert entry["state"] == "UNAVAILABLE" and entry["reason"] == "unloaded"
-    finally:
-        client.load_model("simple_string")
-    assert client.is_model_ready("simple_string")
-    with pytest.raises(InferenceServerException) as err:
-        client.load_model("nope")
-    assert err.value.status() == "StatusCode.NOT_FOUND"
-    assert err.value.message().startswith(f"failed to load 'nope': {UNKNOWN_MODEL}")
-
-
-def _loaded_gauge(metrics_url: str, model: str) -> float | None:
-    """The worker's tiermesh_worker_model_loaded for (model, version 1, center)."""
-    with urllib.request.urlopen(metrics_url, timeout=10) as resp:
-        text = resp.read().decode()
-    for family in text_string_to_metric_families(text):
-        for s in family.samples:
-            if s.name == "tiermesh_worker_model_loaded" and s.labels.get("model") == model:
-                return float(s.value)
-    return None
-
-
-def test_model_control_reaches_the_workers(mesh: UpProcess) -> None:
-    """Unload closes the worker's session and deregisters it; load serves again; a model
-    copied in after the start is loadable; a tampered one is refused."""
-    client = grpcclient.InferenceServerClient(mesh.url)
-    r = redis.Redis.from_url(mesh.redis_url())
-    worker_set = keys.workers_key(keys.compute_unit("simple", "fp32", "1"), "center")
-    metrics = mesh.metrics_urls()["worker"]
-    assert r.zcard(worker_set) == 1 and _loaded_gauge(metrics, "simple") == 1.0
-    client.unload_model("simple")
-    try:
-        with pytest.raises(InferenceServerException) as err:
-            client.infer("simple", grpc_inputs(X0, X1))
-        assert err.value.status() == "StatusCode.UNAVAILABLE"
-        eventually(lambda: r.zcard(worker_set) == 0, "the worker left simple's worker set")
-        eventually(lambda: _loaded_gauge(metrics, "simple") == 0.0, "the worker closed the session")
-        eventually(
-            lambda: (
-                '"model unloaded; session closed"' in mesh.log.read_text()
-                and '"unit": "simple@1.fp32"' in mesh.log.read_text()
-            ),
-            "the worker logged the closed session",
-        )
-    finally:
-        client.load_model("simple")
-    assert client.is_model_ready("simple") and r.zcard(worker_set) == 1
-    assert _loaded_gauge(metrics, "simple") == 1.0
-    check_sums(client.infer("simple", grpc_inputs(X0, X1)))
-
-    repo = mesh.log.parent / "models"
-    copy_model(repo, "simple", "simple_added")
-    client.load_model("simple_added")
-    assert client.is_model_ready("simple_added")
-    check_sums(client.infer("simple_added", grpc_inputs(X0, X1)))
-
-    copy_model(repo, "simple", "simple_tampered", tamper=True)
-    with pytest.raises(InferenceServerException, match="do not match the sha256") as err:
-        client.load_model("simple_tampered")
-    assert "nothing changed" in str(err.value)
-    assert not client.is_model_ready("simple_tampered")
-    r.close()
-
-
 def test_grpc_statistics_count_requests_and_agree_with_the_breakdown(mesh: UpProcess) -> None:
     client = grpcclient.InferenceServerClient(mesh.url)
 
@@ -427,19 +343,9 @@ def test_http_string_infer(mesh: UpProcess) -> None:
         assert [int(v) for v in result.as_numpy("OUTPUT0")[0]] == list(X0[0] + X1[0])
 
 
-def test_http_model_control_and_statistics(mesh: UpProcess) -> None:
+def test_http_statistics_agree_with_grpc(mesh: UpProcess) -> None:
     client = httpclient.InferenceServerClient(mesh.rest_url())
-    client.unload_model("simple")
-    try:
-        assert not client.is_model_ready("simple")
-        with pytest.raises(InferenceServerException) as err:
-            client.infer("simple", http_inputs(X0, X1))
-        assert err.value.status() == "503"
-    finally:
-        client.load_model("simple")
-    assert client.is_model_ready("simple")
-    index = client.get_model_repository_index()
-    assert {"name": "simple", "version": "1", "state": "READY"} in index
+    check_sums(client.infer("simple", http_inputs(X0, X1)))
     stats = client.get_inference_statistics("simple")["model_stats"][0]
     grpc_stats = grpcclient.InferenceServerClient(mesh.url).get_inference_statistics(
         "simple", as_json=True

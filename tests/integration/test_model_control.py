@@ -1,13 +1,18 @@
-"""Model control for the whole mesh (in-process services, real Redis): an unload closes the
-worker's sessions and deregisters it, a load opens them again, a model copied into the
-repository after the start is loadable, a tampered one is refused; and ModelStatistics sums
-what two gateways counted."""
+"""Model control for the whole mesh (in-process services, real Redis): only an admin
+tenant's key may use it (a gateway without API keys does not start with it), an unload
+closes the worker's sessions and deregisters it, a load opens them again, a model copied
+into the repository after the start is loadable, a tampered one is refused; and
+ModelStatistics sums what two gateways counted."""
 
 from __future__ import annotations
 
 import asyncio
+import os
+import subprocess
+import sys
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -18,7 +23,9 @@ from tritonclient.utils import InferenceServerException, np_to_triton_dtype
 from tests.conftest import copy_model, copy_repository
 from tests.integration.conftest import _start, start_mesh
 from tests.polling import until
+from tests.tenants import ADMIN, USER, write_tenants
 from tiermesh.core import keys
+from tiermesh.core.exposure import StartRefused
 from tiermesh.core.settings import GatewaySettings
 from tiermesh.gateway.__main__ import serve as serve_gateway
 
@@ -38,8 +45,10 @@ def inputs(a: np.ndarray, b: np.ndarray) -> list[aioclient.InferInput]:
     return out
 
 
-async def check_sums(client: aioclient.InferenceServerClient, model: str) -> None:
-    result = await client.infer(model, inputs(X0, X1))
+async def check_sums(
+    client: aioclient.InferenceServerClient, model: str, headers: dict[str, str] = ADMIN
+) -> None:
+    result = await client.infer(model, inputs(X0, X1), headers=headers)
     np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), X0 + X1)
     np.testing.assert_array_equal(result.as_numpy("OUTPUT1"), X0 - X1)
 
@@ -62,8 +71,11 @@ def loaded_gauge(metrics: str, model: str) -> float | None:
 
 async def test_load_and_unload_reach_the_workers(redis_url: str, tmp_path: Path) -> None:
     repo = copy_repository(tmp_path / "models")
+    tenants = write_tenants(tmp_path / "tenants.yaml")
     # The default refresh (500 ms): what a load returns after must not depend on polling.
-    mesh = await start_mesh(redis_url, repo, gateway_overrides={"model_control": "explicit"})
+    mesh = await start_mesh(
+        redis_url, repo, gateway_overrides={"model_control": "explicit", "tenants_file": tenants}
+    )
     redis = aioredis.Redis.from_url(redis_url)
     client = aioclient.InferenceServerClient(mesh.gateway)
 
@@ -75,11 +87,26 @@ async def test_load_and_unload_reach_the_workers(redis_url: str, tmp_path: Path)
         await check_sums(client, "simple")
         assert await workers("simple") == 1
 
+        # Only the admin's key may: without a key UNAUTHENTICATED, with the user's (who may
+        # infer with `simple`) PERMISSION_DENIED; neither changes anything.
+        generation = await redis.get(keys.CONTROL_GENERATION)
+        for headers, code, says in [
+            ({}, "UNAUTHENTICATED", "missing or invalid API key"),
+            (USER, "PERMISSION_DENIED", "tenant 'user' may not load or unload models"),
+        ]:
+            for control in (client.unload_model, client.load_model):
+                with pytest.raises(InferenceServerException) as err:
+                    await control("simple", headers=headers)
+                assert err.value.status() == f"StatusCode.{code}"
+                assert says in str(err.value.message())
+        assert await redis.get(keys.CONTROL_GENERATION) == generation
+        await check_sums(client, "simple", USER)
+
         # Unload: refused at once, and the worker drops the unit and deregisters.
-        await client.unload_model("simple")
-        assert not await client.is_model_ready("simple")
+        await client.unload_model("simple", headers=ADMIN)
+        assert not await client.is_model_ready("simple", headers=ADMIN)
         with pytest.raises(InferenceServerException) as err:
-            await client.infer("simple", inputs(X0, X1))
+            await client.infer("simple", inputs(X0, X1), headers=ADMIN)
         assert err.value.status() == "StatusCode.UNAVAILABLE"
         assert "not loaded" in str(err.value.message())
 
@@ -93,14 +120,14 @@ async def test_load_and_unload_reach_the_workers(redis_url: str, tmp_path: Path)
             return loaded_gauge(await asyncio.to_thread(fetch, metrics_url), "simple") == 0.0
 
         await until(session_closed, "the worker dropped simple's session")
-        index = (await client.get_model_repository_index(as_json=True))["models"]
+        index = (await client.get_model_repository_index(headers=ADMIN, as_json=True))["models"]
         entry = next(m for m in index if m["name"] == "simple")
         assert entry["state"] == "UNAVAILABLE" and entry["reason"] == "unloaded"
         assert await workers("mlp") == 1
 
         # Load: returns once a worker serves it; correct answers again.
-        await client.load_model("simple")
-        assert await client.is_model_ready("simple")
+        await client.load_model("simple", headers=ADMIN)
+        assert await client.is_model_ready("simple", headers=ADMIN)
         assert await workers("simple") == 1
         assert loaded_gauge(fetch(metrics_url), "simple") == 1.0
         await check_sums(client, "simple")
@@ -108,18 +135,18 @@ async def test_load_and_unload_reach_the_workers(redis_url: str, tmp_path: Path)
         # A model copied into the folder after the start: loadable and served.
         copy_model(repo, "simple", "simple_new")
         with pytest.raises(InferenceServerException, match="unknown model"):
-            await client.infer("simple_new", inputs(X0, X1))
-        await client.load_model("simple_new")
-        assert await client.is_model_ready("simple_new")
+            await client.infer("simple_new", inputs(X0, X1), headers=ADMIN)
+        await client.load_model("simple_new", headers=ADMIN)
+        assert await client.is_model_ready("simple_new", headers=ADMIN)
         await check_sums(client, "simple_new")
-        index = (await client.get_model_repository_index(as_json=True))["models"]
+        index = (await client.get_model_repository_index(headers=ADMIN, as_json=True))["models"]
         assert {"name": "simple_new", "version": "1", "state": "READY"} in index
 
         # A tampered model: refused with the reason, and nothing changes.
         generation = await redis.get(keys.CONTROL_GENERATION)
         copy_model(repo, "simple", "simple_bad", tamper=True)
         with pytest.raises(InferenceServerException) as err:
-            await client.load_model("simple_bad")
+            await client.load_model("simple_bad", headers=ADMIN)
         assert "do not match the sha256" in str(err.value.message())
         assert "nothing changed" in str(err.value.message())
         assert await redis.get(keys.CONTROL_GENERATION) == generation
@@ -131,6 +158,53 @@ async def test_load_and_unload_reach_the_workers(redis_url: str, tmp_path: Path)
         await mesh.close()
 
 
+def _gateway_settings(redis_url: str, repo: Path, **overrides: Any) -> GatewaySettings:
+    return GatewaySettings(
+        redis_url=redis_url,
+        model_repository=repo,
+        shutdown_grace_s=5,
+        metrics_port=0,
+        gateway_port=0,
+        delivery_port=0,
+        http_port=-1,
+        **overrides,
+    )
+
+
+async def test_explicit_control_without_api_keys_does_not_start(
+    redis_url: str, model_repo: Path
+) -> None:
+    """Refused before anything listens or Redis is asked (the one for this gateway answers
+    nothing: a port where nothing listens)."""
+    nowhere = redis_url.rsplit(":", 1)[0] + ":1/0"
+    settings = _gateway_settings(nowhere, model_repo, model_control="explicit")
+    with pytest.raises(StartRefused, match="TIERMESH_MODEL_CONTROL=explicit needs API keys"):
+        await serve_gateway(settings, asyncio.Event())
+
+
+def test_the_gateway_process_says_why_in_one_line_and_exits_2(model_repo: Path) -> None:
+    env = {
+        **os.environ,
+        "TIERMESH_MODEL_CONTROL": "explicit",
+        "TIERMESH_MODEL_REPOSITORY": str(model_repo),
+        "TIERMESH_LOG_FORMAT": "console",
+    }
+    env.pop("TIERMESH_TENANTS_FILE", None)
+    done = subprocess.run(
+        [sys.executable, "-m", "tiermesh.gateway"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 2, done.stdout + done.stderr
+    lines = [line for line in (done.stdout + done.stderr).splitlines() if line.strip()]
+    assert len(lines) == 1, lines
+    assert "gateway not started" in lines[0]
+    assert "TIERMESH_MODEL_CONTROL=explicit needs API keys" in lines[0]
+
+
 async def test_statistics_sum_what_every_gateway_counted(redis_url: str, tmp_path: Path) -> None:
     repo = copy_repository(tmp_path / "models")
     mesh = await start_mesh(redis_url, repo, common_overrides=FAST)
@@ -139,17 +213,7 @@ async def test_statistics_sum_what_every_gateway_counted(redis_url: str, tmp_pat
             mesh,
             "gateway-2",
             serve_gateway,
-            GatewaySettings(
-                redis_url=redis_url,
-                model_repository=repo,
-                shutdown_grace_s=5,
-                metrics_port=0,
-                gateway_port=0,
-                delivery_port=0,
-                http_port=-1,
-                router_address=mesh.router,
-                **FAST,
-            ),
+            _gateway_settings(redis_url, repo, router_address=mesh.router, **FAST),
             mesh.exporter,
         )
         clients = [

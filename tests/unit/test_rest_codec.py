@@ -179,9 +179,12 @@ def _tenant(admin: bool) -> Tenant:
 
 
 def test_model_control_needs_the_mode_and_an_admin_tenant() -> None:
-    check_allowed(True, False, None)  # unauthenticated port, control on
     check_allowed(True, True, _tenant(admin=True))
-    for enabled, auth_on, tenant in [(False, False, None), (True, True, _tenant(admin=False))]:
+    for enabled, auth_on, tenant in [
+        (False, False, None),
+        (True, False, None),  # a port without API keys: nobody is an admin there
+        (True, True, _tenant(admin=False)),
+    ]:
         with pytest.raises(MeshError) as err:
             check_allowed(enabled, auth_on, tenant)
         assert err.value.code == grpc.StatusCode.PERMISSION_DENIED

@@ -67,8 +67,11 @@ class GatewaySettings(ServiceSettings):
     # Requests this gateway waits on at once; beyond it callers are refused at once.
     max_in_flight: int = Field(default=4096, gt=0)
     retry_after_ms: int = Field(default=100, ge=0)
-    # Tenants, their API-key hashes, models and limits (YAML); unset = no authentication.
+    # Tenants, their API-key hashes, models and limits (YAML); unset = no authentication,
+    # which the gateway accepts only on loopback unless `insecure` (core/exposure.py).
     tenants_file: Path | None = None
+    # true: the public ports may listen beyond loopback without API keys (logged loudly).
+    insecure: bool = False
     # Request headers (metadata) the public port accepts, all of them together.
     max_metadata_bytes: int = Field(default=8192, gt=0)
     # The audit stream keeps about this many entries (approximate MAXLEN).

@@ -12,6 +12,7 @@ from prometheus_client import CollectorRegistry
 from redis.asyncio import Redis
 
 from tiermesh.batch.store import BatchStore
+from tiermesh.core.exposure import PublicPort, StartRefused, public_exposure
 from tiermesh.core.heap import settle_heap
 from tiermesh.core.logging import configure_logging
 from tiermesh.core.metrics import MetricsServer, new_registry
@@ -75,7 +76,9 @@ async def serve(
 ) -> None:
     """Run the gateway until `stop` is set, then drain: refuse new requests, wait for the
     pending ones (at most shutdown_grace_s), and close."""
-    # A bad tenants file stops the start before anything listens (TenantsFileError).
+    # Stopped before anything listens: what the settings would expose without API keys
+    # (StartRefused), a bad tenants file (TenantsFileError).
+    keyless_warning = check_exposure(settings)
     tenants = Tenants(load_tenants(settings.tenants_file)) if settings.tenants_file else None
     telemetry = telemetry or Telemetry("gateway", settings.trace_dir)
     repo = ModelRepository(settings.model_repository)
@@ -115,8 +118,9 @@ async def serve(
     security = None
     if tenants is None:
         log.warning(
-            "the public port is unauthenticated: anyone who reaches it may use every model; "
-            "set TIERMESH_TENANTS_FILE to require API keys"
+            keyless_warning
+            or "the public port is unauthenticated: anyone who reaches it may use every "
+            "model; set TIERMESH_TENANTS_FILE to require API keys"
         )
     else:
         audit = AuditLog(redis, settings.audit_max_len, on_lost=metrics.audit_lost.inc)
@@ -255,6 +259,30 @@ async def serve(
         )
 
 
+def check_exposure(settings: GatewaySettings) -> str:
+    """StartRefused for explicit model control without API keys, and for a public port
+    beyond loopback without them unless TIERMESH_INSECURE (core/exposure.py); else the
+    warning to log ("" = none)."""
+    ports = [
+        PublicPort("gRPC", settings.gateway_host, settings.gateway_port, "TIERMESH_GATEWAY_HOST")
+    ]
+    if settings.http_port >= 0:
+        ports.append(
+            PublicPort("REST", settings.http_host, settings.http_port, "TIERMESH_HTTP_HOST")
+        )
+    decided = public_exposure(
+        ports,
+        keys=settings.tenants_file is not None,
+        insecure=settings.insecure,
+        opt_out="TIERMESH_INSECURE=true",
+        model_control=settings.model_control,
+        control_setting="TIERMESH_MODEL_CONTROL=explicit",
+    )
+    if decided.refusal:
+        raise StartRefused(decided.refusal)
+    return decided.warning
+
+
 def _capture(
     settings: GatewaySettings, redis: Redis, tenants: Tenants | None, registry: CollectorRegistry
 ) -> Capture:
@@ -277,6 +305,9 @@ async def _main() -> None:
         await serve(settings, stop_event_on_signals(), ready=settle_heap)
     except TenantsFileError as exc:
         log.error("gateway not started: bad tenants file", problem=str(exc))
+        sys.exit(2)
+    except StartRefused as exc:
+        log.error("gateway not started", problem=str(exc))
         sys.exit(2)
 
 

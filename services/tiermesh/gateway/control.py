@@ -21,8 +21,10 @@ A model copied into the folder is served once any load (of it or another model) 
 services re-read the folder, or once they restart. A unit a worker already serves keeps its
 session when its files change on disk: unload and load it to take the new files.
 
-Control is refused unless the gateway runs with model_control=explicit, and then, with a
-tenants file, only a tenant marked `admin: true` may use it.
+Control is refused unless the gateway runs with model_control=explicit, and then only a
+tenant marked `admin: true` may use it, always: the gateway does not start with explicit
+control and no tenants file (core/exposure.py), and a call on a port without API keys is
+refused here too.
 """
 
 from __future__ import annotations
@@ -62,15 +64,22 @@ __all__ = ["ModelControl", "check_allowed", "member", "version_parameter"]
 
 
 def check_allowed(enabled: bool, auth_on: bool, tenant: Tenant | None) -> None:
-    """PERMISSION_DENIED unless model control is on and the caller may use it: any caller
-    when the port is unauthenticated, else a tenant marked admin."""
+    """PERMISSION_DENIED unless model control is on and the caller is a tenant marked admin.
+    Without API keys (`auth_on` false) nobody is: model state is the whole mesh's (it lives
+    in Redis), so a keyless caller must not unload models for every gateway."""
     if not enabled:
         raise MeshError(
             grpc.StatusCode.PERMISSION_DENIED,
             "model control is disabled on this server (start the gateway with "
             "TIERMESH_MODEL_CONTROL=explicit, or `tiermesh up --model-control explicit`)",
         )
-    if auth_on and (tenant is None or not tenant.admin):
+    if not auth_on:
+        raise MeshError(
+            grpc.StatusCode.PERMISSION_DENIED,
+            "model control needs an admin tenant's API key, and this server takes none "
+            "(start it with TIERMESH_TENANTS_FILE naming a tenant marked admin: true)",
+        )
+    if tenant is None or not tenant.admin:
         name = tenant.name if tenant else ""
         raise MeshError(
             grpc.StatusCode.PERMISSION_DENIED,
