@@ -34,7 +34,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
-from tests.e2e.conftest import UpProcess, start_up
+from tests.e2e.conftest import UpProcess, running, start_up
+from tests.polling import eventually
 from tiermesh.core.keys import AUDIT_STREAM
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
@@ -323,3 +324,23 @@ def test_bad_tenants_file_stops_the_start(tmp_path: Path) -> None:
         start_up(tmp_path / "up", extra_env={"TIERMESH_TENANTS_FILE": str(bad)})
     assert "bad tenants file" in str(info.value)
     assert "tenants.0.max_in_flight" in str(info.value)
+
+
+def test_up_beyond_loopback_starts_keyless_only_with_insecure_and_says_so(
+    tmp_path: Path,
+) -> None:
+    """`up --host 0.0.0.0 --insecure` without a tenants file serves without keys, and both
+    the banner and the gateway's log say loudly what is open (without --insecure `up`
+    refuses before starting anything: tests/unit/test_cli_errors.py)."""
+    with running(tmp_path, up_args=["--host", "0.0.0.0", "--insecure"]) as up:
+        banner = up.banner()
+        port = up.url.rsplit(":", 1)[1]
+        assert f"*** INSECURE (--insecure): no API keys on gRPC on 0.0.0.0:{port}, REST on" in (
+            banner
+        )
+        client = grpcclient.InferenceServerClient(up.url)  # loopback reaches 0.0.0.0
+        assert client.infer("mlp", [mlp_input()]).as_numpy("OUTPUT0") is not None
+        eventually(
+            lambda: "INSECURE (TIERMESH_INSECURE=true): no API keys on" in up.log.read_text(),
+            "the gateway's own warning",
+        )

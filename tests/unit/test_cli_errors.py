@@ -41,6 +41,7 @@ ENV = (
     "TIERMESH_INTERNAL_TLS_CA_FILE",
     "TIERMESH_INTERNAL_TLS_CERT_FILE",
     "TIERMESH_INTERNAL_TLS_KEY_FILE",
+    "TIERMESH_TENANTS_FILE",
 )
 
 
@@ -64,6 +65,19 @@ CASES = [
     Case("up", "up --tiers center,gpu", U, "give one or more of center, edge"),
     Case("up", "up --http-port 70000", U, "is not a port"),
     Case("up", "up --tls-cert {file}", U, "--tls-cert and --tls-key go together"),
+    # beyond loopback: API keys or --insecure; explicit model control: API keys, always
+    Case("up", "up --host 0.0.0.0 {free_ports}", U, "--host 0.0.0.0 listens beyond this"),
+    Case("up", "up --host :: {free_ports}", U, "or give --insecure to let anyone who reaches"),
+    Case("up", "up --host 0.0.0.0 --insecure --repository {missing} {free_ports}", R, "not exist"),
+    Case(
+        "up",
+        "up --host 0.0.0.0 --repository {missing} {free_ports}",
+        R,
+        "does not exist",
+        env=(("TIERMESH_TENANTS_FILE", "{file}"),),
+    ),
+    Case("up", "up --model-control explicit {free_ports}", U, "explicit needs API keys: set"),
+    Case("up", "up --model-control explicit --host :: --insecure", U, "admin: true"),
     Case("up", "up --repository {missing} {free_ports}", R, "does not exist"),
     Case("up", "up --port {busy} --http-port -1 --metrics-port 0", R, "is in use"),
     Case(
@@ -295,6 +309,45 @@ def test_one_line_and_the_status(
     assert line.startswith(f"{' '.join(['tiermesh', case.prog]).rstrip()}: error: "), line
     assert case.says.format(**where) in line
     assert status == case.status, line
+
+
+@pytest.mark.parametrize(
+    ("host", "warning"),
+    [
+        ("0.0.0.0", "INSECURE (--insecure): no API keys on gRPC on 0.0.0.0 (a free port): "),
+        ("127.0.0.1", ""),
+    ],
+)
+def test_up_insecure_starts_and_says_loudly_what_is_open(
+    host: str,
+    warning: str,
+    where: dict[str, str],
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`up --insecure` passes every check and starts the mesh (its supervisor replaced by a
+    recorder: starting the processes is the e2e tests' part) after one line on stderr
+    naming each keyless port beyond loopback, which the banner repeats; on loopback it has
+    nothing to say."""
+    from tiermesh.up import supervisor
+
+    started: list[supervisor.UpOptions] = []
+
+    def record(opts: supervisor.UpOptions) -> int:
+        started.append(opts)
+        return 0
+
+    monkeypatch.setattr(supervisor, "run", record)
+    argv = f"up --host {host} --insecure --repository {{repo}} {{free_ports}}"
+    status, _, err = run(shlex.split(argv.format(**where)), capsys)
+    assert status == 0, err
+    (opts,) = started
+    assert opts.host == host
+    assert opts.insecure_warning.startswith(warning)
+    if warning:
+        assert error_line(err) == f"tiermesh up: {opts.insecure_warning}"
+    else:
+        assert err == "" and opts.insecure_warning == ""
 
 
 def _leaves() -> set[str]:

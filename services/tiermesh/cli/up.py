@@ -1,5 +1,6 @@
 """`tiermesh up` and `tiermesh certs`: argument parsing, the checks made before any process
-starts (TLS files, the model repository, Redis, the ports), and the wiring."""
+starts (what the public ports expose, TLS files, the model repository, Redis, the ports),
+and the wiring."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import errno
 import os
 import shutil
 import socket
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -23,6 +25,7 @@ from tiermesh.cli.args import (
     repository_of,
 )
 from tiermesh.cli.errors import CliError, UsageError
+from tiermesh.core.exposure import TENANTS_ENV, Exposure, PublicPort, public_exposure
 from tiermesh.up.tls import ENV as TLS_ENV
 
 if TYPE_CHECKING:
@@ -105,13 +108,34 @@ def _redis_answers(url: str) -> None:
         client.close()
 
 
-def check_up(args: argparse.Namespace, redis_url: str) -> TlsFiles:
-    """Everything `up` can find wrong before it starts a process; its TLS files."""
+def exposure(args: argparse.Namespace, tenants_file: str) -> Exposure:
+    """What the mesh's public ports expose without API keys (core/exposure.py): explicit
+    model control without keys is refused, so is a keyless --host beyond loopback unless
+    --insecure (then a warning says what is open)."""
+    ports = [PublicPort("gRPC", args.host, args.port, "--host")]
+    if args.http_port >= 0:
+        ports.append(PublicPort("REST", args.host, args.http_port, "--host"))
+    return public_exposure(
+        ports,
+        keys=bool(tenants_file),
+        insecure=args.insecure,
+        opt_out="--insecure",
+        model_control=args.model_control,
+        control_setting="--model-control explicit",
+    )
+
+
+def check_up(args: argparse.Namespace, redis_url: str) -> tuple[TlsFiles, str]:
+    """Everything `up` can find wrong before it starts a process; its TLS files and the
+    warning to say loudly at start ("" = none)."""
     from tiermesh.core.repository import ModelRepository
     from tiermesh.core.tls import TlsConfigError
     from tiermesh.up.redis_server import INSTALL_HINT
     from tiermesh.up.tls import mesh_tls
 
+    exposed = exposure(args, os.environ.get(TENANTS_ENV, ""))
+    if exposed.refusal:
+        raise UsageError(exposed.refusal)
     files = tls_files(args)
     try:
         mesh_tls(files)
@@ -125,14 +149,16 @@ def check_up(args: argparse.Namespace, redis_url: str) -> TlsFiles:
         _redis_answers(redis_url)
     elif shutil.which("redis-server") is None:
         raise CliError(INSTALL_HINT)
-    return files
+    return files, exposed.warning
 
 
 def cmd_up(args: argparse.Namespace) -> int:
     from tiermesh.up.supervisor import UpOptions, run
 
     redis_url = os.environ.get("TIERMESH_REDIS_URL", "")
-    tls = check_up(args, redis_url)
+    tls, warning = check_up(args, redis_url)
+    if warning:  # said now, and again in the banner once the mesh serves
+        print(f"tiermesh up: {warning}", file=sys.stderr, flush=True)
     if not GRPC_VERBOSITY_CHOSEN:  # the services log as they would started alone
         os.environ.pop(GRPC_VERBOSITY, None)
     return run(
@@ -154,6 +180,7 @@ def cmd_up(args: argparse.Namespace) -> int:
             tls=tls,
             front_door=args.front_door or "",
             center_workers=args.center_workers or 0,
+            insecure_warning=warning,
         )
     )
 
@@ -174,7 +201,18 @@ def cmd_certs(args: argparse.Namespace) -> int:
 
 def add_up_parser(sub: Subcommands) -> None:
     up = sub.add_parser("up", help="run the whole mesh locally until Ctrl-C")
-    up.add_argument("--host", default="127.0.0.1", help="address of the public ports")
+    up.add_argument(
+        "--host",
+        default="127.0.0.1",
+        help="address of the public ports; one beyond loopback needs API keys "
+        f"(${TENANTS_ENV}) or --insecure",
+    )
+    up.add_argument(
+        "--insecure",
+        action="store_true",
+        help="let --host be beyond loopback without API keys: anyone who reaches it may "
+        "call every model (logged loudly at start)",
+    )
     up.add_argument("--port", type=port, default=8001, help="the gateway's KServe v2 gRPC port")
     up.add_argument("--data-dir", default=".tiermesh", help="private redis data (AOF) lives here")
     add_repository_arg(up)
@@ -195,7 +233,8 @@ def add_up_parser(sub: Subcommands) -> None:
         "--model-control",
         choices=("none", "explicit"),
         default="none",
-        help="explicit: clients may load/unload models (an admin tenant with a tenants file)",
+        help="explicit: an admin tenant may load/unload models (needs API keys: "
+        f"${TENANTS_ENV} with a tenant marked admin: true)",
     )
     up.add_argument(
         "--tiers", type=tiers, default="center,edge", help="worker tiers to start, comma-separated"

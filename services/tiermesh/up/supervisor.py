@@ -76,6 +76,9 @@ class UpOptions:
     # Online workers on the center tier (0 = $TIERMESH_CENTER_WORKERS, else 1): each its own
     # process and onnxruntime session, taking from the same streams.
     center_workers: int = 0
+    # What `up --insecure` exposes without API keys (core/exposure.py; "" = nothing): said
+    # again in the banner, and the gateway is told it may listen beyond loopback keyless.
+    insecure_warning: str = ""
 
 
 @dataclass
@@ -255,6 +258,7 @@ class Mesh:
             TIERMESH_HTTP_HOST=opts.host,
             TIERMESH_HTTP_PORT=str(self.http_port),
             TIERMESH_MODEL_CONTROL=opts.model_control,
+            TIERMESH_INSECURE="true" if opts.insecure_warning else "false",
             **(self.trace_ui.otel_env() if self.trace_ui else {}),
             **tls.env,
             **opts.extra_env,
@@ -567,6 +571,7 @@ def run(opts: UpOptions) -> int:
             )
             + (f"\nTraces: {mesh.trace_ui.ui_url}" if mesh.trace_ui else "")
             + f"\nFront door: {mesh.door_choice}"
+            + (f"\n\n*** {opts.insecure_warning} ***\n" if opts.insecure_warning else "")
             + "\nTry, from another shell:\n"
             f"  .venv/bin/tiermesh infer --url {endpoint} --model mlp --data '[[1, 2, 3, 4]]'\n"
             "Ctrl-C drains and stops every process.\n",
