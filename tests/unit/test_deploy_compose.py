@@ -18,7 +18,7 @@ from urllib.parse import urlsplit
 import pytest
 import yaml
 
-from tests.unit.test_deploy_dockerfile import DOCKERFILE, final_image_env
+from tests.unit.test_deploy_dockerfile import DOCKERFILE, final_image_env, gateway_binds
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE = ROOT / "docker-compose.yml"
@@ -68,7 +68,7 @@ REQUIRED_ADDRESSES = {
 
 # Bind-host variables each kind of service reads; in a container they must be 0.0.0.0.
 BIND_HOSTS = {
-    "gateway": ("TIERMESH_GATEWAY_HOST", "TIERMESH_DELIVERY_HOST"),
+    "gateway": ("TIERMESH_GATEWAY_HOST", "TIERMESH_HTTP_HOST", "TIERMESH_DELIVERY_HOST"),
     "router": ("TIERMESH_ROUTER_HOST",),
     "worker": ("TIERMESH_WORKER_HOST",),
     "postprocess": ("TIERMESH_POSTPROCESS_HOST",),
@@ -321,6 +321,19 @@ def test_gateway_publishes_its_public_port(services: dict[str, dict[str, Any]]) 
     assert "4317" in [str(p) for p in services["jaeger"]["expose"]]
     assert 9090 in _published_container_ports(services["prometheus"])
     assert 3000 in _published_container_ports(services["grafana"])
+
+
+def test_the_published_public_ports_reach_the_gateway(services: dict[str, dict[str, Any]]) -> None:
+    """Each host port compose publishes for the gateway lands on a door the gateway binds
+    on 0.0.0.0 in its container (the image's environment, then the service's): gRPC and
+    REST, nothing else."""
+    gateway = services["gateway"]
+    binds = gateway_binds({**final_image_env(), **_env(gateway)})
+    published = _published_container_ports(gateway)
+    doors = {door for door, (_, port) in binds.items() if port in published}
+    assert doors == {"gRPC", "REST"}, f"published {published}, gateway binds {binds}"
+    for door in doors:
+        assert binds[door][0] == "0.0.0.0", f"{door} binds {binds[door][0]}: unreachable"
 
 
 def test_healthchecks_probe_each_service_on_its_own_port(

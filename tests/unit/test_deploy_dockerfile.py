@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from tiermesh.core.settings import GatewaySettings
+
 ROOT = Path(__file__).resolve().parents[2]
 DOCKERFILE = ROOT / "deploy" / "docker" / "Dockerfile"
 DOCKERIGNORE = ROOT / ".dockerignore"
@@ -103,6 +105,26 @@ def final_image_env() -> dict[str, str]:
     return env_of(chain(final_stage()))
 
 
+# The gateway's ports: door -> (its host setting, its port setting).
+GATEWAY_DOORS = {
+    "gRPC": ("gateway_host", "gateway_port"),
+    "REST": ("http_host", "http_port"),
+    "Delivery": ("delivery_host", "delivery_port"),
+    "metrics": ("metrics_host", "metrics_port"),
+}
+
+
+def gateway_binds(env: dict[str, str]) -> dict[str, tuple[str, int]]:
+    """Where a gateway started with `env` listens, door -> (host, port): each setting from
+    its TIERMESH_ variable, else the settings' default (core/settings.py)."""
+    fields = GatewaySettings.model_fields
+
+    def value(name: str) -> str:
+        return env.get(f"TIERMESH_{name.upper()}", str(fields[name].default))
+
+    return {door: (value(h), int(value(p))) for door, (h, p) in GATEWAY_DOORS.items()}
+
+
 def exec_form(args: str) -> list[str]:
     value = json.loads(args) if args.startswith("[") else shlex.split(args)
     return [str(v) for v in value]
@@ -173,8 +195,17 @@ def test_the_default_image_runs_the_gateway_and_checks_health_with_the_probe() -
         assert option in options, f"HEALTHCHECK without {option}"
     # Services bind every interface in a container.
     env = final_image_env()
-    for var in ("GATEWAY", "DELIVERY", "ROUTER", "WORKER", "POSTPROCESS", "METRICS"):
+    for var in ("GATEWAY", "HTTP", "DELIVERY", "ROUTER", "WORKER", "POSTPROCESS", "METRICS"):
         assert env[f"TIERMESH_{var}_HOST"] == "0.0.0.0", var
+
+
+def test_the_gateway_of_the_image_listens_on_every_port_it_exposes() -> None:
+    """The default command's gateway binds each door (REST included) on 0.0.0.0, at a port
+    the image EXPOSEs: a published port reaches it."""
+    exposed = {int(p.split("/")[0]) for p in (last(chain("runtime"), "EXPOSE") or "").split()}
+    for door, (host, port) in gateway_binds(final_image_env()).items():
+        assert host == "0.0.0.0", f"the image's gateway binds {door} to {host}"
+        assert port in exposed, f"the gateway serves {door} on {port}, EXPOSE says {exposed}"
 
 
 def test_dockerignore_keeps_local_state_out_and_build_inputs_in() -> None:

@@ -25,6 +25,7 @@ import pytest
 import yaml
 from prometheus_client import CollectorRegistry
 
+from tests.unit.test_deploy_dockerfile import final_image_env, gateway_binds
 from tiermesh.core import keys
 from tiermesh.gateway.metrics import GatewayMetrics
 from tiermesh.router.metrics import RouterMetrics
@@ -442,6 +443,39 @@ def test_center_reads_api_keys_and_tls_from_secrets(
     assert gateway["readinessProbe"]["grpc"]["port"] != 8001
     dev_gateway = of_kind(rendered["dev"], "Deployment")["gateway"]["spec"]["template"]["spec"]
     assert "TIERMESH_TENANTS_FILE" not in {e["name"] for e in dev_gateway["containers"][0]["env"]}
+
+
+def container_env(docs: list[dict[str, Any]], container: dict[str, Any]) -> dict[str, str]:
+    """What the container's process sees: the image's ENV, then its envFrom ConfigMaps,
+    then its own env values."""
+    maps = of_kind(docs, "ConfigMap")
+    env = dict(final_image_env())
+    for source in container.get("envFrom", []):
+        env.update(maps[source["configMapRef"]["name"]]["data"])
+    env.update({e["name"]: str(e["value"]) for e in container.get("env", []) if "value" in e})
+    return env
+
+
+@pytest.mark.parametrize("overlay", [o for o in OVERLAYS if "gateway" in DEPLOYMENTS[o]])
+def test_the_gateway_service_reaches_the_doors_the_gateway_binds(
+    overlay: str, rendered: dict[str, list[dict[str, Any]]]
+) -> None:
+    """The Service's grpc and http ports lead to container ports the gateway binds on
+    0.0.0.0 (the REST door included: on 127.0.0.1 port 8000 would reach nothing)."""
+    docs = rendered[overlay]
+    pod = of_kind(docs, "Deployment")["gateway"]["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    binds = gateway_binds(container_env(docs, container))
+    named = {p["name"]: p["containerPort"] for p in container["ports"]}
+    service = of_kind(docs, "Service")["gateway"]
+    for door, name in (("gRPC", "grpc"), ("REST", "http")):
+        host, port = binds[door]
+        assert host == "0.0.0.0", f"{overlay}: the gateway binds {door} to {host}"
+        (entry,) = [p for p in service["spec"]["ports"] if p["name"] == name]
+        target = entry["targetPort"]
+        assert (named[target] if isinstance(target, str) else target) == port, (
+            f"{overlay}: Service port {name} leads to {target}, the gateway serves {door} on {port}"
+        )
 
 
 # --------------------------------------------------------------------- network policies
