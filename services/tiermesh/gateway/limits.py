@@ -35,13 +35,18 @@ def take(bucket: Bucket | None, now_ms: int, rate_per_s: float, burst: int) -> T
     """
     if bucket is None:
         bucket = Bucket(float(burst), now_ms)
-    elapsed = max(0, now_ms - bucket.updated_ms)
-    tokens = min(float(burst), bucket.tokens + elapsed * rate_per_s / 1000)
+    tokens = available(bucket, now_ms, rate_per_s, burst)
     if tokens < 1:
         wait_ms = max(1, math.ceil((1 - tokens) * 1000 / rate_per_s))
         return Take(False, wait_ms, bucket)
     kept = Bucket(round(tokens - 1, 6), max(now_ms, bucket.updated_ms))
     return Take(True, 0, kept)
+
+
+def available(bucket: Bucket, now_ms: int, rate_per_s: float, burst: int) -> float:
+    """The tokens in `bucket` at `now_ms`, refilled since it was last taken from."""
+    elapsed = max(0, now_ms - bucket.updated_ms)
+    return min(float(burst), bucket.tokens + elapsed * rate_per_s / 1000)
 
 
 def idle_ms_to_full(rate_per_s: float, burst: int) -> int:

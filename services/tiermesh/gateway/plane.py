@@ -231,7 +231,7 @@ class DataPlane:
                 self._settings.retry_after_ms,
             )
         # Credentials and the model's name first: a caller without them learns nothing more.
-        tenant = self._gate.authenticate(caller.metadata)
+        tenant = self._gate.authenticate(caller.metadata, caller.peer)
         call.tenant = tenant.name if tenant else ""
         self._gate.check_model(tenant, call.model)
         known = self._repo.get(call.model)
@@ -332,11 +332,11 @@ class DataPlane:
 
     def authenticate(self, caller: Caller) -> Tenant | None:
         """The caller's tenant (None when auth is off), or UNAUTHENTICATED."""
-        return self._gate.authenticate(caller.metadata)
+        return self._gate.authenticate(caller.metadata, caller.peer)
 
     def authorize(self, caller: Caller, model: str) -> Tenant | None:
         """The caller's tenant, or UNAUTHENTICATED / PERMISSION_DENIED for `model`."""
-        return self._gate.authorize(caller.metadata, model)
+        return self._gate.authorize(caller.metadata, caller.peer, model)
 
     def find(self, name: str, version: str = "") -> ModelConfig:
         """The model's config; NOT_FOUND for an unknown model or version."""

@@ -12,12 +12,16 @@ from collections.abc import AsyncIterator, Iterable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager, nullcontext
 from dataclasses import dataclass
 
+from tiermesh.core.errors import exhausted
 from tiermesh.gateway.audit import NO_TENANT, AuditEntry, AuditLog
 from tiermesh.gateway.auth import AuthRefused, Tenants, authenticate, check_model
+from tiermesh.gateway.auth_throttle import FailedAuth, peer_address
 from tiermesh.gateway.metrics import GatewayMetrics
 from tiermesh.gateway.quota import Quota, QuotaRefused
 from tiermesh.gateway.tenants import Tenant
 
+# The refusal counter's reason for an address refused before its key was looked at.
+THROTTLED = "throttled"
 # Model names in audit entries are what the caller sent: bounded, it is a record not a dump.
 MAX_AUDITED_NAME = 256
 # What `hold` returns when there is nothing to count (reusable: it holds no state).
@@ -34,28 +38,42 @@ class Security:
 
 
 class Gate:
-    def __init__(self, security: Security | None, metrics: GatewayMetrics) -> None:
+    def __init__(
+        self,
+        security: Security | None,
+        metrics: GatewayMetrics,
+        failures: FailedAuth | None = None,
+    ) -> None:
         self._security = security
         self._metrics = metrics
+        self._failures = failures if failures is not None else FailedAuth()
 
     @property
     def enabled(self) -> bool:
         return self._security is not None
 
-    def authorize(self, metadata: Iterable[tuple[str, str | bytes]], model: str) -> Tenant | None:
+    def authorize(
+        self, metadata: Iterable[tuple[str, str | bytes]], peer: str, model: str
+    ) -> Tenant | None:
         """Called first by every model-level method. The caller's tenant (None when auth is
         off); UNAUTHENTICATED or PERMISSION_DENIED otherwise."""
-        tenant = self.authenticate(metadata)
+        tenant = self.authenticate(metadata, peer)
         self.check_model(tenant, model)
         return tenant
 
-    def authenticate(self, metadata: Iterable[tuple[str, str | bytes]]) -> Tenant | None:
-        """The caller's tenant (None when auth is off), or UNAUTHENTICATED."""
+    def authenticate(self, metadata: Iterable[tuple[str, str | bytes]], peer: str) -> Tenant | None:
+        """The caller's tenant (None when auth is off), or UNAUTHENTICATED; RESOURCE_EXHAUSTED
+        for an address that failed too often lately (auth_throttle.py)."""
         if self._security is None:
             return None
+        address = peer_address(peer)
+        if wait_ms := self._failures.wait_ms(address):
+            self._metrics.auth_refusals.labels(reason=THROTTLED).inc()
+            raise exhausted("too many failed authentications from this address", wait_ms)
         try:
             return authenticate(self._security.tenants, metadata)
         except AuthRefused as err:
+            self._failures.failed(address)
             self._metrics.auth_refusals.labels(reason=err.reason).inc()
             raise
 
