@@ -336,6 +336,26 @@ def test_the_published_public_ports_reach_the_gateway(services: dict[str, dict[s
         assert binds[door][0] == "0.0.0.0", f"{door} binds {binds[door][0]}: unreachable"
 
 
+def test_the_gateway_requires_api_keys_from_a_file_the_user_names(
+    compose: dict[str, Any], services: dict[str, dict[str, Any]]
+) -> None:
+    """The gateway reads its tenants file from a compose secret whose file is the required
+    variable TIERMESH_TENANTS_FILE: no default ships, and compose stops with the message
+    after `:?` when it is unset."""
+    gateway = services["gateway"]
+    path = _env(gateway)["TIERMESH_TENANTS_FILE"]
+    mounted = {}
+    for entry in gateway.get("secrets") or []:
+        source = entry if isinstance(entry, str) else entry["source"]
+        target = source if isinstance(entry, str) else entry.get("target", source)
+        mounted[target if target.startswith("/") else f"/run/secrets/{target}"] = source
+    assert path in mounted, f"TIERMESH_TENANTS_FILE={path} is not a mounted secret: {mounted}"
+    file = compose["secrets"][mounted[path]]["file"]
+    required = re.fullmatch(r"\$\{TIERMESH_TENANTS_FILE:\?([^}]+)\}", file)
+    assert required, f"the tenants secret's file {file!r} is not the required variable"
+    assert "tenants file" in required.group(1)
+
+
 def test_healthchecks_probe_each_service_on_its_own_port(
     services: dict[str, dict[str, Any]],
 ) -> None:

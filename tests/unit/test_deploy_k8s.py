@@ -416,33 +416,47 @@ def test_redis_is_a_statefulset_with_aof_on_a_claim(
     assert url["TIERMESH_REDIS_URL"].startswith("redis://redis:")
 
 
-def test_center_reads_api_keys_and_tls_from_secrets(
-    rendered: dict[str, list[dict[str, Any]]],
-) -> None:
-    docs = rendered["center"]
+def _gateway(docs: list[dict[str, Any]]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The gateway's pod spec and its container."""
     pod = of_kind(docs, "Deployment")["gateway"]["spec"]["template"]["spec"]
     (gateway,) = pod["containers"]
+    return pod, gateway
+
+
+def secret_file(docs: list[dict[str, Any]], var: str) -> str:
+    """The Secret that the file named by the gateway's `var` comes from, mounted
+    read-only."""
+    pod, gateway = _gateway(docs)
     envs = {e["name"]: e.get("value", "") for e in gateway["env"]}
+    assert var in envs, f"the gateway does not set {var}"
     secrets = {v["name"]: v["secret"]["secretName"] for v in pod["volumes"] if "secret" in v}
-    mounts = {m["name"]: m for m in gateway["volumeMounts"]}
+    path = envs[var]
+    for mount in gateway["volumeMounts"]:
+        if path.startswith(mount["mountPath"].rstrip("/") + "/") and mount["name"] in secrets:
+            assert mount.get("readOnly") is True
+            return str(secrets[mount["name"]])
+    raise AssertionError(f"{var}={path} is not in a mounted Secret")
 
-    def secret_file(var: str) -> str:
-        """The Secret that the file named by `var` comes from."""
-        path = envs[var]
-        for volume, mount in mounts.items():
-            if path.startswith(mount["mountPath"].rstrip("/") + "/") and volume in secrets:
-                assert mount.get("readOnly") is True
-                return str(secrets[volume])
-        raise AssertionError(f"{var}={path} is not in a mounted Secret")
 
-    tenants = secret_file("TIERMESH_TENANTS_FILE")
-    generated = of_kind(docs, "Secret")[tenants]
-    assert Path(envs["TIERMESH_TENANTS_FILE"]).name in generated["data"]
-    assert secret_file("TIERMESH_TLS_CERT_FILE") == secret_file("TIERMESH_TLS_KEY_FILE")
+@pytest.mark.parametrize("overlay", [o for o in OVERLAYS if "gateway" in DEPLOYMENTS[o]])
+def test_every_gateway_reads_api_keys_from_a_secret(
+    overlay: str, rendered: dict[str, list[dict[str, Any]]]
+) -> None:
+    """Every shipped overlay requires API keys: the gateway's tenants file is a key of a
+    Secret the overlay generates (components/auth), mounted read-only."""
+    docs = rendered[overlay]
+    _, gateway = _gateway(docs)
+    path = next(e["value"] for e in gateway["env"] if e["name"] == "TIERMESH_TENANTS_FILE")
+    generated = of_kind(docs, "Secret")[secret_file(docs, "TIERMESH_TENANTS_FILE")]
+    assert Path(path).name in generated["data"]
+
+
+def test_center_serves_tls_from_a_secret(rendered: dict[str, list[dict[str, Any]]]) -> None:
+    docs = rendered["center"]
+    _, gateway = _gateway(docs)
+    assert secret_file(docs, "TIERMESH_TLS_CERT_FILE") == secret_file(docs, "TIERMESH_TLS_KEY_FILE")
     # A TLS-only public port cannot answer Kubernetes' plaintext grpc probe.
     assert gateway["readinessProbe"]["grpc"]["port"] != 8001
-    dev_gateway = of_kind(rendered["dev"], "Deployment")["gateway"]["spec"]["template"]["spec"]
-    assert "TIERMESH_TENANTS_FILE" not in {e["name"] for e in dev_gateway["containers"][0]["env"]}
 
 
 def container_env(docs: list[dict[str, Any]], container: dict[str, Any]) -> dict[str, str]:
@@ -463,8 +477,7 @@ def test_the_gateway_service_reaches_the_doors_the_gateway_binds(
     """The Service's grpc and http ports lead to container ports the gateway binds on
     0.0.0.0 (the REST door included: on 127.0.0.1 port 8000 would reach nothing)."""
     docs = rendered[overlay]
-    pod = of_kind(docs, "Deployment")["gateway"]["spec"]["template"]["spec"]
-    (container,) = pod["containers"]
+    _, container = _gateway(docs)
     binds = gateway_binds(container_env(docs, container))
     named = {p["name"]: p["containerPort"] for p in container["ports"]}
     service = of_kind(docs, "Service")["gateway"]
