@@ -72,6 +72,25 @@ def make_server(
     return grpc.aio.server(interceptors=interceptors, options=options)
 
 
+# Calls one client connection may have open at once on a public port (gRPC's default has
+# no bound): beyond, the client's HTTP/2 stack waits for one to end.
+MAX_STREAMS_PER_CONNECTION = 1024
+
+
+def public_connection_options(idle_s: float) -> tuple[tuple[str, int], ...]:
+    """A public port's bounds on its connections: streams at once, an idle connection closed
+    after `idle_s` (GOAWAY: a client redials when it calls again), and pings without calls
+    refused more often than every 5 minutes (gRPC's own keepalive enforcement, stated)."""
+    return (
+        ("grpc.max_concurrent_streams", MAX_STREAMS_PER_CONNECTION),
+        ("grpc.max_connection_idle_ms", int(idle_s * 1000)),
+        # A connection that never finishes its HTTP/2 handshake (gRPC's default: 120 s).
+        ("grpc.server_handshake_timeout_ms", int(idle_s * 1000)),
+        ("grpc.http2.min_ping_interval_without_data_ms", 300_000),
+        ("grpc.http2.max_ping_strikes", 2),
+    )
+
+
 # A restarted peer (a pod rescheduled, a process `tiermesh up` restarts) is dialled again
 # within 2 s: gRPC's default backoff grows to 120 s, and every request in between fails fast
 # with UNAVAILABLE. Internal peers are few and near, so redialling often costs nothing.

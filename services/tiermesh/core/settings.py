@@ -62,6 +62,9 @@ class GatewaySettings(ServiceSettings):
     # A compressed request on the public port inflates to at most this many bytes; beyond,
     # RESOURCE_EXHAUSTED before the rest is inflated (decoding.py).
     max_inflated_bytes: int = Field(default=16 * 1024 * 1024, gt=0)
+    # A public connection (gRPC or REST) with no call for this long is closed; a REST
+    # connection whose request headers take longer is too.
+    idle_connection_s: float = Field(default=120.0, gt=0)
     # Used when a request sets neither a gRPC deadline nor a `timeout` parameter.
     default_timeout_ms: int = Field(default=30_000, gt=0)
     # Requests this gateway waits on at once; beyond it callers are refused at once.

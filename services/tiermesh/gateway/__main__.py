@@ -25,6 +25,7 @@ from tiermesh.core.server import (
     bind,
     make_channel,
     make_server,
+    public_connection_options,
     set_serving,
     stop_event_on_signals,
 )
@@ -161,7 +162,10 @@ async def serve(
         settings.max_message_bytes,
         settings.max_metadata_bytes,
         intercepted=False,
-        extra_options=PUBLIC_SERVER_OPTIONS,
+        extra_options=(
+            *PUBLIC_SERVER_OPTIONS,
+            *public_connection_options(settings.idle_connection_s),
+        ),
     )
     # Like tritonclient's add_..._to_server; compressed requests inflate within a bound,
     # unparseable ones get INVALID_ARGUMENT (decoding.py).

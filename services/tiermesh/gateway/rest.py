@@ -112,6 +112,9 @@ class RestDoor:
             # A caller that hangs up cancels its request, as a cancelled gRPC call does.
             handler_cancellation=True,
             max_field_size=self._settings.max_metadata_bytes,
+            # aiohttp holds an idle connection an hour by default, and this same timer is
+            # all that ends one whose request headers never finish.
+            keepalive_timeout=self._settings.idle_connection_s,
         )
         await self._runner.setup()
         site = web.TCPSite(

@@ -31,10 +31,15 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/keepalive"
 	// gzip-compressed calls (tritonclient's compression_algorithm="gzip"), as grpcio takes them.
 	_ "google.golang.org/grpc/encoding/gzip"
 	"tiermeshv1"
 )
+
+// Calls one client connection may have open at once (core/server.py's
+// MAX_STREAMS_PER_CONNECTION).
+const maxStreamsPerConnection = 1024
 
 type config struct {
 	listen         string // the public port
@@ -52,6 +57,9 @@ type config struct {
 	// root); with any other OTEL_TRACES_SAMPLER every ModelInfer goes to the Python gateway.
 	traceable       bool
 	maxMessageBytes int
+	// A connection with no call for this long is closed (GOAWAY), and one whose handshake
+	// takes longer (TIERMESH_IDLE_CONNECTION_S, as the Python gateway's ports).
+	idleConnection time.Duration
 	// Redis, where the door queues the jobs of models with a placement plan itself
 	// ("" = the router places every job: TIERMESH_FRONT_DOOR_PLACES=0).
 	redisURL string
@@ -153,6 +161,7 @@ func loadConfig() config {
 		tracing:         spansWritten(),
 		traceable:       defaultSampler(env("OTEL_TRACES_SAMPLER", "")),
 		maxMessageBytes: 64 << 20,
+		idleConnection:  envSeconds("TIERMESH_IDLE_CONNECTION_S", 120),
 		redisURL:        placesWith(),
 		admitBatch:      admitBatch(),
 	}
@@ -255,6 +264,11 @@ func main() {
 		grpc.UnknownServiceHandler(door.handle),
 		grpc.MaxRecvMsgSize(cfg.maxMessageBytes),
 		grpc.MaxSendMsgSize(cfg.maxMessageBytes),
+		// The public port's bounds on a connection, as core/server.py sets them.
+		grpc.MaxConcurrentStreams(maxStreamsPerConnection),
+		grpc.KeepaliveParams(keepalive.ServerParameters{MaxConnectionIdle: cfg.idleConnection}),
+		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 5 * time.Minute}),
+		grpc.ConnectionTimeout(cfg.idleConnection),
 	)
 	stop := make(chan os.Signal, 1)
 	signal.Notify(stop, syscall.SIGTERM, syscall.SIGINT)
