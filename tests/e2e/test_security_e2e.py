@@ -43,6 +43,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 ACME = "acme-" + secrets.token_urlsafe(24)  # mlp and echo, generous limits
 GLOBEX = "globex-" + secrets.token_urlsafe(24)  # echo only
 TINY = "tiny-" + secrets.token_urlsafe(24)  # every model, two requests then none
+OPS = "ops-admin-key-0123456789"
 WRONG = "wrong-" + secrets.token_urlsafe(24)
 MAX_MESSAGE_BYTES = 1024 * 1024
 # Distinctive payloads that must never reach a log line or a span.
@@ -70,6 +71,12 @@ tenants:
     key_sha256: [{sha(TINY)}]
     models: "*"
     rate: {{requests_per_s: 0.01, burst: 2}}
+    max_in_flight: 64
+  - name: ops
+    key_sha256: [{sha(OPS)}]
+    models: "*"
+    admin: true
+    rate: {{requests_per_s: 1000, burst: 1000}}
     max_in_flight: 64
 """
 
@@ -194,6 +201,17 @@ def test_a_good_key_is_answered(secured: UpProcess) -> None:
     assert client.get_model_metadata("mlp", headers=bearer(ACME), as_json=True)["name"] == "mlp"
     assert client.get_model_config("echo", headers=bearer(GLOBEX), as_json=True)["config"]
     assert client.is_model_ready("mlp", headers=bearer(ACME))
+
+
+def test_statistics_count_every_tenant_so_only_an_admin_reads_them(secured: UpProcess) -> None:
+    client = grpcclient.InferenceServerClient(secured.url)
+    client.infer("echo", [text_input("counted")], headers=bearer(GLOBEX))
+    for key in (ACME, GLOBEX):  # both may use echo; neither sees the other's calls
+        assert status_of(
+            lambda k=key: client.get_inference_statistics("echo", headers=bearer(k))
+        ) == ("PERMISSION_DENIED")
+    doc = client.get_inference_statistics("echo", headers=bearer(OPS), as_json=True)
+    assert int(doc["model_stats"][0]["inference_stats"]["success"]["count"]) >= 1
 
 
 def test_over_quota_is_resource_exhausted_with_retry_after(secured: UpProcess) -> None:

@@ -201,3 +201,13 @@ def test_new_key_and_its_snippet_make_a_valid_file() -> None:
     (tenant,) = parse_tenants(snippet)
     assert Tenants([tenant]).lookup(key) == tenant
     assert tenant.models is None
+
+
+def test_statistics_are_for_admins_where_keys_are_on(tenants: Tenants) -> None:
+    acme = authenticate(tenants, bearer(ACME_KEY))
+    with pytest.raises(AuthRefused) as err:
+        auth.check_statistics(acme)
+    assert err.value.code == grpc.StatusCode.PERMISSION_DENIED
+    assert err.value.reason == auth.NOT_ADMIN
+    auth.check_statistics(Tenant("ops", (), None, 1.0, 1, 1, admin=True))
+    auth.check_statistics(None)  # a port without keys: everyone reads them

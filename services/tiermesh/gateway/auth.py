@@ -123,3 +123,19 @@ def authorize(tenants: Tenants, metadata: Iterable[tuple[str, str | bytes]], mod
     tenant = authenticate(tenants, metadata)
     check_model(tenant, model)
     return tenant
+
+
+# The refusal counter's reason for a non-admin tenant asking what only an admin may see.
+NOT_ADMIN = "not_admin"
+
+
+def check_statistics(tenant: Tenant | None) -> None:
+    """ModelStatistics counts every tenant's calls to a model: on a port with API keys only
+    a tenant marked admin may read them (None: the port has none)."""
+    if tenant is not None and not tenant.admin:
+        raise AuthRefused(
+            grpc.StatusCode.PERMISSION_DENIED,
+            f"tenant '{tenant.name}' may not read statistics: they count every tenant's calls "
+            "(needs admin: true)",
+            NOT_ADMIN,
+        )

@@ -374,7 +374,8 @@ class DataPlane:
         self, caller: Caller, name: str, version: str
     ) -> list[dict[str, Any]]:
         """Triton's model_stats entries: of every model the caller may use ("" name), or of
-        one model (every version, or the named one)."""
+        one model (every version, or the named one). Only to an admin where keys are on."""
+        self._gate.check_statistics(self.authenticate(caller))
         if name:
             models = [self.model(caller, name, version)]
         else:

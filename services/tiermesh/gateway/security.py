@@ -14,7 +14,13 @@ from dataclasses import dataclass
 
 from tiermesh.core.errors import exhausted
 from tiermesh.gateway.audit import NO_TENANT, AuditEntry, AuditLog
-from tiermesh.gateway.auth import AuthRefused, Tenants, authenticate, check_model
+from tiermesh.gateway.auth import (
+    AuthRefused,
+    Tenants,
+    authenticate,
+    check_model,
+    check_statistics,
+)
 from tiermesh.gateway.auth_throttle import FailedAuth, peer_address
 from tiermesh.gateway.metrics import GatewayMetrics
 from tiermesh.gateway.quota import Quota, QuotaRefused
@@ -83,6 +89,14 @@ class Gate:
             return
         try:
             check_model(tenant, model)
+        except AuthRefused as err:
+            self._metrics.auth_refusals.labels(reason=err.reason).inc()
+            raise
+
+    def check_statistics(self, tenant: Tenant | None) -> None:
+        """PERMISSION_DENIED unless `tenant` may read ModelStatistics (auth.py)."""
+        try:
+            check_statistics(tenant)
         except AuthRefused as err:
             self._metrics.auth_refusals.labels(reason=err.reason).inc()
             raise
