@@ -22,7 +22,7 @@ from tiermesh.core.errors import MeshError
 from tiermesh.core.jobs import Job, JobResult, Timing
 from tiermesh.core.repository import ModelRepository
 from tiermesh.core.settings import GatewaySettings
-from tiermesh.core.telemetry import Telemetry
+from tiermesh.core.telemetry import CallerTraces, Telemetry
 from tiermesh.core.tensors import TensorData
 from tiermesh.gateway import converters
 from tiermesh.gateway.capture import Capture, CaptureState
@@ -72,7 +72,9 @@ class RedisAway:
         raise RedisConnectionError("redis away")
 
 
-def _plane(**settings: Any) -> tuple[DataPlane, AnsweringRouter, CollectorRegistry]:
+def _plane(
+    caller_traces: CallerTraces | None = None, **settings: Any
+) -> tuple[DataPlane, AnsweringRouter, CollectorRegistry]:
     repo = ModelRepository(MODELS)
     repo.load()
     pending = PendingRequests()
@@ -90,6 +92,7 @@ def _plane(**settings: Any) -> tuple[DataPlane, AnsweringRouter, CollectorRegist
         Gate(None, metrics),
         control=ModelControl(RedisAway(), repo, None),  # type: ignore[arg-type]
         control_enabled=False,
+        caller_traces=caller_traces,
     )
     return plane, router, registry
 
@@ -223,6 +226,15 @@ async def test_a_gateway_that_records_no_span_passes_the_callers_context_on(
     await plane.infer("simple", _parse, Caller((("x-other", "1"), *headers), None, ""))
     (job,) = router.jobs
     assert job.trace_context == dict(carried)
+
+
+async def test_a_callers_sampled_flag_travels_on_only_within_the_rate() -> None:
+    plane, router, _ = _plane(caller_traces=CallerTraces(1.0, clock=lambda: 0.0))
+    for _ in range(2):
+        await plane.infer("simple", _parse, Caller((PARENT,), None, ""))
+    first, second = (job.trace_context["traceparent"] for job in router.jobs)
+    assert first == TRACEPARENT
+    assert second == TRACEPARENT[:-2] + "00"  # the same trace, unsampled
 
 
 async def test_in_flight_beyond_the_limit_is_refused() -> None:

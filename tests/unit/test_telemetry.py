@@ -10,7 +10,14 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from tiermesh.core import server
-from tiermesh.core.telemetry import Telemetry, extract, inject_current, trace_id_of
+from tiermesh.core.telemetry import (
+    CallerTraces,
+    Telemetry,
+    extract,
+    inject_current,
+    trace_id_of,
+    unsampled,
+)
 
 SAMPLED_PARENT = {"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"}
 UNSAMPLED_PARENT = {"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-00"}
@@ -107,3 +114,29 @@ def test_a_process_resource_hashes_and_compares_as_the_sdk_resource_it_stands_fo
     assert t.hop_resource("router") is t.hop_resource("router")
     assert t.hop_resource("router").attributes["service.name"] == "tiermesh-router"
     assert t.hop_resource("router") != t.provider.resource
+
+
+def test_a_callers_sampled_flag_is_followed_only_within_the_rate() -> None:
+    now = [0.0]
+    limit = CallerTraces(2.0, clock=lambda: now[0])
+    assert [limit.admit() for _ in range(3)] == [True, True, False]
+    now[0] = 0.5  # one token back at two a second
+    assert limit.admit() and not limit.admit()
+    assert limit.carrier(dict(SAMPLED_PARENT)) == UNSAMPLED_PARENT  # beyond: unsampled
+    assert limit.carrier(dict(UNSAMPLED_PARENT)) == UNSAMPLED_PARENT
+    assert unsampled({**SAMPLED_PARENT, "tracestate": "k=v"})["tracestate"] == "k=v"
+
+
+def test_the_gateways_sampler_follows_callers_within_the_rate() -> None:
+    t = Telemetry("gateway")
+    exported = InMemorySpanExporter()
+    t.provider.add_span_processor(SimpleSpanProcessor(exported))
+    t.limit_caller_traces(2.0)
+    recorded = []
+    for _ in range(5):  # at once: the bucket holds two
+        with t.tracer.start_as_current_span("call", context=extract(SAMPLED_PARENT)) as span:
+            recorded.append(span.is_recording())
+    assert recorded == [True, True, False, False, False]
+    with t.tracer.start_as_current_span("root") as span:  # its own roots: not limited
+        assert span.is_recording()
+    assert len(exported.get_finished_spans()) == 3

@@ -12,6 +12,11 @@ import grpc
 MAX_MESSAGE_CHARS = 1024
 
 
+# A caller-supplied name (a model, a request id) as records keep it (audit, capture, span
+# attributes): cut to this many characters; they are records, not dumps.
+MAX_RECORDED_NAME = 256
+
+
 def shown(text: str, limit: int = 64) -> str:
     """A caller-supplied string as an error message quotes it: control characters escaped,
     cut to `limit` characters (a model name may be megabytes of anything)."""

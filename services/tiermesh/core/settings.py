@@ -62,6 +62,9 @@ class GatewaySettings(ServiceSettings):
     # A compressed request on the public port inflates to at most this many bytes; beyond,
     # RESOURCE_EXHAUSTED before the rest is inflated (decoding.py).
     max_inflated_bytes: int = Field(default=16 * 1024 * 1024, gt=0)
+    # Calls a second whose caller's sampled traceparent this gateway follows (records and
+    # passes on sampled); beyond, the call stays on its caller's trace, unsampled.
+    caller_traces_per_s: float = Field(default=100.0, gt=0)
     # A public connection (gRPC or REST) with no call for this long is closed; a REST
     # connection whose request headers take longer is too.
     idle_connection_s: float = Field(default=120.0, gt=0)

@@ -20,7 +20,8 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Iterable, Mapping, Sequence
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import IO
 
@@ -64,6 +65,12 @@ class Telemetry:
         self.tracer = self.provider.get_tracer(f"tiermesh.{service}")
         self._scope = InstrumentationScope(f"tiermesh.{service}")
         self._hop_resources: dict[str, Resource] = {}
+
+    def limit_caller_traces(self, per_s: float) -> CallerTraces:
+        """Follow callers' sampled contexts only `per_s` calls a second (the gateway)."""
+        limit = CallerTraces(per_s)
+        self.provider.limit_caller_traces(limit)
+        return limit
 
     @property
     def exporting(self) -> bool:
@@ -134,13 +141,57 @@ class Telemetry:
             self._file.close()
 
 
+class CallerTraces:
+    """How many calls a second a caller's sampled traceparent may have recorded: a caller
+    who marks every request sampled would otherwise make this process record and export
+    spans for all of them. A token bucket of `per_s` tokens a second (as many at once); a
+    call beyond it continues its caller's trace unsampled. Owned by the gateway's Telemetry
+    (its public calls are the ones a caller's flags reach)."""
+
+    def __init__(self, per_s: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self._per_s = per_s
+        self._burst = max(1.0, per_s)
+        self._tokens = self._burst
+        self._clock = clock
+        self._at = clock()
+
+    def admit(self) -> bool:
+        now = self._clock()
+        self._tokens = min(self._burst, self._tokens + (now - self._at) * self._per_s)
+        self._at = now
+        if self._tokens < 1:
+            return False
+        self._tokens -= 1
+        return True
+
+    def carrier(self, carrier: dict[str, str]) -> dict[str, str]:
+        """A caller's W3C context as it may travel on: sampled only within the rate."""
+        if not is_sampled(carrier) or self.admit():
+            return carrier
+        return unsampled(carrier)
+
+
+def unsampled(carrier: Mapping[str, str]) -> dict[str, str]:
+    """The same W3C context with the sampled flag cleared (the trace goes on, unrecorded)."""
+    parent = carrier["traceparent"]
+    flags = int(parent[-2:], 16) & ~int(trace.TraceFlags.SAMPLED)
+    return {**carrier, "traceparent": f"{parent[:-2]}{flags:02x}"}
+
+
+def _remote_sampled(parent_context: Context | None) -> bool:
+    parent = trace.get_current_span(parent_context).get_span_context()
+    return parent.is_valid and parent.is_remote and parent.trace_flags.sampled
+
+
 class _WhenExported(sampling.Sampler):
-    """The configured sampler while the provider exports somewhere, else no new traces."""
+    """The configured sampler while the provider exports somewhere, else no new traces; a
+    caller's sampled context is followed only within `caller_traces`' rate, where set."""
 
     def __init__(self, exported: sampling.Sampler) -> None:
         self.exporting = False
         self._exported = exported
         self._quiet = sampling.ParentBased(sampling.ALWAYS_OFF)
+        self.caller_traces: CallerTraces | None = None
 
     def should_sample(
         self,
@@ -152,6 +203,9 @@ class _WhenExported(sampling.Sampler):
         links: Sequence[Link] | None = None,
         trace_state: TraceState | None = None,
     ) -> sampling.SamplingResult:
+        limit = self.caller_traces
+        if limit is not None and _remote_sampled(parent_context) and not limit.admit():
+            return sampling.SamplingResult(sampling.Decision.DROP, trace_state=trace_state)
         sampler = self._exported if self.exporting else self._quiet
         return sampler.should_sample(
             parent_context, trace_id, name, kind, attributes, links, trace_state
@@ -179,6 +233,9 @@ class _Provider(TracerProvider):
     @property
     def exporting(self) -> bool:
         return self._gate.exporting
+
+    def limit_caller_traces(self, limit: CallerTraces) -> None:
+        self._gate.caller_traces = limit
 
 
 class _HashedResource(Resource):

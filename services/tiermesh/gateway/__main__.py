@@ -149,6 +149,7 @@ async def serve(
         control_enabled=settings.model_control == "explicit",
         stats=stats,
         hop_spans=hop_spans,
+        caller_traces=telemetry.limit_caller_traces(settings.caller_traces_per_s),
     )
     export_prices(registry, load_prices(settings.prices_file))
     plane.capture = capture = _capture(settings, redis, tenants, registry)

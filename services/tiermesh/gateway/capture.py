@@ -34,6 +34,7 @@ from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
 from tiermesh.core import keys
+from tiermesh.core.errors import MAX_RECORDED_NAME
 from tiermesh.core.jobs import Job, JobResult
 from tiermesh.core.loops import raise_if_cancelling
 from tiermesh.core.tensors import split_bytes
@@ -102,7 +103,7 @@ def build_record(obs: Observed) -> dict[str, Any]:
     record: dict[str, Any] = {
         "v": SCHEMA,
         "t_ms": round(obs.received_ns / 1e6, 3),
-        "model": job.model if job else obs.model,
+        "model": job.model if job else obs.model[:MAX_RECORDED_NAME],
         "version": (result.version if result else "") or (job.version if job else ""),
         "variant": (result.variant if result else "") or (job.variant if job else ""),
         "priority": job.priority if job else None,

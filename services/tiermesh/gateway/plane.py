@@ -27,11 +27,18 @@ import redis.asyncio as aioredis
 import structlog
 from opentelemetry import trace
 
-from tiermesh.core.errors import MeshError, exhausted, invalid, unavailable, unknown_model
+from tiermesh.core.errors import (
+    MAX_RECORDED_NAME,
+    MeshError,
+    exhausted,
+    invalid,
+    unavailable,
+    unknown_model,
+)
 from tiermesh.core.jobs import Job, Timing
 from tiermesh.core.repository import ModelConfig, ModelRepository
 from tiermesh.core.settings import GatewaySettings
-from tiermesh.core.telemetry import trace_id_of, w3c_context
+from tiermesh.core.telemetry import CallerTraces, trace_id_of, unsampled, w3c_context
 from tiermesh.gateway.capture import Capture
 from tiermesh.gateway.control import ModelControl, check_allowed
 from tiermesh.gateway.dispatch import Answer, Call, Dispatcher
@@ -104,6 +111,7 @@ class DataPlane:
         stats: StatisticsStore | None = None,
         clock_ns: Callable[[], int] = time.time_ns,
         hop_spans: HopSpans | None = None,
+        caller_traces: CallerTraces | None = None,
     ) -> None:
         self._settings = settings
         self._repo = repo
@@ -121,6 +129,8 @@ class DataPlane:
         self.statistics = stats.statistics if stats is not None else InferenceStatistics()
         # Where the gateway exports: a traced request's spans of the hops after this one.
         self._hop_spans = hop_spans
+        # How many calls a second a caller's sampled traceparent is followed (None: all).
+        self._caller_traces = caller_traces
         self._dispatch = Dispatcher(upstream, pending, metrics, self.statistics, clock_ns)
         self._door_plans = DoorPlans(repo, settings.model_control == "explicit")
         # Traffic capture (gateway/capture.py), set by __main__ when configured.
@@ -265,7 +275,9 @@ class DataPlane:
             structlog.contextvars.bind_contextvars(**bound)
             if span.is_recording():
                 span.set_attribute("tiermesh.request_id", job.request_id)
-                span.set_attribute("tiermesh.client_request_id", job.client_request_id)
+                span.set_attribute(
+                    "tiermesh.client_request_id", job.client_request_id[:MAX_RECORDED_NAME]
+                )
                 if tenant is not None:
                     span.set_attribute("tiermesh.tenant", tenant.name)
             return await self._dispatch.answer(cfg, job, call, on_partial)
@@ -310,13 +322,20 @@ class DataPlane:
             generation=generation,
         )
 
-    @staticmethod
-    def _trace_context(call: Call, caller: Caller) -> dict[str, str]:
+    def _trace_context(self, call: Call, caller: Caller) -> dict[str, str]:
         """What the job carries downstream: a traced request's route span (chosen now,
-        written by the hop spans), else the caller's own context, if any."""
-        if call.hops is None:
-            return w3c_context(caller.metadata)
-        return call.hops.carrier()
+        written by the hop spans), else the caller's own context, if any, sampled only
+        where this gateway's sampler followed it (or, with no span here, within the rate
+        of caller traces): a caller's flag alone does not make every hop record."""
+        if call.hops is not None:
+            return call.hops.carrier()
+        carrier = w3c_context(caller.metadata)
+        if not carrier:
+            return carrier
+        here = trace.get_current_span().get_span_context()
+        if here.is_valid:
+            return carrier if here.trace_flags.sampled else unsampled(carrier)
+        return self._caller_traces.carrier(carrier) if self._caller_traces else carrier
 
     def is_generative(self, model_name: str) -> bool:
         cfg = self._repo.get(model_name)

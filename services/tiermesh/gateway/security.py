@@ -12,7 +12,7 @@ from collections.abc import AsyncIterator, Iterable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager, nullcontext
 from dataclasses import dataclass
 
-from tiermesh.core.errors import exhausted
+from tiermesh.core.errors import MAX_RECORDED_NAME, exhausted
 from tiermesh.gateway.audit import NO_TENANT, AuditEntry, AuditLog
 from tiermesh.gateway.auth import (
     AuthRefused,
@@ -28,8 +28,6 @@ from tiermesh.gateway.tenants import Tenant
 
 # The refusal counter's reason for an address refused before its key was looked at.
 THROTTLED = "throttled"
-# Model names in audit entries are what the caller sent: bounded, it is a record not a dump.
-MAX_AUDITED_NAME = 256
 # What `hold` returns when there is nothing to count (reusable: it holds no state).
 _NOT_HELD: AbstractAsyncContextManager[None] = nullcontext()
 
@@ -146,8 +144,8 @@ class Gate:
             AuditEntry(
                 time_ms=time_ms,
                 tenant=tenant or NO_TENANT,
-                model=model[:MAX_AUDITED_NAME],
-                variant=variant[:MAX_AUDITED_NAME],
+                model=model[:MAX_RECORDED_NAME],
+                variant=variant[:MAX_RECORDED_NAME],
                 outcome=outcome,
                 request_id=request_id,
                 peer=peer,
