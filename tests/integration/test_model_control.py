@@ -152,6 +152,30 @@ async def test_load_and_unload_reach_the_workers(redis_url: str, tmp_path: Path)
         assert await redis.get(keys.CONTROL_GENERATION) == generation
         assert await workers("simple_bad") == 0
         await check_sums(client, "simple")
+
+        # Every control call left an audit entry: who, which operation, with what outcome.
+        async def audited() -> list[tuple[str, str, str, str]]:
+            entries = [f for _, f in await redis.xrange(keys.AUDIT_STREAM)]
+            return [
+                (
+                    e[b"operation"].decode(),
+                    e[b"tenant"].decode(),
+                    e[b"model"].decode(),
+                    e[b"outcome"].decode(),
+                )
+                for e in entries
+                if e[b"operation"] != b"infer"
+            ]
+
+        async def the_last_is_audited() -> bool:
+            return any(e[:3] == ("load", "ops", "simple_bad") for e in await audited())
+
+        await until(the_last_is_audited, "the refused load of simple_bad is audited")
+        control = await audited()
+        assert ("unload", "-", "simple", "UNAUTHENTICATED") in control
+        assert ("unload", "user", "simple", "PERMISSION_DENIED") in control
+        assert ("unload", "ops", "simple", "OK") in control
+        assert ("load", "ops", "simple_new", "OK") in control
     finally:
         await client.close()
         await redis.aclose()

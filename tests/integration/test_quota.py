@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import random
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import grpc
 import pytest
@@ -25,6 +26,7 @@ from tiermesh.gateway.quota import IN_FLIGHT, RATE, Quota, QuotaRefused
 from tiermesh.gateway.security import Gate, Security
 from tiermesh.gateway.tenants import Tenant
 from tiermesh.up.processes import free_port
+from tiermesh.up.redis_server import start_redis
 
 pytestmark = pytest.mark.integration
 
@@ -204,6 +206,7 @@ async def test_audit_entries_are_written_in_order_and_trimmed(
     ((_, first),) = await redis.xrange(keys.AUDIT_STREAM)
     assert {k.decode(): v.decode() for k, v in first.items()} == {
         "time_ms": str(T0),
+        "operation": "infer",
         "tenant": "-",
         "model": "mlp",
         "variant": "fp32",
@@ -241,16 +244,35 @@ async def test_audit_writer_task_flushes_what_is_recorded(
         await asyncio.gather(writer, return_exceptions=True)
 
 
-async def test_audit_failures_are_counted_never_raised() -> None:
+async def test_audit_entries_wait_out_a_redis_outage_and_calls_are_refused_when_full(
+    tmp_path: Path,
+) -> None:
+    port = free_port()  # nothing listens there yet: Redis is away
     down = aioredis.Redis(
-        host="127.0.0.1", port=free_port(), socket_connect_timeout=1.0, retry=Retry(NoBackoff(), 0)
+        host="127.0.0.1", port=port, socket_connect_timeout=1.0, retry=Retry(NoBackoff(), 0)
     )
     lost: list[int] = []
     log = AuditLog(down, max_len=100, on_lost=lost.append, max_queued=2)
+    gate = Gate(Security(Tenants([]), Quota(down, 25), log), GatewayMetrics(CollectorRegistry()))
+    server = None
     try:
-        for i in range(3):  # the third does not fit in the queue
-            log.record(entry(i))
-        await log.flush()  # Redis is away: both queued entries lost
-        assert lost == [1, 2] and log.lost == 3 and log.written == 0
+        log.record(entry(0))
+        assert not await log.flush()  # kept, not lost
+        gate.check_audit_room()  # one waits: room for another call
+        log.record(entry(1))
+        with pytest.raises(MeshError) as err:
+            gate.check_audit_room()
+        assert err.value.code == grpc.StatusCode.UNAVAILABLE
+        assert err.value.retry_after_ms == 1000
+        log.record(entry(2))  # a call under way when it filled: the one entry lost
+        assert lost == [1] and log.lost == 1
+        server = start_redis(port, tmp_path / "redis")
+        assert await log.flush()
+        assert log.written == 2 and log.has_room
+        ids = [f[b"request_id"] for _, f in await down.xrange(keys.AUDIT_STREAM)]
+        assert ids == [b"req0", b"req1"]
     finally:
         await down.aclose()
+        if server is not None:
+            server.terminate()
+            server.wait(timeout=10)

@@ -76,7 +76,12 @@ class GatewayMetrics:
         )
         self.audit_lost = Counter(
             "tiermesh_audit_entries_lost",
-            "Audit entries that could not be written (Redis trouble or a full queue)",
+            "Audit entries that could not be written (calls under way when the queue filled)",
+            registry=registry,
+        )
+        self.audit_refusals = Counter(
+            "tiermesh_audit_refusals",
+            "Audited calls refused UNAVAILABLE while the audit log could not be written",
             registry=registry,
         )
         # Children of the labelled metrics by their labels, looked up once (all bounded: the

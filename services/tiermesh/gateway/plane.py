@@ -18,9 +18,9 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import grpc
 import redis.asyncio as aioredis
@@ -85,6 +85,8 @@ class ServerInfo:
     # Triton's names of the protocol extensions this server has.
     extensions: tuple[str, ...]
 
+
+T = TypeVar("T")
 
 SERVER = ServerInfo(
     "tiermesh",
@@ -244,6 +246,7 @@ class DataPlane:
         tenant = self._gate.authenticate(caller.metadata, caller.peer)
         call.tenant = tenant.name if tenant else ""
         self._gate.check_model(tenant, call.model)
+        self._gate.check_audit_room()
         known = self._repo.get(call.model)
         if known is None:
             raise unknown_model(call.model)
@@ -420,12 +423,51 @@ class DataPlane:
         return await self.control.index(self._visible(caller), ready_only)
 
     async def load(self, caller: Caller, name: str, version: str = "") -> None:
-        self._check_control(caller)
-        await self.control.load(name, version)
+        await self.audited(caller, "load", name, lambda: self._control(caller, name, version))
 
     async def unload(self, caller: Caller, name: str, version: str = "") -> None:
-        self._check_control(caller)
-        await self.control.unload(name, version)
+        await self.audited(
+            caller, "unload", name, lambda: self._control(caller, name, version, load=False)
+        )
 
-    def _check_control(self, caller: Caller) -> None:
+    async def _control(self, caller: Caller, name: str, version: str, load: bool = True) -> None:
         check_allowed(self._control_enabled, self._gate.enabled, self.authenticate(caller))
+        await (self.control.load if load else self.control.unload)(name, version)
+
+    async def audited(
+        self, caller: Caller, operation: str, model: str, work: Callable[[], Awaitable[T]]
+    ) -> T:
+        """`work` (an operation other than ModelInfer: model control, a batch-job call),
+        with its audit entry whatever the outcome, on a port with API keys; refused while
+        the audit log cannot be written."""
+        if not self._gate.enabled:
+            return await work()
+        started_ns = self._clock_ns()
+        code = grpc.StatusCode.OK
+        tenant = None
+        try:
+            tenant = self.authenticate(caller)
+            self._gate.check_audit_room()
+            return await work()
+        except MeshError as err:
+            code = err.code
+            raise
+        except asyncio.CancelledError:
+            code = grpc.StatusCode.CANCELLED
+            raise
+        except Exception:
+            code = grpc.StatusCode.INTERNAL
+            raise
+        finally:
+            ended_ns = self._clock_ns()
+            self._gate.audit(
+                operation=operation,
+                time_ms=ended_ns // 1_000_000,
+                tenant=tenant.name if tenant else "",
+                model=model,
+                variant="",
+                outcome=code.name,
+                request_id="",
+                peer=caller.peer,
+                duration_ms=(ended_ns - started_ns) / 1e6,
+            )

@@ -12,8 +12,10 @@ from collections.abc import AsyncIterator, Iterable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager, nullcontext
 from dataclasses import dataclass
 
-from tiermesh.core.errors import MAX_RECORDED_NAME, exhausted
-from tiermesh.gateway.audit import NO_TENANT, AuditEntry, AuditLog
+import grpc
+
+from tiermesh.core.errors import MAX_RECORDED_NAME, MeshError, exhausted
+from tiermesh.gateway.audit import INFER, NO_TENANT, RETRY_S, AuditEntry, AuditLog
 from tiermesh.gateway.auth import (
     AuthRefused,
     Tenants,
@@ -26,6 +28,8 @@ from tiermesh.gateway.metrics import GatewayMetrics
 from tiermesh.gateway.quota import Quota, QuotaRefused
 from tiermesh.gateway.tenants import Tenant
 
+# An audited call refused while the audit log cannot be written is told to retry then.
+AUDIT_RETRY_MS = int(RETRY_S * 1000)
 # The refusal counter's reason for an address refused before its key was looked at.
 THROTTLED = "throttled"
 # What `hold` returns when there is nothing to count (reusable: it holds no state).
@@ -124,9 +128,21 @@ class Gate:
         finally:
             await asyncio.shield(quota.release(held))
 
+    def check_audit_room(self) -> None:
+        """UNAVAILABLE while the audit log's queue is full (its writes fail): an audited call
+        is refused rather than served unrecorded. Nothing to check with auth off."""
+        if self._security is not None and not self._security.audit.has_room:
+            self._metrics.audit_refusals.inc()
+            raise MeshError(
+                grpc.StatusCode.UNAVAILABLE,
+                "the audit log cannot be written; calls are refused until it can, retry later",
+                retry_after_ms=AUDIT_RETRY_MS,
+            )
+
     def audit(
         self,
         *,
+        operation: str = INFER,
         time_ms: int,
         tenant: str,
         model: str,
@@ -142,6 +158,7 @@ class Gate:
             return
         self._security.audit.record(
             AuditEntry(
+                operation=operation,
                 time_ms=time_ms,
                 tenant=tenant or NO_TENANT,
                 model=model[:MAX_RECORDED_NAME],
