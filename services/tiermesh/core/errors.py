@@ -5,6 +5,7 @@ Domain code raises :class:`MeshError`; only servicers turn it into a gRPC status
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
 
 import grpc
@@ -99,3 +100,13 @@ def code_to_int(code: grpc.StatusCode) -> int:
 
 RETRY_AFTER_KEY = "retry-after-ms"
 INTERNAL_MESSAGE = "internal error"
+
+
+def status_of(exc: BaseException) -> grpc.StatusCode:
+    """The status a call that raised `exc` ends with: a refusal's own code, CANCELLED for a
+    cancellation, INTERNAL for anything else."""
+    if isinstance(exc, MeshError):
+        return exc.code
+    if isinstance(exc, asyncio.CancelledError):
+        return grpc.StatusCode.CANCELLED
+    return grpc.StatusCode.INTERNAL

@@ -15,7 +15,6 @@ model control. No proto types here (DESIGN.md, Style).
 
 from __future__ import annotations
 
-import asyncio
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
@@ -29,9 +28,9 @@ from opentelemetry import trace
 
 from tiermesh.core.errors import (
     MAX_RECORDED_NAME,
-    MeshError,
     exhausted,
     invalid,
+    status_of,
     unavailable,
     unknown_model,
 )
@@ -188,14 +187,8 @@ class DataPlane:
             answer = await self._infer(parse, caller, call, on_partial)
             call.result, call.cache_hit = answer.result, answer.cache_hit
             return answer
-        except MeshError as err:
-            code = err.code
-            raise
-        except asyncio.CancelledError:
-            code = grpc.StatusCode.CANCELLED
-            raise
-        except Exception:
-            code = grpc.StatusCode.INTERNAL
+        except BaseException as exc:
+            code = status_of(exc)
             raise
         finally:
             self._ended(call, caller, model, code)
@@ -449,14 +442,8 @@ class DataPlane:
             tenant = self.authenticate(caller)
             self._gate.check_audit_room()
             return await work()
-        except MeshError as err:
-            code = err.code
-            raise
-        except asyncio.CancelledError:
-            code = grpc.StatusCode.CANCELLED
-            raise
-        except Exception:
-            code = grpc.StatusCode.INTERNAL
+        except BaseException as exc:
+            code = status_of(exc)
             raise
         finally:
             ended_ns = self._clock_ns()
