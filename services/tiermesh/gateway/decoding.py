@@ -25,10 +25,11 @@ from typing import Any
 
 import grpc
 from google.protobuf.message import DecodeError  # type: ignore[import-untyped]
-from tritonclient.grpc import service_pb2_grpc
+from tritonclient.grpc import service_pb2, service_pb2_grpc
 
 from tiermesh.core.errors import MeshError
 from tiermesh.core.grpc_errors import fail_call
+from tiermesh.gateway import wire_scan
 from tiermesh.gateway.call_spans import CallSpans, add_servicer
 
 UNDECODABLE_MESSAGE = (
@@ -94,10 +95,15 @@ Behavior = Callable[[Any, grpc.aio.ServicerContext], Any]
 
 
 def _reading(deserialize: Callable[[bytes], Any], limit: int) -> Callable[[bytes], Any]:
+    # A KServe request's listed elements are counted before protobuf builds them.
+    scanned = deserialize == service_pb2.ModelInferRequest.FromString
+
     def read(data: bytes) -> Any:
         message = inflated(data, limit)
         if isinstance(message, Refused):
             return message
+        if scanned and (err := wire_scan.check(message)) is not None:
+            return Refused(err.code, err.message)
         try:
             return deserialize(message)
         except DecodeError:
