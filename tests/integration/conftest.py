@@ -4,6 +4,7 @@ span captured in memory."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -14,6 +15,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from tiermesh.core.delivery_client import GatewayClients
+from tiermesh.core.message_bytes import MAX_MESSAGE_BYTES
 from tiermesh.core.server import make_server
 from tiermesh.core.settings import (
     GatewaySettings,
@@ -151,16 +153,21 @@ class Downstream:
     postprocess_address: str
 
 
-@pytest.fixture
-async def downstream() -> AsyncIterator[Downstream]:
-    """A real postprocess server delivering to a real Delivery server, both on port 0."""
+@contextlib.asynccontextmanager
+async def serve_downstream(
+    max_message_bytes: int = MAX_MESSAGE_BYTES,
+    delivery_servicer: Callable[[PendingRequests], DeliveryServicer] = DeliveryServicer,
+) -> AsyncIterator[Downstream]:
+    """A real postprocess server delivering to a real Delivery server (`delivery_servicer`
+    of the waiting requests), both on port 0, with `max_message_bytes` as the message limit
+    of both servers and of postprocess's deliveries."""
     telemetry = Telemetry("test")
     pending = PendingRequests()
-    delivery = make_server(telemetry)
-    delivery_pb2_grpc.add_DeliveryServicer_to_server(DeliveryServicer(pending), delivery)
+    delivery = make_server(telemetry, max_message_bytes)
+    delivery_pb2_grpc.add_DeliveryServicer_to_server(delivery_servicer(pending), delivery)
     dport = delivery.add_insecure_port("127.0.0.1:0")
-    gateways = GatewayClients(5)
-    post = make_server(telemetry)
+    gateways = GatewayClients(5, max_message_bytes=max_message_bytes)
+    post = make_server(telemetry, max_message_bytes)
     postprocess_pb2_grpc.add_PostprocessServicer_to_server(
         PostprocessServicer(Steps(), gateways), post
     )
@@ -173,3 +180,10 @@ async def downstream() -> AsyncIterator[Downstream]:
         await post.stop(None)
         await delivery.stop(None)
         await gateways.close()
+
+
+@pytest.fixture
+async def downstream() -> AsyncIterator[Downstream]:
+    """A real postprocess server delivering to a real Delivery server, both on port 0."""
+    async with serve_downstream() as down:
+        yield down

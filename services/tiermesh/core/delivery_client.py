@@ -1,6 +1,7 @@
 """Delivery of finished results to the gateways that own them: per batch one message to each
-gateway, on one DeliverStream per gateway (core/call_stream.py). Postprocess delivers what
-it processed; a worker delivers a batch with no output step left to run itself."""
+gateway (more where its results exceed the message limit together; core/message_bytes.py),
+on one DeliverStream per gateway (core/call_stream.py). Postprocess delivers what it
+processed; a worker delivers a batch with no output step left to run itself."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from prometheus_client import CollectorRegistry, Counter
 
 from tiermesh.core.call_stream import CallStream
 from tiermesh.core.jobs import JobResult
+from tiermesh.core.message_bytes import MAX_MESSAGE_BYTES, result_messages
 from tiermesh.core.server import make_channel
 from tiermesh.core.wire import result_to_proto
 from tiermesh.v1 import delivery_pb2, delivery_pb2_grpc
@@ -49,22 +51,27 @@ class Delivered:
 
 class GatewayClients:
     """One channel and one stream per gateway address, opened on first use, closed by
-    `close`; TLS with `credentials` (internal mTLS), plaintext when None."""
+    `close`; TLS with `credentials` (internal mTLS), plaintext when None. No message is
+    over `max_message_bytes` (the gateways' Delivery servers take as much): an answer that
+    alone is goes to its caller as RESOURCE_EXHAUSTED, its batch-mates as they are."""
 
     def __init__(
         self,
         timeout_s: float,
         credentials: grpc.ChannelCredentials | None = None,
+        max_message_bytes: int = MAX_MESSAGE_BYTES,
     ) -> None:
         self._timeout_s = timeout_s
         self._credentials = credentials
+        self._max_message_bytes = max_message_bytes
         self._channels: dict[str, tuple[grpc.aio.Channel, Calls]] = {}
 
     async def deliver(self, address: str, results: Sequence[JobResult]) -> None:
-        """Raises AioRpcError when the gateway cannot be reached."""
+        """One message of `results` (within the message limit: see `deliver_all`) to the
+        gateway at `address`; raises AioRpcError when it cannot be reached."""
         opened = self._channels.get(address)
         if opened is None:
-            channel = make_channel(address, credentials=self._credentials)
+            channel = make_channel(address, self._max_message_bytes, self._credentials)
             stub = delivery_pb2_grpc.DeliveryStub(channel)
             opened = self._channels[address] = (channel, CallStream(stub.DeliverStream, address))
         _, calls = opened
@@ -72,15 +79,21 @@ class GatewayClients:
         await calls.call(msg, self._timeout_s)
 
     async def deliver_all(self, results: Sequence[JobResult]) -> Delivered:
-        """Every result to its gateway, one message per gateway, all at once."""
+        """Every result to its gateway, all at once: one message per gateway, or as many as
+        its results need to stay within the message limit."""
         by_gateway: dict[str, list[JobResult]] = defaultdict(list)
         for result in results:
             by_gateway[result.gateway].append(result)
-        if len(by_gateway) == 1:  # the common case: no task to start and wait for
-            reached = [await self._reached(*next(iter(by_gateway.items())))]
+        messages = [
+            (gateway, part)
+            for gateway, mine in by_gateway.items()
+            for part in result_messages(mine, self._max_message_bytes)
+        ]
+        if len(messages) == 1:  # the common case: no task to start and wait for
+            reached = [await self._reached(*messages[0])]
         else:
-            reached = await asyncio.gather(*(self._reached(*item) for item in by_gateway.items()))
-        delivered = sum(len(rs) for rs, ok in zip(by_gateway.values(), reached, strict=True) if ok)
+            reached = await asyncio.gather(*(self._reached(*m) for m in messages))
+        delivered = sum(len(part) for (_, part), ok in zip(messages, reached, strict=True) if ok)
         return Delivered(delivered, len(results) - delivered)
 
     async def _reached(self, gateway: str, results: Sequence[JobResult]) -> bool:

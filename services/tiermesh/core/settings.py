@@ -39,6 +39,11 @@ class ServiceSettings(BaseSettings):
     internal_tls_key_file: Path | None = None
     # Model control's state (what is unloaded; core/control_watch.py) is polled this often.
     model_control_refresh_ms: int = Field(default=500, gt=0)
+    # gRPC's message limit, on the internal hops too: a worker's and postprocess's messages
+    # of results are split by it (core/message_bytes.py), and an answer alone over it fails
+    # alone (RESOURCE_EXHAUSTED). One value for every service: what a sender splits by is
+    # what its receiver takes.
+    max_message_bytes: int = Field(default=64 * 1024 * 1024, gt=0)
 
 
 class GatewaySettings(ServiceSettings):

@@ -39,9 +39,11 @@ async def serve(
     telemetry = telemetry or Telemetry("postprocess", settings.trace_dir)
     repo = ModelRepository(settings.model_repository)
     gateways = GatewayClients(
-        settings.delivery_timeout_ms / 1000, internal_channel_credentials(settings)
+        settings.delivery_timeout_ms / 1000,
+        internal_channel_credentials(settings),
+        settings.max_message_bytes,
     )
-    server = make_server(telemetry)
+    server = make_server(telemetry, settings.max_message_bytes)
     registry = new_registry()
     metrics_server = MetricsServer(registry, settings.metrics_host, settings.metrics_port)
     servicer = PostprocessServicer(

@@ -102,21 +102,25 @@ async def serve(
         log.info("generative model loaded", unit=unit, load_s=round(gen.load_s, 3))
     channel = make_channel(
         settings.postprocess_address,
-        credentials=internal_channel_credentials(settings),
+        settings.max_message_bytes,
+        internal_channel_credentials(settings),
     )
     consumer = settings.worker_id or f"{socket.gethostname()}-{settings.worker_tier}-{os.getpid()}"
     metrics_server = MetricsServer(registry, settings.metrics_host, settings.metrics_port)
     stream_client = StreamClient(redis, consumer)
+    to_postprocess = PostprocessClient(channel, max_message_bytes=settings.max_message_bytes)
     postprocess: Handoff = (
         DirectHandoff(
-            PostprocessClient(channel),
+            to_postprocess,
             GatewayClients(
-                settings.delivery_timeout_ms / 1000, internal_channel_credentials(settings)
+                settings.delivery_timeout_ms / 1000,
+                internal_channel_credentials(settings),
+                settings.max_message_bytes,
             ),
             deliveries_counter(registry),
         )
         if settings.direct_delivery
-        else PostprocessClient(channel)
+        else to_postprocess
     )
     worker = Worker(
         tier=settings.worker_tier,

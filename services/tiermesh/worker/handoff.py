@@ -1,6 +1,8 @@
 """Hands a finished batch on: to postprocess, one message per batch on the worker's one
 ProcessStream (core/call_stream.py), or, when no result of it has an output step left to
-run, straight to the gateways that own them (`DirectHandoff`): one hop less per batch."""
+run, straight to the gateways that own them (`DirectHandoff`): one hop less per batch.
+Either way no message exceeds the message limit (core/message_bytes.py): a batch whose
+answers do not fit one goes in several, an answer that alone does not fails alone."""
 
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ from prometheus_client import Counter
 from tiermesh.core.call_stream import CallStream
 from tiermesh.core.delivery_client import GatewayClients
 from tiermesh.core.jobs import JobResult
+from tiermesh.core.message_bytes import MAX_MESSAGE_BYTES, result_messages
 from tiermesh.core.wire import result_to_proto
 from tiermesh.v1 import postprocess_pb2, postprocess_pb2_grpc
 
@@ -44,17 +47,35 @@ def skips_postprocess(results: Sequence[JobResult]) -> bool:
 
 
 class PostprocessClient:
-    """Owns the stream to postprocess: `close` ends it."""
+    """Owns the stream to postprocess: `close` ends it. `max_message_bytes`: what
+    `channel` and postprocess's server take."""
 
-    def __init__(self, channel: grpc.aio.Channel, timeout_s: float = 10.0) -> None:
+    def __init__(
+        self,
+        channel: grpc.aio.Channel,
+        timeout_s: float = 10.0,
+        max_message_bytes: int = MAX_MESSAGE_BYTES,
+    ) -> None:
         stub = postprocess_pb2_grpc.PostprocessStub(channel)
         self._calls: CallStream[postprocess_pb2.ResultBatch, postprocess_pb2.ProcessReply] = (
             CallStream(stub.ProcessStream, "postprocess")
         )
         self._timeout_s = timeout_s
+        self._max_message_bytes = max_message_bytes
 
     async def process(self, results: Sequence[JobResult]) -> None:
-        """Returns once postprocess accepted and delivered the batch; raises AioRpcError."""
+        """Returns once postprocess accepted and delivered the batch (one message, or several
+        at once where it exceeds the message limit); raises AioRpcError."""
+        parts = result_messages(results, self._max_message_bytes)
+        if len(parts) == 1:
+            await self._send(parts[0])
+            return
+        sent = await asyncio.gather(*(self._send(part) for part in parts), return_exceptions=True)
+        for outcome in sent:  # every part had its turn; the first failure is the call's
+            if isinstance(outcome, BaseException):
+                raise outcome
+
+    async def _send(self, results: Sequence[JobResult]) -> None:
         batch = postprocess_pb2.ResultBatch(results=[result_to_proto(r) for r in results])
         await self._calls.call(batch, self._timeout_s)
 
