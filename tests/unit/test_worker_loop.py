@@ -284,20 +284,26 @@ async def make(
         tier: str = "center",
         lanes: int = 1,
         runner_type: type[CountingRunner] = CountingRunner,
+        *,
+        onnx: Path | None = None,
+        unit: str = UNIT,
+        **options: Any,
     ) -> Harness:
+        """`onnx` and `unit`: another model than the mlp; `options`: more of the Worker's."""
         cfg = cfg or mlp_config()
         streams, clock = MemoryStreams(), Clock()
-        runner = runner_type(cfg, model)
+        runner = runner_type(cfg, onnx or model)
         worker = Worker(
             tier=tier,
-            configs={UNIT: cfg},
-            runners={UNIT: runner},
+            configs={unit: cfg},
+            runners={unit: runner},
             streams=streams,
             handoff=PostprocessClient(channel, timeout_s=5),
             telemetry=telemetry,
             clock_ns=clock.ns,
             sleep=clock.sleep,
             lanes=lanes,
+            **options,
         )
         await worker.open()
         return Harness(worker, streams, clock, runner, downstream)

@@ -155,6 +155,10 @@ class WorkerSettings(ServiceSettings):
     reclaim_min_idle_ms: int = Field(default=5000, gt=0)
     # An entry delivered more often than this is dead-lettered; its caller gets ABORTED.
     max_deliveries: int = Field(default=3, ge=1)
+    # A batch's requests (their stream entries) add up to at most this many bytes; one
+    # bigger request computes alone. Below max_message_bytes: the answers, and the inputs
+    # an output step reads, go on in the batch's hand-off.
+    max_batch_bytes: int = Field(default=16 * 1024 * 1024, gt=0)
     # On stop: after deregistering, entries routed here meanwhile are still read this long.
     leave_window_ms: int = Field(default=500, ge=0)
     # Batch jobs: whether this worker takes their (background) work at all - false keeps a
@@ -185,6 +189,15 @@ class WorkerSettings(ServiceSettings):
             raise ValueError(
                 f"TIERMESH_RECLAIM_INTERVAL_MS ({self.reclaim_interval_ms}) must be at most "
                 f"half of TIERMESH_RECLAIM_MIN_IDLE_MS ({self.reclaim_min_idle_ms})"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _batches_fit_a_message(self) -> WorkerSettings:
+        if self.max_batch_bytes >= self.max_message_bytes:
+            raise ValueError(
+                f"TIERMESH_MAX_BATCH_BYTES ({self.max_batch_bytes}) must be below "
+                f"TIERMESH_MAX_MESSAGE_BYTES ({self.max_message_bytes})"
             )
         return self
 

@@ -151,6 +151,7 @@ async def serve(
         background_duty=settings.batch_background_duty,
         online=settings.worker_online,
         lanes=compute.lanes,
+        max_batch_bytes=settings.max_batch_bytes,
     )
     gen_metrics = GenerationMetrics(registry) if generative else None
     generators = [

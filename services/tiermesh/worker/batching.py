@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from tiermesh.core.jobs import Job
 from tiermesh.core.keys import StreamKey
+from tiermesh.core.message_bytes import count_within
 from tiermesh.worker.scheduler import StreamView
 
 # A batch whose requests all waited less than this since they were queued computes while
@@ -26,6 +27,7 @@ class QueuedJob:
     entry_id: str
     job: Job
     dequeued_ns: int
+    size: int = 0  # bytes of its stream entry's job, as read (its share of the batch budget)
 
     @property
     def queued_ns(self) -> int:
@@ -39,21 +41,27 @@ def view_of(key: StreamKey, queued: Sequence[QueuedJob]) -> StreamView:
     return StreamView(
         key=key,
         rows=sum(q.job.rows for q in queued),
+        size=sum(q.size for q in queued),
         oldest_enqueued_ns=min(q.queued_ns for q in queued),
         first_dequeued_ns=min(q.dequeued_ns for q in queued),
         earliest_deadline_ns=min(deadlines, default=0),
     )
 
 
-def take_count(rows: Sequence[int], max_rows: int) -> int:
-    """How many queued jobs (in order) fit in one batch of at most `max_rows` rows; at
-    least one when any are queued, so that a job of exactly max_rows rows still runs."""
+def take_count(
+    rows: Sequence[int], max_rows: int, sizes: Sequence[int] = (), max_bytes: int = 0
+) -> int:
+    """How many queued jobs (in order) fit in one batch of at most `max_rows` rows and (with
+    `max_bytes`) at most `max_bytes` of `sizes`; at least one when any are queued, so that a
+    job of exactly max_rows rows, or one over the byte budget, still runs (alone)."""
     total = 0
-    for i, n in enumerate(rows):
-        if total + n > max_rows and i > 0:
-            return i
-        total += n
-    return len(rows)
+    n = len(rows)
+    for i, r in enumerate(rows):
+        if total + r > max_rows and i > 0:
+            n = i
+            break
+        total += r
+    return count_within(sizes[:n], max_bytes) if max_bytes and sizes else n
 
 
 def split_expired(

@@ -31,6 +31,7 @@ FILL_POLL_MS = 0.5
 PACE_POLL_MS = 5
 # Entries read per stream when taking back this consumer's own pending ones at start.
 PENDING_READ_COUNT = 10_000
+JOB_FIELD = keys.JOB_FIELD.encode()
 
 
 class Intake:
@@ -86,15 +87,25 @@ class Intake:
 
     def room(self, key: StreamKey) -> int:
         """Rows a stream's buffer may still take: two batches' worth, no more, so unread
-        work stays in Redis where other workers can take it."""
+        work stays in Redis where other workers can take it; none once it holds two
+        batches' byte budgets (a read may still bring that much again: it counts entries)."""
+        queued = self.buffer[key]
+        budget = self._scheduler.max_batch_bytes
+        if budget and sum(q.size for q in queued) >= 2 * budget:
+            return 0
         limit = 2 * self._units.configs[key.model].bucket(key.bucket).max_batch_size
-        return limit - sum(q.job.rows for q in self.buffer[key])
+        return limit - sum(q.job.rows for q in queued)
 
     def take(self, key: StreamKey, rows: int) -> list[QueuedJob]:
-        """The next batch of this stream: whole requests, in order, up to `rows` rows (at
-        least one request), out of its buffer."""
+        """The next batch of this stream: whole requests, in order, up to `rows` rows and
+        the scheduler's byte budget (at least one request), out of its buffer."""
         queued = self.buffer[key]
-        n = take_count([q.job.rows for q in queued], rows)
+        n = take_count(
+            [q.job.rows for q in queued],
+            rows,
+            [q.size for q in queued],
+            self._scheduler.max_batch_bytes,
+        )
         batch, self.buffer[key] = queued[:n], queued[n:]
         return batch
 
@@ -187,14 +198,15 @@ class Intake:
         now = self._clock_ns()
         for e in entries:
             try:
-                job = decode_job(e.fields[keys.JOB_FIELD.encode()])
+                raw = e.fields[JOB_FIELD]
+                job = decode_job(raw)
             except Exception:
                 # Undecodable entries can never succeed: drop them rather than loop on them.
                 log.error("undecodable stream entry dropped", stream=e.stream.name, id=e.entry_id)
                 await self._streams.done(e.stream, [e.entry_id])
                 continue
             job = job.with_(timing=job.timing.with_(dequeued_ns=now))
-            self.buffer[e.stream].append(QueuedJob(e.stream, e.entry_id, job, now))
+            self.buffer[e.stream].append(QueuedJob(e.stream, e.entry_id, job, now, len(raw)))
             self._scheduler.arrived(e.stream, job.rows, now)
 
     # -- dropping --------------------------------------------------------------------------

@@ -31,6 +31,9 @@ from tiermesh.worker.served import ServedUnits
 from tiermesh.worker.streams import WorkStreams
 from tiermesh.worker.units import UnitControl
 
+# A quarter of the message limit (core/message_bytes.py), as the gateway's router batches.
+DEFAULT_MAX_BATCH_BYTES = 16 * 1024 * 1024
+
 
 class Worker:
     """Serves the streams of its models on one tier. `run` returns after `stop()` once
@@ -63,11 +66,14 @@ class Worker:
         online: bool = True,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
         lanes: int = 1,
+        max_batch_bytes: int = DEFAULT_MAX_BATCH_BYTES,
     ) -> None:
         # online False: a batch pool worker (see ServedUnits). background: batch-job work
         # (background streams) is read, computed in the gaps of online work and written
         # into its job; None: this worker takes none. lanes: batches computing at once
         # (worker/lanes.py); with one, `step` returns once its batch is computed.
+        # max_batch_bytes: what a batch's requests (their stream entries) add up to at most,
+        # below the hand-off's message limit (one bigger request computes alone).
         self.tier = tier
         self._clock_ns = clock_ns
         self._stopping = asyncio.Event()
@@ -77,7 +83,9 @@ class Worker:
         self._units = units = ServedUnits(
             tier, configs, runners, online=online, background=background is not None
         )
-        self._scheduler = scheduler = Scheduler(configs, background_share, background_duty)
+        self._scheduler = scheduler = Scheduler(
+            configs, background_share, background_duty, max_batch_bytes
+        )
         self._intake = Intake(
             streams=streams,
             units=units,

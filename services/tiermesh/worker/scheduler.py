@@ -117,6 +117,7 @@ class StreamView:
     oldest_enqueued_ns: int  # routed time of the oldest buffered entry (aging)
     first_dequeued_ns: int  # when the oldest buffered entry was read (the batch wait)
     earliest_deadline_ns: int  # earliest absolute deadline among the entries; 0 = none
+    size: int = 0  # bytes buffered (the entries' jobs as read)
 
 
 @dataclass(slots=True)
@@ -174,10 +175,14 @@ class Scheduler:
         configs: Mapping[str, ModelConfig],
         background_share: float = 0.0,
         background_duty: float = 1.0,
+        max_batch_bytes: int = 0,
     ) -> None:
+        # max_batch_bytes: a batch's budget in bytes (0: none); the intake takes within it,
+        # and a stream holding that much buffered closes its batch at once.
         if not 0 < background_duty <= 1:
             raise ValueError(f"background_duty must be in (0, 1], got {background_duty}")
         self._configs = dict(configs)
+        self.max_batch_bytes = max_batch_bytes
         self._background_share = background_share
         self._background_duty = background_duty
         # Background batches picked and not yet done; when paused background may go again.
@@ -236,6 +241,8 @@ class Scheduler:
             return 0.0
         spec = self._config(view.key.model).bucket(view.key.bucket)
         if view.rows >= spec.max_batch_size:
+            return 0.0
+        if self.max_batch_bytes and view.size >= self.max_batch_bytes:
             return 0.0
         if spec.preferred_batch_sizes and view.rows >= max(spec.preferred_batch_sizes):
             return 0.0
