@@ -1,7 +1,7 @@
 """A batch never exceeds the hand-off message (issue 22, acceptance 4): a real worker against
 the real redis-server, onnxruntime on a tiny model whose answers are 16 times its requests
 (tests/tile_model.py), a real postprocess and a real Delivery server on port 0, all of them
-with a 64 KiB message limit."""
+with a 64 KiB message limit. And the dead-letter stream's bounds, on the real Redis."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import cast
 
 import grpc
 import numpy as np
@@ -27,14 +28,14 @@ from tiermesh.core.repository import ModelRepository
 from tiermesh.core.server import make_channel
 from tiermesh.core.telemetry import Telemetry
 from tiermesh.core.tensors import from_numpy, to_numpy
-from tiermesh.core.wire import encode_job
+from tiermesh.core.wire import decode_job, encode_job
 from tiermesh.gateway.delivery import DeliveryServicer
 from tiermesh.gateway.pending import PendingRequests
 from tiermesh.v1 import delivery_pb2
 from tiermesh.worker.handoff import DirectHandoff, Handoff, PostprocessClient
 from tiermesh.worker.loop import Worker
 from tiermesh.worker.runner import ModelRunner
-from tiermesh.worker.streams import StreamClient
+from tiermesh.worker.streams import Entry, StreamClient
 
 pytestmark = pytest.mark.integration
 LIMIT = 64 * 1024  # the message limit of every hop in these tests
@@ -157,4 +158,44 @@ async def test_a_batch_whose_answers_sum_past_the_limit_delivers_every_small_ans
     assert await redis.xlen(STREAM.name) == 0
     assert (await redis.xpending(STREAM.name, keys.GROUP))["pending"] == 0
     assert await redis.xlen(keys.dead_letter_key(STREAM.model, STREAM.tier)) == 0
+    await redis.aclose()
+
+
+async def test_the_dead_letter_stream_is_trimmed_and_keeps_no_big_payload(
+    redis_url: str,
+) -> None:
+    """Eight dead letters into a stream bounded at five, with a 1 KiB payload bound: the
+    newest five stay; a small job is kept whole, a big one (two 35 KiB requests) only by its
+    ids, its size and the reason."""
+    redis = aioredis.Redis.from_url(redis_url)
+    streams = StreamClient(redis, "w1", dead_letter_max_len=5, dead_letter_max_payload_bytes=1024)
+    await streams.ensure_groups([STREAM])
+    jobs = {f"r{i}": tile_job(f"r{i}", "t", 4, "gw:1") for i in range(6)}
+    jobs |= {f"big{i}": tile_job(f"big{i}", "t", 9000, "gw:1") for i in range(2)}
+    for job in jobs.values():
+        await redis.xadd(STREAM.name, {keys.JOB_FIELD: job, keys.TRACEPARENT_FIELD: ""})
+    entries = await streams.read([STREAM], 10, None)
+    assert len(entries) == len(jobs)
+    order = ["r0", "r1", "r2", "big0", "r3", "big1", "r4", "r5"]
+    by_request = {decode_job(e.fields[keys.JOB_FIELD.encode()]).request_id: e for e in entries}
+    for rid in order:
+        await streams.dead_letter(by_request[rid], "model execution failed on this request")
+    dlq = cast(
+        list[tuple[bytes, dict[bytes, bytes]]],
+        await redis.xrange(keys.dead_letter_key(STREAM.model, STREAM.tier)),
+    )
+    assert [f[b"request_id"].decode() for _, f in dlq] == order[-5:]
+    for _, fields in dlq:
+        rid = fields[b"request_id"].decode()
+        entry: Entry = by_request[rid]
+        assert fields[b"reason"] == b"model execution failed on this request"
+        assert fields[b"stream"] == STREAM.name.encode()
+        assert fields[b"entry_id"] == entry.entry_id.encode()
+        if rid.startswith("big"):
+            assert b"job" not in fields
+            assert int(fields[b"dropped:job"]) == len(jobs[rid]) > 35_000
+        else:
+            assert fields[b"job"] == jobs[rid]
+        assert sum(len(k) + len(v) for k, v in fields.items()) < 2048
+    assert await redis.xlen(STREAM.name) == 0  # each was acknowledged with its dead letter
     await redis.aclose()

@@ -155,6 +155,10 @@ class WorkerSettings(ServiceSettings):
     reclaim_min_idle_ms: int = Field(default=5000, gt=0)
     # An entry delivered more often than this is dead-lettered; its caller gets ABORTED.
     max_deliveries: int = Field(default=3, ge=1)
+    # The dead-letter stream of each model and tier keeps this many entries, each with its
+    # request's job when that is at most this many bytes (else its ids, size and reason).
+    dead_letter_max_len: int = Field(default=1000, gt=0)
+    dead_letter_max_payload_bytes: int = Field(default=16 * 1024, ge=0)
     # A batch's requests (their stream entries) add up to at most this many bytes; one
     # bigger request computes alone. Below max_message_bytes: the answers, and the inputs
     # an output step reads, go on in the batch's hand-off.

@@ -107,7 +107,12 @@ async def serve(
     )
     consumer = settings.worker_id or f"{socket.gethostname()}-{settings.worker_tier}-{os.getpid()}"
     metrics_server = MetricsServer(registry, settings.metrics_host, settings.metrics_port)
-    stream_client = StreamClient(redis, consumer)
+    stream_client = StreamClient(
+        redis,
+        consumer,
+        dead_letter_max_len=settings.dead_letter_max_len,
+        dead_letter_max_payload_bytes=settings.dead_letter_max_payload_bytes,
+    )
     to_postprocess = PostprocessClient(channel, max_message_bytes=settings.max_message_bytes)
     postprocess: Handoff = (
         DirectHandoff(

@@ -18,6 +18,7 @@ from redis.exceptions import ResponseError
 
 from tiermesh.core import keys
 from tiermesh.core.keys import StreamKey
+from tiermesh.core.wire import decode_job
 
 log = structlog.get_logger("tiermesh.worker")
 
@@ -29,6 +30,12 @@ HOLD_LIMIT = 3
 
 # What a stream call raises when Redis is away; the loop logs it and goes on.
 STREAM_ERRORS: tuple[type[Exception], ...] = (aioredis.RedisError, OSError)
+
+# The dead-letter stream of a compute unit and tier keeps this many entries (exact MAXLEN:
+# dead letters are rare, and the bound is then what it says), each with the request's job
+# when that is at most DEAD_LETTER_MAX_PAYLOAD_BYTES: at most ~16 MiB a stream.
+DEAD_LETTER_MAX_LEN = 1000
+DEAD_LETTER_MAX_PAYLOAD_BYTES = 16 * 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,10 +113,14 @@ class StreamClient:
         redis: aioredis.Redis,
         consumer: str,
         clock_ms: Callable[[], float] = lambda: time.monotonic() * 1000,
+        dead_letter_max_len: int = DEAD_LETTER_MAX_LEN,
+        dead_letter_max_payload_bytes: int = DEAD_LETTER_MAX_PAYLOAD_BYTES,
     ) -> None:
         self._redis = redis
         self.consumer = consumer
         self._clock_ms = clock_ms
+        self._dead_max_len = dead_letter_max_len
+        self._dead_max_payload = dead_letter_max_payload_bytes
         # stream -> entry id -> (read, last touched), on clock_ms
         self._held: dict[StreamKey, dict[str, tuple[float, float]]] = defaultdict(dict)
 
@@ -328,17 +339,50 @@ class StreamClient:
         return out
 
     async def dead_letter(self, entry: Entry, reason: str) -> None:
-        """Move an entry to its dead-letter stream, atomically with its acknowledgement."""
+        """Move an entry to its dead-letter stream, atomically with its acknowledgement. The
+        stream keeps its newest `dead_letter_max_len` entries; each holds the reason, the
+        stream, the entry id and the request id, and of the entry's own fields those of at
+        most `dead_letter_max_payload_bytes` (a bigger job is noted by its size only)."""
+        fields = self._dead_fields(entry, reason)
         try:
             async with self._redis.pipeline(transaction=True) as pipe:
-                fields: dict[Any, Any] = dict(entry.fields)
-                fields.update({"reason": reason, "stream": entry.stream.name})
-                pipe.xadd(keys.dead_letter_key(entry.stream.model, entry.stream.tier), fields)
+                pipe.xadd(
+                    keys.dead_letter_key(entry.stream.model, entry.stream.tier),
+                    fields,
+                    maxlen=self._dead_max_len,
+                    approximate=False,
+                )
                 pipe.xack(entry.stream.name, keys.GROUP, entry.entry_id)
                 pipe.xdel(entry.stream.name, entry.entry_id)
                 await pipe.execute()
         finally:
             self._release(entry.stream, [entry.entry_id])
+
+    def _dead_fields(self, entry: Entry, reason: str) -> dict[Any, Any]:
+        """A dead letter's fields: what says which request it was and why, and the entry's
+        fields that are within the payload bound."""
+        job = entry.fields.get(keys.JOB_FIELD.encode(), b"")
+        try:  # a rare path: decoding a big job once is no cost to speak of
+            request_id = decode_job(job).request_id
+        except Exception:
+            request_id = ""
+        fields: dict[Any, Any] = {
+            name: value
+            for name, value in entry.fields.items()
+            if len(value) <= self._dead_max_payload
+        }
+        dropped = {name: len(value) for name, value in entry.fields.items() if name not in fields}
+        for name, size in dropped.items():
+            fields[b"dropped:" + name] = str(size)  # its size in bytes
+        fields.update(
+            {
+                "reason": reason[: self._dead_max_payload],
+                "stream": entry.stream.name,
+                "entry_id": entry.entry_id,
+                "request_id": request_id[: self._dead_max_payload],
+            }
+        )
+        return fields
 
     async def requeue(self, stream: StreamKey, job: bytes, trace_context: dict[str, str]) -> bool:
         """XADD a job to another tier's stream (a cascade); False when no worker lives there
