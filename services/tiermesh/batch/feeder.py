@@ -86,7 +86,11 @@ class Feeder:
         queued = 0
         for job_id in active:
             job = await self._store.get(job_id)
-            if job is None or job.status in FINISHED:
+            if job is None:
+                # Expired (a job unfed for the retention period): nothing left to feed.
+                await self._store.deactivate(job_id)
+                continue
+            if job.status in FINISHED:
                 continue
             cfg = self._repo.get(job.model)
             n = feed_count(job, self._max_queued, self._chunk)

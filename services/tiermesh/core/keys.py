@@ -214,9 +214,10 @@ def batch_results_key(job_id: str) -> str:
     return f"{PREFIX}:batch:{{{job_id}}}:out"
 
 
-def batch_tenant_key(tenant: str) -> str:
-    """Set of the job ids a tenant submitted."""
-    return f"{PREFIX}:batch:tenant:{tenant}"
+def batch_open_key(tenant: str) -> str:
+    """Set of the ids of a tenant's unfinished jobs ("" = the unauthenticated port's), at
+    most its open-jobs cap of them; ended ones are pruned when it is reached."""
+    return f"{PREFIX}:batch:open:{tenant}"
 
 
 # Set of the ids of jobs whose inputs are still being fed onto the queues.

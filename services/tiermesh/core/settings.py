@@ -109,6 +109,14 @@ class GatewaySettings(ServiceSettings):
     capture_contents_ttl_s: int = Field(default=86_400, gt=0)
     # Prices per tier (deploy/prices.yaml), exported as gauges for the cost rules.
     prices_file: Path | None = None
+    # Batch jobs (gateway/batch_jobs.py), per tenant unless its tenants-file entry says
+    # otherwise: unfinished jobs at once, inputs and bytes (as stored) per job.
+    batch_max_open_jobs: int = Field(default=8, gt=0)
+    batch_max_inputs: int = Field(default=100_000, gt=0)
+    batch_max_bytes: int = Field(default=256 * 1024 * 1024, gt=0)
+    # A Submit sends all its inputs within this, or ends DEADLINE_EXCEEDED and its job is
+    # deleted; a gateway that dies meanwhile leaves keys that expire a minute after it.
+    batch_submit_timeout_s: float = Field(default=600.0, gt=0)
 
 
 class RouterSettings(ServiceSettings):

@@ -12,6 +12,8 @@ stops the start with a message naming each problem. Pure: no gRPC, no Redis.
         max_in_flight: 32
         admin: false                    # true: may load/unload models (model control)
         capture_contents: false         # true: traffic capture may keep its inputs (encrypted)
+        batch: {max_open_jobs: 8, max_inputs: 100000, max_bytes: 268435456}
+                                        # batch-job caps; each left out: TIERMESH_BATCH_MAX_*
 """
 
 from __future__ import annotations
@@ -47,6 +49,13 @@ class _Rate(BaseModel):
     burst: int = Field(ge=1)
 
 
+class _Batch(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    max_open_jobs: int | None = Field(default=None, ge=1)
+    max_inputs: int | None = Field(default=None, ge=1)
+    max_bytes: int | None = Field(default=None, ge=1)
+
+
 class _Tenant(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
     name: TenantName
@@ -56,6 +65,7 @@ class _Tenant(BaseModel):
     max_in_flight: int = Field(ge=1)
     admin: bool = False
     capture_contents: bool = False
+    batch: _Batch = _Batch()
 
 
 class _File(BaseModel):
@@ -77,6 +87,11 @@ class Tenant:
     admin: bool = False
     # Traffic capture may store this tenant's request contents (encrypted, with a TTL).
     capture_contents: bool = False
+    # Batch-job caps of this tenant: unfinished jobs, inputs and bytes per job (None: the
+    # gateway's TIERMESH_BATCH_MAX_OPEN_JOBS / _INPUTS / _BYTES).
+    batch_max_open_jobs: int | None = None
+    batch_max_inputs: int | None = None
+    batch_max_bytes: int | None = None
 
 
 def hash_key(key: str) -> bytes:
@@ -140,6 +155,9 @@ def _to_tenant(t: _Tenant) -> Tenant:
         max_in_flight=t.max_in_flight,
         admin=t.admin,
         capture_contents=t.capture_contents,
+        batch_max_open_jobs=t.batch.max_open_jobs,
+        batch_max_inputs=t.batch.max_inputs,
+        batch_max_bytes=t.batch.max_bytes,
     )
 
 
