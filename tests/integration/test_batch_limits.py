@@ -69,6 +69,7 @@ class Door:
     stub: batch_pb2_grpc.BatchJobsStub
     redis: aioredis.Redis
     registry: CollectorRegistry
+    audit: AuditLog | None = None
 
 
 # Opens a door: (tenants file text or None, caps, submit timeout s).
@@ -125,7 +126,8 @@ async def door_factory(redis_url: str, fetched_models: tuple[str, ...]) -> Async
         await server.start()
         channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
         closing.append((server, channel, redis))
-        return Door(batch_pb2_grpc.BatchJobsStub(channel), redis, registry)
+        audit = security.audit if security is not None else None
+        return Door(batch_pb2_grpc.BatchJobsStub(channel), redis, registry, audit)
 
     yield open_door
     for server, channel, redis in closing:
@@ -223,6 +225,28 @@ async def test_a_submit_takes_a_rate_limit_token_valid_or_not(door_factory: Open
     assert await _job_keys(door.redis) == sorted(
         [keys.batch_job_key(job.job_id).encode(), keys.batch_inputs_key(job.job_id).encode()]
     )
+
+
+async def test_batch_job_calls_leave_audit_entries(door_factory: OpenDoor) -> None:
+    door = await door_factory(tenants_yaml())
+    job = await _submit(door, [batch_pb2.SubmitChunk(model="echo", texts=_texts(2))])
+    await door.stub.Status(batch_pb2.JobRef(job_id=job.job_id), metadata=AUTH)
+    with pytest.raises(grpc.aio.AioRpcError):
+        await door.stub.Cancel(batch_pb2.JobRef(job_id="no-such-job"), metadata=())
+    assert door.audit is not None
+    assert await door.audit.flush()
+    entries = [
+        {k.decode(): v.decode() for k, v in fields.items()}
+        for _, fields in await door.redis.xrange(keys.AUDIT_STREAM)
+    ]
+    seen = [
+        (e["operation"], e["tenant"], e["model"], e["outcome"], e["request_id"]) for e in entries
+    ]
+    assert seen == [
+        ("batch.submit", "acme", "echo", "OK", ""),
+        ("batch.status", "acme", "", "OK", job.job_id),
+        ("batch.cancel", "-", "", "UNAUTHENTICATED", "no-such-job"),
+    ]
 
 
 async def test_a_submit_holds_an_in_flight_slot_while_its_inputs_arrive(

@@ -38,7 +38,7 @@ from tiermesh.core.tls import (
 )
 from tiermesh.gateway.audit import AuditLog
 from tiermesh.gateway.auth import Tenants
-from tiermesh.gateway.batch_jobs import BatchJobsServicer
+from tiermesh.gateway.batch_jobs import BatchJobsServicer, caps_of
 from tiermesh.gateway.books import BooksServicer, DoorBooks
 from tiermesh.gateway.cache import ResponseCache
 from tiermesh.gateway.call_spans import CallSpans
@@ -137,6 +137,7 @@ async def serve(
         log.warning("model control state unreadable at start; retrying in the background")
     hop_spans = HopSpans(telemetry)
     # The one data plane every door below uses.
+    gate = Gate(security, metrics)
     plane = DataPlane(
         settings,
         repo,
@@ -144,7 +145,7 @@ async def serve(
         pending,
         delivery_address,
         metrics,
-        Gate(security, metrics),
+        gate,
         control=control,
         control_enabled=settings.model_control == "explicit",
         stats=stats,
@@ -173,7 +174,13 @@ async def serve(
     spans = CallSpans(telemetry.tracer) if telemetry.exporting else None
     inflated = settings.max_inflated_bytes
     add_inference_servicer(InferenceServicer(plane), public, spans, inflated)
-    batch_jobs = BatchJobsServicer(plane, BatchStore(redis, settings.batch_retention_s))
+    batch_jobs = BatchJobsServicer(
+        plane,
+        BatchStore(redis, settings.batch_retention_s),
+        gate=gate,
+        caps=caps_of(settings),
+        submit_timeout_s=settings.batch_submit_timeout_s,
+    )
     add_public_servicer(
         batch_pb2_grpc.add_BatchJobsServicer_to_server, batch_jobs, public, spans, inflated
     )

@@ -39,7 +39,7 @@ from tiermesh.core.settings import GatewaySettings
 from tiermesh.core.tensors import BYTES, TensorData
 from tiermesh.core.wire import encode_job, tensor_from_proto
 from tiermesh.gateway.decoding import messages
-from tiermesh.gateway.plane import DataPlane
+from tiermesh.gateway.plane import Caller, DataPlane
 from tiermesh.gateway.requests import InferRequest, validate, variant_of
 from tiermesh.gateway.security import Gate
 from tiermesh.gateway.servicer import caller_of
@@ -174,6 +174,20 @@ class BatchJobsServicer(batch_pb2_grpc.BatchJobsServicer):
         except StopAsyncIteration:
             raise invalid("a job needs at least one chunk naming its model") from None
         caller = caller_of(context)
+        return await self._plane.audited(
+            caller,
+            "batch.submit",
+            first.model,
+            lambda: self._submit(context, caller, first, chunks),
+        )
+
+    async def _submit(
+        self,
+        context: grpc.aio.ServicerContext,
+        caller: Caller,
+        first: batch_pb2.SubmitChunk,
+        chunks: AsyncIterator[batch_pb2.SubmitChunk],
+    ) -> batch_pb2.BatchJob:
         tenant = self._plane.authorize(caller, first.model)
         cfg = self._plane.find(first.model)
         if cfg.generation is not None:
@@ -251,21 +265,26 @@ class BatchJobsServicer(batch_pb2_grpc.BatchJobsServicer):
         except (RedisError, OSError) as exc:
             log.warning("batch job of a failed submit left to expire", error=type(exc).__name__)
 
-    async def _own(self, context: grpc.aio.ServicerContext, job_id: str) -> JobRecord:
-        """The caller's job, or NOT_FOUND (unknown, or another tenant's)."""
-        tenant = self._plane.authenticate(caller_of(context))
-        job = await self._store.get(job_id) if job_id else None
-        if job is None or (tenant is not None and job.tenant != tenant.name):
-            raise not_found(f"no batch job '{shown(job_id)}'")
-        return job
+    async def _own(self, context: grpc.aio.ServicerContext, job_id: str, call: str) -> JobRecord:
+        """The caller's job, or NOT_FOUND (unknown, or another tenant's); the call audited."""
+        caller = caller_of(context)
+
+        async def find() -> JobRecord:
+            tenant = self._plane.authenticate(caller)
+            job = await self._store.get(job_id) if job_id else None
+            if job is None or (tenant is not None and job.tenant != tenant.name):
+                raise not_found(f"no batch job '{shown(job_id)}'")
+            return job
+
+        return await self._plane.audited(caller, call, "", find, request_id=job_id)
 
     @grpc_method
     async def Status(self, request, context):  # type: ignore[no-untyped-def]
-        return to_proto(await self._own(context, request.job_id))
+        return to_proto(await self._own(context, request.job_id, "batch.status"))
 
     @grpc_method
     async def Cancel(self, request, context):  # type: ignore[no-untyped-def]
-        job = await self._own(context, request.job_id)
+        job = await self._own(context, request.job_id, "batch.cancel")
         if job.status in FINISHED:
             return to_proto(job)
         cfg = self._plane.config(job.model)
@@ -281,7 +300,7 @@ class BatchJobsServicer(batch_pb2_grpc.BatchJobsServicer):
         """Streamed (an async generator, as the tracing interceptor wants): refusals end
         the stream with their status before the first result."""
         try:
-            job = await self._own(context, request.job_id)
+            job = await self._own(context, request.job_id, "batch.results")
         except MeshError as err:
             fail_call(context, err.code, err.message)
             return

@@ -428,7 +428,12 @@ class DataPlane:
         await (self.control.load if load else self.control.unload)(name, version)
 
     async def audited(
-        self, caller: Caller, operation: str, model: str, work: Callable[[], Awaitable[T]]
+        self,
+        caller: Caller,
+        operation: str,
+        model: str,
+        work: Callable[[], Awaitable[T]],
+        request_id: str = "",
     ) -> T:
         """`work` (an operation other than ModelInfer: model control, a batch-job call),
         with its audit entry whatever the outcome, on a port with API keys; refused while
@@ -454,7 +459,7 @@ class DataPlane:
                 model=model,
                 variant="",
                 outcome=code.name,
-                request_id="",
+                request_id=request_id[:MAX_RECORDED_NAME],
                 peer=caller.peer,
                 duration_ms=(ended_ns - started_ns) / 1e6,
             )
