@@ -42,11 +42,14 @@ def make_server(
     *,
     intercepted: bool = True,
     extra_options: tuple[tuple[str, int], ...] = (),
+    guards: tuple[grpc.aio.ServerInterceptor, ...] = (),
 ) -> grpc.aio.Server:
     """A grpc.aio server, with the OpenTelemetry server interceptor where `telemetry`
     exports, unless not `intercepted` (a server whose servicer records its calls' spans
     itself: the gateway's public port). `max_metadata_bytes` bounds the request headers of
-    a call (gRPC's own default when None); `extra_options` are further channel arguments."""
+    a call (gRPC's own default when None); `extra_options` are further channel arguments.
+    `guards` run first on every call, before any span: an internal server's caller checks
+    (core/tls.caller_checks)."""
     options: list[tuple[str, int]] = [
         ("grpc.max_receive_message_length", max_message_bytes),
         ("grpc.max_send_message_length", max_message_bytes),
@@ -64,11 +67,11 @@ def make_server(
     options += extra_options
     # The interceptor costs ~0.1-0.2 ms of CPU per call even when no span is recorded: only
     # where spans go somewhere (benchmarks/grpc_hops.py).
-    interceptors = (
-        [aio_server_interceptor(tracer_provider=telemetry.provider, filter_=_traced())]
-        if telemetry.exporting and intercepted
-        else []
-    )
+    interceptors = [*guards]
+    if telemetry.exporting and intercepted:
+        interceptors.append(
+            aio_server_interceptor(tracer_provider=telemetry.provider, filter_=_traced())
+        )
     return grpc.aio.server(interceptors=interceptors, options=options)
 
 

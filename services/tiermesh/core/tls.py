@@ -14,6 +14,7 @@ from pathlib import Path
 
 import grpc
 
+from tiermesh.core.callers import CallerCheck
 from tiermesh.core.settings import GatewaySettings, ServiceSettings
 
 ENV_PREFIX = "TIERMESH_"
@@ -143,7 +144,8 @@ def public_server_credentials(settings: GatewaySettings) -> grpc.ServerCredentia
 def internal_server_credentials(settings: ServiceSettings) -> grpc.ServerCredentials | None:
     """Credentials of an internal server (router, postprocess, the gateway's Delivery
     port, a worker's health port): mutual TLS, clients need a certificate from the
-    internal CA. None for plaintext."""
+    internal CA. None for plaintext. Which of those certificates may call which service
+    is `caller_checks`' part."""
     if not _require_together(settings, INTERNAL_FIELDS, "internal mutual TLS"):
         return None
     assert settings.internal_tls_cert_file is not None
@@ -165,3 +167,12 @@ def internal_channel_credentials(settings: ServiceSettings) -> grpc.ChannelCrede
         settings.internal_tls_cert_file,
         settings.internal_tls_key_file,
     )
+
+
+def caller_checks(settings: ServiceSettings) -> tuple[grpc.aio.ServerInterceptor, ...]:
+    """The interceptors of an internal server (core/server.make_server's `guards`): with
+    internal mutual TLS, each call's caller must be one its service takes (core/callers.py);
+    none without it (internal TLS off: plaintext, as asked)."""
+    if not _require_together(settings, INTERNAL_FIELDS, "internal mutual TLS"):
+        return ()
+    return (CallerCheck(),)

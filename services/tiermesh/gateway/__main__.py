@@ -32,6 +32,7 @@ from tiermesh.core.server import (
 from tiermesh.core.settings import GatewaySettings
 from tiermesh.core.telemetry import Telemetry
 from tiermesh.core.tls import (
+    caller_checks,
     internal_channel_credentials,
     internal_server_credentials,
     public_server_credentials,
@@ -91,7 +92,8 @@ async def serve(
         internal_channel_credentials(settings),
     )
     pending = PendingRequests()
-    internal = make_server(telemetry, settings.max_message_bytes)
+    # Delivery from postprocess and workers, books from the front door (core/callers.py).
+    internal = make_server(telemetry, settings.max_message_bytes, guards=caller_checks(settings))
     recorder = Recorder(
         RolloutStore(redis), {name: cfg.queue_model for name, cfg in repo.configs.items()}
     )

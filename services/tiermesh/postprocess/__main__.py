@@ -21,7 +21,11 @@ from tiermesh.core.server import (
 )
 from tiermesh.core.settings import PostprocessSettings
 from tiermesh.core.telemetry import Telemetry
-from tiermesh.core.tls import internal_channel_credentials, internal_server_credentials
+from tiermesh.core.tls import (
+    caller_checks,
+    internal_channel_credentials,
+    internal_server_credentials,
+)
 from tiermesh.postprocess.metrics import PostprocessMetrics
 from tiermesh.postprocess.servicer import PostprocessServicer
 from tiermesh.postprocess.steps import Steps
@@ -43,7 +47,8 @@ async def serve(
         internal_channel_credentials(settings),
         settings.max_message_bytes,
     )
-    server = make_server(telemetry, settings.max_message_bytes)
+    # Results from workers only (core/callers.py).
+    server = make_server(telemetry, settings.max_message_bytes, guards=caller_checks(settings))
     registry = new_registry()
     metrics_server = MetricsServer(registry, settings.metrics_host, settings.metrics_port)
     servicer = PostprocessServicer(

@@ -28,7 +28,7 @@ from tiermesh.core.server import (
 )
 from tiermesh.core.settings import RouterSettings
 from tiermesh.core.telemetry import Telemetry
-from tiermesh.core.tls import internal_server_credentials
+from tiermesh.core.tls import caller_checks, internal_server_credentials
 from tiermesh.rollout.cache import RolloutStates
 from tiermesh.rollout.controller import RolloutController
 from tiermesh.rollout.metrics import RolloutMetrics
@@ -55,7 +55,7 @@ async def serve(
     repo = ModelRepository(settings.model_repository)
     repo.load()
     redis = connect(settings.redis_url)
-    server = make_server(telemetry)
+    server = make_server(telemetry, guards=caller_checks(settings))  # gateways, front doors
     encoders: dict[str, TextEncoder] = {}
     prompts: dict[str, PromptEncoder] = {}
     add_encoders(repo, encoders, prompts, strict=True)

@@ -198,12 +198,15 @@ func main() {
 		}
 	}
 
+	// The Python gateway's public port behind the door is plaintext on loopback (it is the
+	// public API); the router and the gateway's books are internal: mTLS when the mesh has it.
+	internal := mustInternalTLS()
 	upstream, err := grpc.Dial(cfg.upstream, grpc.WithInsecure(),
 		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(cfg.maxMessageBytes), grpc.MaxCallSendMsgSize(cfg.maxMessageBytes)))
 	if err != nil {
 		log.Fatalf("the Python gateway at %s: %v", cfg.upstream, err)
 	}
-	routerConn, err := grpc.Dial(cfg.router, grpc.WithInsecure(),
+	routerConn, err := grpc.Dial(cfg.router, internal.dialOption(),
 		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(cfg.maxMessageBytes), grpc.MaxCallSendMsgSize(cfg.maxMessageBytes)))
 	if err != nil {
 		log.Fatalf("the router at %s: %v", cfg.router, err)
@@ -215,7 +218,7 @@ func main() {
 	}
 	var booked *books
 	if cfg.books != "" {
-		booksConn, err := grpc.Dial(cfg.books, grpc.WithInsecure(),
+		booksConn, err := grpc.Dial(cfg.books, internal.dialOption(),
 			grpc.WithDefaultCallOptions(grpc.MaxCallSendMsgSize(cfg.maxMessageBytes)))
 		if err != nil {
 			log.Fatalf("the Python gateway's books at %s: %v", cfg.books, err)
@@ -223,7 +226,7 @@ func main() {
 		booked = newBooks(booksConn)
 	}
 	pending := newPending()
-	delivery := grpc.NewServer(grpc.MaxRecvMsgSize(cfg.maxMessageBytes))
+	delivery := grpc.NewServer(append(internal.serverOptions(), grpc.MaxRecvMsgSize(cfg.maxMessageBytes))...)
 	var late atomic.Int64 // results nobody here waited for
 	tiermeshv1.RegisterDeliveryServer(delivery, &deliveryServer{pending: pending, books: booked, late: &late})
 	go func() {
