@@ -33,6 +33,7 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
+from tests import protowire
 from tests.e2e.conftest import UpProcess
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
@@ -465,27 +466,6 @@ def _param_expect(which: str, kind: str, value: Any) -> frozenset[grpc.StatusCod
     return OK  # 0 = none; huge ones are capped, not an overflow
 
 
-def _field(number: int, data: bytes) -> bytes:
-    """A length-delimited protobuf field (wire type 2)."""
-    length = len(data)
-    varint = bytearray()
-    while True:
-        byte, length = length & 0x7F, length >> 7
-        varint.append(byte | (0x80 if length else 0))
-        if not length:
-            break
-    return _varint((number << 3) | 2) + bytes(varint) + data
-
-
-def _varint(value: int) -> bytes:
-    out = bytearray()
-    while True:
-        byte, value = value & 0x7F, value >> 7
-        out.append(byte | (0x80 if value else 0))
-        if not value:
-            return bytes(out)
-
-
 @st.composite
 def undecodable(draw: st.DrawFn, ref: Reference) -> Case:
     x = draw(mlp_x())
@@ -496,9 +476,9 @@ def undecodable(draw: st.DrawFn, ref: Reference) -> Case:
         payload = draw(st.binary(max_size=64))
         return Case("undecodable", payload, frozenset({Code.INVALID_ARGUMENT, Code.NOT_FOUND}))
     if how == "bad utf-8 string":  # model_name / model_version / id
-        payload = good + _field(draw(st.sampled_from([1, 2, 3])), b"mlp" + bad)
+        payload = good + protowire.field(draw(st.sampled_from([1, 2, 3])), b"mlp" + bad)
     elif how == "bad tensor name":  # inputs[].name
-        payload = good + _field(5, _field(1, bad) + _field(2, b"FP32"))
+        payload = good + protowire.field(5, protowire.field(1, bad) + protowire.field(2, b"FP32"))
     else:
         cut = draw(st.integers(1, len(good) - 1))
         payload = good[:cut]

@@ -9,6 +9,7 @@ import tritonclient.grpc as triton
 from tritonclient.grpc import service_pb2
 from tritonclient.grpc._utils import _get_inference_request
 
+from tests.protowire import varint
 from tiermesh.gateway import wire_scan
 from tiermesh.gateway.converters import MAX_INPUTS, MAX_RANK
 from tiermesh.gateway.requests import MAX_LISTED_ELEMENTS
@@ -67,8 +68,8 @@ def test_the_limit_is_for_all_inputs_together() -> None:
 
 def test_scalars_sent_unpacked_are_counted_one_by_one() -> None:
     unpacked = b"\x10\x00" * (MAX_FRAMED_ELEMENTS + 1)  # int_contents, one field each
-    tensor = b"\x0a\x01A" + b"\x2a" + _varint(len(unpacked)) + unpacked
-    data = b"\x0a\x01m" + b"\x2a" + _varint(len(tensor)) + tensor
+    tensor = b"\x0a\x01A" + b"\x2a" + varint(len(unpacked)) + unpacked
+    data = b"\x0a\x01m" + b"\x2a" + varint(len(tensor)) + tensor
     assert service_pb2.ModelInferRequest.FromString(data).inputs[0].contents.int_contents
     assert "framed one by one" in _refused(data)
 
@@ -84,12 +85,3 @@ def test_rank_and_inputs_past_their_limits() -> None:
 def test_bytes_that_do_not_frame_are_left_to_the_parser() -> None:
     for data in (b"\xff\xff\xff\xff", b"\x2a\x10\x0a", b"\x0f", b""):
         assert wire_scan.check(data) is None
-
-
-def _varint(n: int) -> bytes:
-    out = bytearray()
-    while True:
-        out.append((n & 0x7F) | (0x80 if n > 0x7F else 0))
-        n >>= 7
-        if not n:
-            return bytes(out)
