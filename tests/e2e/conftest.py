@@ -78,10 +78,11 @@ class UpProcess:
         return text
 
     def redis_url(self) -> str:
-        """The private redis-server `tiermesh up` started (from its banner)."""
-        found = re.search(r"\(redis: (redis://[^)]+)\)", self.banner())
-        assert found, "no redis URL in the tiermesh up banner"
-        return found.group(1)
+        """The private redis-server `tiermesh up` started, password included: its banner
+        shows the URL masked and names the owner-only file holding it whole."""
+        found = re.search(r"Redis: its password is in (\S+) ", self.banner())
+        assert found, "no redis URL file in the tiermesh up banner"
+        return Path(found.group(1)).read_text().strip()
 
     def rest_url(self) -> str:
         """host:port of the KServe v2 REST door (from the tiermesh up banner)."""

@@ -65,6 +65,9 @@ CASES = [
     Case("up", "up --tiers center,gpu", U, "give one or more of center, edge"),
     Case("up", "up --http-port 70000", U, "is not a port"),
     Case("up", "up --tls-cert {file}", U, "--tls-cert and --tls-key go together"),
+    Case("up", "up --internal-tls off --internal-tls-ca {file}", U, "--internal-tls off, yet"),
+    Case("up", "up --internal-tls maybe", U, "argument --internal-tls: invalid choice"),
+    Case("up", "up --redis-maxmemory lots", U, "a size such as 512mb or 2gb"),
     # beyond loopback: API keys or --insecure; explicit model control: API keys, always
     Case("up", "up --host 0.0.0.0 {free_ports}", U, "--host 0.0.0.0 listens beyond this"),
     Case("up", "up --host :: {free_ports}", U, "or give --insecure to let anyone who reaches"),

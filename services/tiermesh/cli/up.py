@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import errno
 import os
+import re
 import shutil
 import socket
 import sys
@@ -27,18 +28,21 @@ from tiermesh.cli.args import (
 from tiermesh.cli.errors import CliError, UsageError
 from tiermesh.core.exposure import TENANTS_ENV, Exposure, PublicPort, public_exposure
 from tiermesh.up.tls import ENV as TLS_ENV
+from tiermesh.up.tls import INTERNAL_TLS_ENV, INTERNAL_TLS_MODES
 
 if TYPE_CHECKING:
     from tiermesh.up.tls import TlsFiles
 
 # `tiermesh up` TLS file -> where `--tls-dir` finds it (a DevCerts field; "": not there).
+# Internal mTLS from --tls-dir is its one certificate per service (TlsFiles.internal_tls_dir),
+# unless a shared certificate is given: then the folder's CA is the one it trusts.
 IN_TLS_DIR = {
     "tls_cert": "server_cert",
     "tls_key": "server_key",
     "tls_client_ca": "",
-    "internal_tls_ca": "ca",
-    "internal_tls_cert": "internal_cert",
-    "internal_tls_key": "internal_key",
+    "internal_tls_ca": "",
+    "internal_tls_cert": "",
+    "internal_tls_key": "",
 }
 
 
@@ -56,7 +60,24 @@ def tls_files(args: argparse.Namespace) -> TlsFiles:
             value = getattr(in_dir, field)
         value = value or os.environ.get(TLS_ENV[name], "")
         found[name] = Path(value) if value else None
-    return TlsFiles(**found)
+    folder = None
+    if in_dir is not None:
+        if found["internal_tls_cert"] or found["internal_tls_key"]:
+            found["internal_tls_ca"] = found["internal_tls_ca"] or in_dir.ca
+        elif not found["internal_tls_ca"]:
+            folder = in_dir.ca.parent
+    return TlsFiles(**found, internal_tls_dir=folder)
+
+
+def internal_tls_mode(args: argparse.Namespace) -> str:
+    return str(args.internal_tls or os.environ.get(INTERNAL_TLS_ENV, "") or "on")
+
+
+def redis_size(text: str) -> str:
+    """A redis memory size: digits with an optional unit (b, kb, mb, gb); 0 = no limit."""
+    if not re.fullmatch(r"\d+(b|kb|mb|gb)?", text.strip().lower()):
+        raise argparse.ArgumentTypeError(f"{text!r}: a size such as 512mb or 2gb (0: no limit)")
+    return text.strip().lower()
 
 
 def tiers(text: str) -> tuple[str, ...]:
@@ -131,13 +152,14 @@ def check_up(args: argparse.Namespace, redis_url: str) -> tuple[TlsFiles, str]:
     from tiermesh.core.repository import ModelRepository
     from tiermesh.core.tls import TlsConfigError
     from tiermesh.up.redis_server import INSTALL_HINT
-    from tiermesh.up.tls import mesh_tls
+    from tiermesh.up.tls import check_internal_mode, mesh_tls
 
     exposed = exposure(args, os.environ.get(TENANTS_ENV, ""))
     if exposed.refusal:
         raise UsageError(exposed.refusal)
     files = tls_files(args)
     try:
+        check_internal_mode(internal_tls_mode(args), files)
         mesh_tls(files)
     except TlsConfigError as exc:
         raise UsageError(str(exc)) from None
@@ -178,6 +200,8 @@ def cmd_up(args: argparse.Namespace) -> int:
             batch_pool=args.batch_pool,
             edge_link_ms=args.edge_link_ms,
             tls=tls,
+            internal_tls=internal_tls_mode(args),
+            redis_maxmemory=args.redis_maxmemory,
             front_door=args.front_door or "",
             center_workers=args.center_workers or 0,
             insecure_warning=warning,
@@ -193,7 +217,7 @@ def cmd_certs(args: argparse.Namespace) -> int:
         f"wrote a CA and certificates for 127.0.0.1, ::1, localhost"
         f"{''.join(', ' + n for n in args.name or [])} into {args.directory}\n"
         f"  tiermesh up --tls-dir {args.directory}   "
-        "(public TLS with server.pem, internal mTLS with internal.pem)\n"
+        "(public TLS with server.pem, internal mTLS with a certificate per service)\n"
         f"  clients trust {made.ca}"
     )
     return 0
@@ -265,9 +289,16 @@ def add_up_parser(sub: Subcommands) -> None:
         default=None,
         help="the public gRPC port's process: the Go front door in front of the Python "
         "gateway (built from Debian's Go packages: make frontdoor), or the Python gateway "
-        "itself; auto: go unless TLS, API keys, explicit model control or a sampler other "
+        "itself; auto: go unless public TLS, API keys, explicit model control or a sampler other "
         "than OpenTelemetry's default are configured (the Go door does not do them yet) or "
         "the Go toolchain is missing; default: $TIERMESH_FRONT_DOOR, else auto",
+    )
+    up.add_argument(
+        "--redis-maxmemory",
+        type=redis_size,
+        default="1gb",
+        help="the private redis-server's memory bound (maxmemory-policy noeviction: past it "
+        "writes are refused, no queued work is evicted); 0: none (default: 1gb)",
     )
     up.add_argument(
         "--edge-link-ms",
@@ -276,7 +307,9 @@ def add_up_parser(sub: Subcommands) -> None:
         help="added round trip (ms) between the edge worker and redis/postprocess (0: none)",
     )
     tls = up.add_argument_group(
-        "TLS", "each file defaults to its TIERMESH_ variable, else none (plaintext)"
+        "TLS",
+        "each file defaults to its TIERMESH_ variable, else none: the public port in "
+        "plaintext, the internal hops in mTLS with certificates made at start",
     )
     for flag, text in (
         ("--tls-cert", "the server's PEM certificate (chain): the public port serves TLS only"),
@@ -291,8 +324,17 @@ def add_up_parser(sub: Subcommands) -> None:
     tls.add_argument(
         "--tls-dir",
         help="what `tiermesh certs DIR` wrote: public TLS with server.pem/server.key, "
-        "internal mTLS with ca.pem and internal.pem/internal.key (flags above win; "
-        "default: none)",
+        "internal mTLS with ca.pem and a certificate per service, SERVICE.pem/SERVICE.key "
+        "(flags above win; default: none)",
+    )
+    tls.add_argument(
+        "--internal-tls",
+        choices=INTERNAL_TLS_MODES,
+        default=None,
+        help="mutual TLS between the services, each presenting its own certificate and "
+        "taking calls only from the services that make them: on (the files above, else a "
+        "CA and a certificate per service made at every start in --data-dir/tls) or off "
+        f"(plaintext, said loudly at start); default: ${INTERNAL_TLS_ENV}, else on",
     )
     up.set_defaults(func=cmd_up)
 

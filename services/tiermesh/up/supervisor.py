@@ -11,7 +11,10 @@ container; the private redis-server restarts on the same port and replays its AO
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
+import os
+import secrets
 import signal
 import socket
 import subprocess
@@ -25,6 +28,9 @@ from urllib.parse import urlsplit, urlunsplit
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from tiermesh.core.callers import FRONT_DOOR as DOOR_IDENTITY
+from tiermesh.core.callers import WORKER
+from tiermesh.up.certs import write_mesh_certs
 from tiermesh.up.processes import (
     SUPERVISED_SIGNALS,
     environ_with,
@@ -36,7 +42,12 @@ from tiermesh.up.processes import (
 )
 from tiermesh.up.redis_server import start_redis
 from tiermesh.up.restarts import Backoff, RestartPolicy, next_wake_s
-from tiermesh.up.tls import TlsFiles, mesh_tls
+from tiermesh.up.tls import (
+    INTERNAL_TLS_ENV,
+    TlsFiles,
+    check_internal_mode,
+    mesh_tls,
+)
 from tiermesh.up.trace_ui import TraceUI, start_trace_ui
 
 
@@ -66,8 +77,15 @@ class UpOptions:
     ready_timeout_s: float = 60.0
     restart: RestartPolicy = field(default_factory=RestartPolicy)
     extra_env: dict[str, str] = field(default_factory=dict)
-    # TLS on the public port and mutual TLS between services (none by default).
+    # TLS on the public port (none by default) and mutual TLS between services.
     tls: TlsFiles = field(default_factory=TlsFiles)
+    # Internal mutual TLS: "on" (the files in `tls`, else a CA and a certificate per service
+    # made at start in data_dir/tls) or "off" (plaintext, said at start); "" =
+    # $TIERMESH_INTERNAL_TLS, else "on".
+    internal_tls: str = ""
+    # The private redis-server's maxmemory (redis units: 1gb, 512mb; "0": no limit), with
+    # maxmemory-policy noeviction: past it writes are refused, never queue keys evicted.
+    redis_maxmemory: str = "1gb"
     # The public gRPC port's process: "go" (the Go front door in front of the gateway,
     # tiermesh/frontdoor), "python" (the gateway itself) or "auto" (go unless the mesh needs
     # what only the Python gateway does, or there is no Go toolchain); "" =
@@ -112,8 +130,34 @@ FRONT_DOORS = ("auto", "go", "python")
 
 
 def door_refuses(tls: bool, tenants_file: str) -> list[str]:
-    """What a mesh asks of its public port that the Go front door does not do yet."""
+    """What a mesh asks of its public port that the Go front door does not do yet (it does
+    internal mutual TLS)."""
     return [*(["TLS"] if tls else []), *(["API keys"] if tenants_file else [])]
+
+
+def identity_of(name: str) -> str:
+    """The internal identity (core/callers.py) of a process of the mesh, by its name."""
+    if name == FRONT_DOOR:
+        return DOOR_IDENTITY
+    if name.startswith("worker"):  # every tier's, the extra and the batch pool's
+        return WORKER
+    return name
+
+
+# Where `up` writes the internal CA and each service's certificate (internal TLS "on" with
+# no files given), and the private Redis's URL with its password (never printed).
+TLS_FOLDER = "tls"
+REDIS_URL_FILE = "redis-url"
+
+
+def masked(url: str) -> str:
+    """`url` with its password replaced by ***, for printing."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    userinfo, _, address = parts.netloc.rpartition("@")
+    user = userinfo.partition(":")[0]
+    return urlunsplit(parts._replace(netloc=f"{user}:***@{address}"))
 
 
 # Starts of one service within `tiermesh up`'s own start before it gives up.
@@ -212,21 +256,53 @@ class Mesh:
         self.extra_workers: list[str] = []
         # Which process serves the public gRPC port, and why (the banner says it).
         self.door_choice = ""
+        # What the internal hops speak (the banner says it).
+        self.internal_tls = ""
+        self.redis_password = ""
+
+    def _certs_to_make(self) -> Path | None:
+        """Where the mesh's internal certificates are to be made: with internal TLS on and
+        no files given, a CA and one certificate per service, fresh at every start (None:
+        the files given, or internal TLS off)."""
+        opts = self.opts
+        mode = opts.internal_tls or self._setting(INTERNAL_TLS_ENV, "on")
+        check_internal_mode(mode, opts.tls)
+        if mode == "off":
+            self.internal_tls = (
+                "OFF (--internal-tls off): router, postprocess and the Delivery ports take "
+                "calls from anyone who reaches 127.0.0.1, unauthenticated"
+            )
+            return None
+        if opts.tls.internal_given():
+            self.internal_tls = "on (the certificates given)"
+            return None
+        folder = opts.data_dir / TLS_FOLDER
+        self.internal_tls = f"on (a CA and a certificate per service in {folder})"
+        return folder
 
     def start(self) -> None:
         opts = self.opts
+        to_make = self._certs_to_make()
         tls = mesh_tls(opts.tls)  # checked before anything starts
-        door = self._front_door(tls.public or tls.internal is not None)
+        door = self._front_door(tls.public)
         if "center" in opts.tiers:
             self.extra_workers = extra_center_workers(self._center_workers())
+        # Nothing is written before every check above has passed.
+        if to_make is not None:
+            write_mesh_certs(to_make)
+            tls = mesh_tls(dataclasses.replace(opts.tls, internal_tls_dir=to_make))
+        elif tls.internal is None:
+            _say(f"internal mTLS {self.internal_tls}")
         # The ports asked for are never handed out again to an internal service.
         for asked in (opts.port, self.http_port, opts.metrics_port):
             if asked > 0:
                 reserve(asked)
         if not self.redis_url:
             self.redis_port = free_port()
-            self.redis = start_redis(self.redis_port, opts.data_dir / "redis")
-            self.redis_url = f"redis://127.0.0.1:{self.redis_port}/0"
+            self.redis_password = secrets.token_hex(24)
+            self.redis = self._restart_redis()
+            self.redis_url = f"redis://:{self.redis_password}@127.0.0.1:{self.redis_port}/0"
+            _write_private(opts.data_dir / REDIS_URL_FILE, self.redis_url + "\n")
         if opts.trace_ui:
             self.trace_ui = start_trace_ui(opts.data_dir)
         ports = {
@@ -273,11 +349,12 @@ class Mesh:
             ),
             *((name, f"127.0.0.1:{ports[name]}") for name in self.extra_workers),
             *([(BATCH_WORKER, f"127.0.0.1:{ports[BATCH_WORKER]}")] if opts.batch_pool else []),
-            # A TLS-only public port: its health is checked on the Delivery port (up/tls.py).
+            # A TLS-only public port: its health is checked on the Delivery port (up/tls.py);
+            # so it is with internal mTLS, where every check presents the probe's certificate.
             (
                 "gateway",
                 f"127.0.0.1:{ports['delivery']}"
-                if tls.public
+                if tls.public or tls.internal is not None
                 else f"127.0.0.1:{ports['gateway-behind-door']}"
                 if door
                 else f"{opts.host}:{opts.port}",
@@ -299,7 +376,10 @@ class Mesh:
             env["TIERMESH_GATEWAY_PORT"] = str(ports["gateway-behind-door"])
         for group in (backends, [front]):
             started = [
-                self._spawn_service(name, address, env, ports, edge_link) for name, address in group
+                self._spawn_service(
+                    name, address, {**env, **tls.own.get(identity_of(name), {})}, ports, edge_link
+                )
+                for name, address in group
             ]
             for svc in started:
                 self._wait_started(svc, tls.internal)
@@ -315,6 +395,7 @@ class Mesh:
                 "TIERMESH_METRICS_PORT": str(
                     self.metrics_ports.setdefault(FRONT_DOOR, free_port())
                 ),
+                **tls.own.get(DOOR_IDENTITY, {}),
             }
             # Its health is the gateway's, asked through the door (which passes it on).
             svc = self._spawn(FRONT_DOOR, [str(door)], door_env, f"{opts.host}:{opts.port}")
@@ -505,8 +586,13 @@ class Mesh:
         )
 
     def _restart_redis(self) -> subprocess.Popen[bytes]:
-        """Same port, same data folder: it replays its AOF before answering PING."""
-        return start_redis(self.redis_port, self.opts.data_dir / "redis")
+        """Same port, password and data folder: it replays its AOF before answering PING."""
+        return start_redis(
+            self.redis_port,
+            self.opts.data_dir / "redis",
+            password=self.redis_password,
+            maxmemory=self.opts.redis_maxmemory,
+        )
 
 
 def _revive(
@@ -546,6 +632,15 @@ def _say(message: str) -> None:
     print(f"tiermesh up: {message}", file=sys.stderr, flush=True)
 
 
+def _write_private(path: Path, text: str) -> None:
+    """A file only its owner may read, never briefly readable by others."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+    path.chmod(0o600)
+
+
 def run(opts: UpOptions) -> int:
     """The `tiermesh up` command: start, serve until a signal or a child's death, stop."""
     signal.pthread_sigmask(signal.SIG_BLOCK, SUPERVISED_SIGNALS)
@@ -557,8 +652,14 @@ def run(opts: UpOptions) -> int:
             print(f"tiermesh up: {exc}", file=sys.stderr)
             return 1
         endpoint = f"{opts.host}:{opts.port}"
+        redis_shown = masked(mesh.redis_url)
         print(
-            f"\ntiermesh is serving KServe v2 gRPC on {endpoint} (redis: {mesh.redis_url})\n"
+            f"\ntiermesh is serving KServe v2 gRPC on {endpoint} (redis: {redis_shown})\n"
+            + (
+                f"Redis: its password is in {opts.data_dir / REDIS_URL_FILE} (the full URL)\n"
+                if mesh.redis_password
+                else ""
+            )
             + (
                 f"KServe v2 REST: {_http_url(opts, mesh.http_port)}\n"
                 if mesh.http_port >= 0
@@ -571,6 +672,7 @@ def run(opts: UpOptions) -> int:
             )
             + (f"\nTraces: {mesh.trace_ui.ui_url}" if mesh.trace_ui else "")
             + f"\nFront door: {mesh.door_choice}"
+            + f"\nInternal mTLS: {mesh.internal_tls}"
             + (f"\n\n*** {opts.insecure_warning} ***\n" if opts.insecure_warning else "")
             + "\nTry, from another shell:\n"
             f"  .venv/bin/tiermesh infer --url {endpoint} --model mlp --data '[[1, 2, 3, 4]]'\n"
