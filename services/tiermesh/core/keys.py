@@ -142,9 +142,11 @@ def rollout_key(model: str) -> str:
 
 # Held (SET NX PX) by the one router whose controller evaluates rollouts right now.
 ROLLOUT_LOCK = f"{PREFIX}:rollout:lock"
-# Every change of a model's version or rollout: who, what, when, checksum. Never trimmed:
-# changes are rare and the record is the point.
+# Every change of a model's version or rollout: who, what, when, checksum. Changes are rare
+# and the record is the point: trimmed only past about CHANGE_LOG_MAX_LEN entries (no key
+# the mesh writes grows without a bound).
 CHANGE_LOG = f"{PREFIX}:changes"
+CHANGE_LOG_MAX_LEN = 10_000
 
 
 def window_key(model: str, version: str, second: int) -> str:

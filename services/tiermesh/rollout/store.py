@@ -17,8 +17,9 @@ from tiermesh.rollout.window import BUCKET_TTL_S, BucketId, VersionStats, stats_
 # Replace a state only if its rev is still the expected one, and log the change with it:
 # both land or neither. KEYS: 1 state hash, 2 change log.
 # ARGV: 1 expected rev ("0" = no state yet), 2 number of state fields (n), then n
-# field/value pairs of the state, then the change log's field/value pairs.
-_REPLACE = """
+# field/value pairs of the state, then the change log's field/value pairs. The log is
+# trimmed past about CHANGE_LOG_MAX_LEN entries.
+_REPLACE = f"""
 local rev = redis.call('HGET', KEYS[1], 'rev') or '0'
 if rev ~= ARGV[1] then
   return false
@@ -26,7 +27,9 @@ end
 local n = tonumber(ARGV[2])
 redis.call('DEL', KEYS[1])
 redis.call('HSET', KEYS[1], unpack(ARGV, 3, 2 + 2 * n))
-return redis.call('XADD', KEYS[2], '*', unpack(ARGV, 3 + 2 * n))
+return redis.call(
+  'XADD', KEYS[2], 'MAXLEN', '~', '{keys.CHANGE_LOG_MAX_LEN}', '*', unpack(ARGV, 3 + 2 * n)
+)
 """
 
 # Take or keep the evaluator lock. KEYS: 1 lock; ARGV: 1 owner, 2 ttl ms.
