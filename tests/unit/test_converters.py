@@ -15,6 +15,7 @@ from tiermesh.core.errors import MeshError
 from tiermesh.core.jobs import JobResult, Timing
 from tiermesh.core.repository import ModelConfig, parse_config
 from tiermesh.core.tensors import from_numpy, join_bytes, to_numpy
+from tiermesh.core.validation import MAX_LISTED_ELEMENTS
 from tiermesh.gateway.converters import (
     MAX_INPUTS,
     MAX_RANK,
@@ -24,7 +25,7 @@ from tiermesh.gateway.converters import (
     model_metadata,
 )
 from tiermesh.gateway.decoding import UNDECODABLE_MESSAGE, add_inference_servicer
-from tiermesh.gateway.requests import MAX_LISTED_ELEMENTS, validate
+from tiermesh.gateway.requests import validate
 
 
 def _cfg(**over: Any) -> ModelConfig:

@@ -24,6 +24,7 @@ from tiermesh.core.repository import ModelRepository
 from tiermesh.core.settings import GatewaySettings
 from tiermesh.core.telemetry import CallerTraces, Telemetry
 from tiermesh.core.tensors import TensorData
+from tiermesh.core.validation import Screen
 from tiermesh.gateway import converters
 from tiermesh.gateway.capture import Capture, CaptureState
 from tiermesh.gateway.control import ModelControl
@@ -31,7 +32,7 @@ from tiermesh.gateway.dispatch import Call
 from tiermesh.gateway.metrics import GatewayMetrics
 from tiermesh.gateway.pending import PendingRequests
 from tiermesh.gateway.plane import SERVER, Caller, DataPlane
-from tiermesh.gateway.requests import InferRequest, Screen
+from tiermesh.gateway.requests import InferRequest
 from tiermesh.gateway.rest_codec import config_doc, metadata_doc, server_doc
 from tiermesh.gateway.security import Gate
 from tiermesh.gateway.upstream import Routed, Upstream

@@ -10,9 +10,9 @@ from tritonclient.grpc import service_pb2
 from tritonclient.grpc._utils import _get_inference_request
 
 from tests.protowire import varint
+from tiermesh.core.validation import MAX_LISTED_ELEMENTS
 from tiermesh.gateway import wire_scan
 from tiermesh.gateway.converters import MAX_INPUTS, MAX_RANK
-from tiermesh.gateway.requests import MAX_LISTED_ELEMENTS
 from tiermesh.gateway.wire_scan import MAX_FRAMED_ELEMENTS
 
 

@@ -12,10 +12,11 @@ from tiermesh.core.errors import invalid, shown, shown_shape
 from tiermesh.core.jobs import JobResult
 from tiermesh.core.repository import ModelConfig, TensorSpec
 from tiermesh.core.tensors import BYTES, TensorData, element_count, join_bytes
+from tiermesh.core.validation import MAX_LISTED_ELEMENTS, Screen, no_screen
 from tiermesh.gateway.facts import response_facts
 from tiermesh.gateway.generation import PARAMETERS as GENERATION_PARAMETERS
 from tiermesh.gateway.plane import ServerInfo
-from tiermesh.gateway.requests import MAX_LISTED_ELEMENTS, InferRequest, Screen, no_screen
+from tiermesh.gateway.requests import InferRequest
 
 # InferTensorContents field and numpy dtype for each datatype a client may send typed.
 _CONTENTS: dict[str, tuple[str, str]] = {

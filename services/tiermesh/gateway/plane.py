@@ -38,6 +38,7 @@ from tiermesh.core.jobs import Job, Timing
 from tiermesh.core.repository import ModelConfig, ModelRepository
 from tiermesh.core.settings import GatewaySettings
 from tiermesh.core.telemetry import CallerTraces, trace_id_of, unsampled, w3c_context
+from tiermesh.core.validation import Screen, check_tensor
 from tiermesh.gateway.capture import Capture
 from tiermesh.gateway.control import ModelControl, check_allowed
 from tiermesh.gateway.dispatch import Answer, Call, Dispatcher
@@ -48,8 +49,6 @@ from tiermesh.gateway.metrics import GatewayMetrics
 from tiermesh.gateway.pending import PartialCallback, PendingRequests
 from tiermesh.gateway.requests import (
     InferRequest,
-    Screen,
-    check_tensor,
     effective_deadline_ns,
     find_model,
     priority_level,

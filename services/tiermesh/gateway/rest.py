@@ -25,8 +25,9 @@ from opentelemetry.trace import SpanKind, Status, StatusCode
 from tiermesh.core.errors import INTERNAL_MESSAGE, RETRY_AFTER_KEY, MeshError, invalid
 from tiermesh.core.grpc_errors import REDIS_OUTAGE, REDIS_OUTAGE_MESSAGE
 from tiermesh.core.settings import GatewaySettings
+from tiermesh.core.validation import Screen
 from tiermesh.gateway.plane import Caller, DataPlane
-from tiermesh.gateway.requests import InferRequest, Screen
+from tiermesh.gateway.requests import InferRequest
 from tiermesh.gateway.rest_codec import (
     HEADER_LENGTH,
     OutputChoice,

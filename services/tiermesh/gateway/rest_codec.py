@@ -24,12 +24,13 @@ from tiermesh.core.errors import MeshError, invalid, shown
 from tiermesh.core.jobs import JobResult
 from tiermesh.core.repository import ModelConfig, TensorSpec
 from tiermesh.core.tensors import BYTES, DATATYPES, TensorData, join_bytes, split_bytes
+from tiermesh.core.validation import MAX_LISTED_ELEMENTS, Screen, no_screen
 from tiermesh.gateway import converters
 from tiermesh.gateway.converters import MAX_INPUTS, MAX_RANK, tensor_shape
 from tiermesh.gateway.facts import response_facts
 from tiermesh.gateway.generation import PARAMETERS as GENERATION_PARAMETERS
 from tiermesh.gateway.plane import ServerInfo
-from tiermesh.gateway.requests import MAX_LISTED_ELEMENTS, InferRequest, Screen, no_screen
+from tiermesh.gateway.requests import InferRequest
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
 

@@ -17,8 +17,8 @@ from __future__ import annotations
 import numpy as np
 
 from tiermesh.core.errors import MeshError, invalid
+from tiermesh.core.validation import MAX_LISTED_ELEMENTS
 from tiermesh.gateway.converters import MAX_INPUTS, MAX_RANK
-from tiermesh.gateway.requests import MAX_LISTED_ELEMENTS
 
 # Elements framed one by one that the walk counts (~0.3 us each) before it refuses.
 MAX_FRAMED_ELEMENTS = 1 << 16
