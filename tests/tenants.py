@@ -7,7 +7,7 @@ from __future__ import annotations
 import secrets
 from pathlib import Path
 
-from tiermesh.gateway.tenants import hash_key
+from tiermesh.core.tenants import hash_key
 
 ADMIN_KEY = "admin-" + secrets.token_urlsafe(24)
 USER_KEY = "user-" + secrets.token_urlsafe(24)

@@ -27,6 +27,7 @@ from tiermesh.core import keys
 from tiermesh.core.errors import RETRY_AFTER_KEY
 from tiermesh.core.repository import ModelRepository
 from tiermesh.core.settings import GatewaySettings
+from tiermesh.core.tenants import hash_key, new_key, parse_tenants
 from tiermesh.core.tensors import join_bytes
 from tiermesh.gateway.audit import AuditLog
 from tiermesh.gateway.auth import Tenants
@@ -38,7 +39,6 @@ from tiermesh.gateway.pending import PendingRequests
 from tiermesh.gateway.plane import DataPlane
 from tiermesh.gateway.quota import Quota
 from tiermesh.gateway.security import Gate, Security
-from tiermesh.gateway.tenants import hash_key, new_key, parse_tenants
 from tiermesh.gateway.upstream import Cancellations, Liveness, RouterClient, Upstream
 from tiermesh.v1 import batch_pb2, batch_pb2_grpc, tensor_pb2
 

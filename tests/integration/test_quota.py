@@ -18,13 +18,13 @@ from redis.backoff import NoBackoff
 
 from tiermesh.core import keys
 from tiermesh.core.errors import MeshError
+from tiermesh.core.tenants import Tenant
 from tiermesh.gateway.audit import AuditEntry, AuditLog
 from tiermesh.gateway.auth import Tenants
 from tiermesh.gateway.limits import Bucket, take
 from tiermesh.gateway.metrics import GatewayMetrics
 from tiermesh.gateway.quota import IN_FLIGHT, RATE, Quota, QuotaRefused
 from tiermesh.gateway.security import Gate, Security
-from tiermesh.gateway.tenants import Tenant
 from tiermesh.up.processes import free_port
 from tiermesh.up.redis_server import start_redis
 

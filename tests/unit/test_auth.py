@@ -9,9 +9,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-from tiermesh.gateway import auth
-from tiermesh.gateway.auth import AuthRefused, Tenants, authenticate, authorize, presented_key
-from tiermesh.gateway.tenants import (
+from tiermesh.core.tenants import (
     Tenant,
     TenantsFileError,
     hash_key,
@@ -20,6 +18,8 @@ from tiermesh.gateway.tenants import (
     parse_tenants,
     tenant_snippet,
 )
+from tiermesh.gateway import auth
+from tiermesh.gateway.auth import AuthRefused, Tenants, authenticate, authorize, presented_key
 
 ACME_KEY = "acme-key-0123456789"
 ACME_OLD_KEY = "acme-old-key"

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from tiermesh.cli.main import main
+from tiermesh.core.tenants import parse_tenants
 from tiermesh.gateway.auth import Tenants
-from tiermesh.gateway.tenants import parse_tenants
 
 
 def test_keys_new_prints_a_key_and_an_entry_holding_only_its_hash(

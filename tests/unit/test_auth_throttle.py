@@ -7,11 +7,11 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from tiermesh.core.errors import MeshError
+from tiermesh.core.tenants import Tenant, hash_key
 from tiermesh.gateway.auth import Tenants
 from tiermesh.gateway.auth_throttle import FailedAuth, peer_address
 from tiermesh.gateway.metrics import GatewayMetrics
 from tiermesh.gateway.security import Gate, Security
-from tiermesh.gateway.tenants import Tenant, hash_key
 
 
 @pytest.mark.parametrize(

@@ -10,8 +10,8 @@ import pytest
 from tiermesh.batch.limits import BatchCaps, JobBudget, open_jobs_refused
 from tiermesh.core.errors import MeshError
 from tiermesh.core.settings import GatewaySettings
+from tiermesh.core.tenants import TenantsFileError, parse_tenants
 from tiermesh.gateway.batch_jobs import DEFAULT_SUBMIT_TIMEOUT_S, caps_of, tenant_caps
-from tiermesh.gateway.tenants import TenantsFileError, parse_tenants
 
 ENTRY = (
     "tenants:\n"

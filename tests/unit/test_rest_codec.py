@@ -12,6 +12,7 @@ import pytest
 
 from tiermesh.core.errors import MeshError
 from tiermesh.core.jobs import JobResult, Timing
+from tiermesh.core.tenants import Tenant
 from tiermesh.core.tensors import TensorData
 from tiermesh.gateway.control import check_allowed
 from tiermesh.gateway.rest_codec import (
@@ -23,7 +24,6 @@ from tiermesh.gateway.rest_codec import (
     retry_after_s,
 )
 from tiermesh.gateway.statistics import InferenceStatistics, model_stats_doc, stage_ns
-from tiermesh.gateway.tenants import Tenant
 
 
 @pytest.mark.parametrize(

@@ -8,7 +8,7 @@ import re
 
 from tiermesh.cli.args import Subcommands
 from tiermesh.cli.errors import UsageError
-from tiermesh.gateway.tenants import TENANT_NAME_PATTERN, new_key, tenant_snippet
+from tiermesh.core.tenants import TENANT_NAME_PATTERN, new_key, tenant_snippet
 
 
 def cmd_keys_new(args: argparse.Namespace) -> int:

@@ -31,6 +31,7 @@ from tiermesh.core.server import (
 )
 from tiermesh.core.settings import GatewaySettings
 from tiermesh.core.telemetry import Telemetry
+from tiermesh.core.tenants import TenantsFileError, load_tenants
 from tiermesh.core.tls import (
     caller_checks,
     internal_channel_credentials,
@@ -61,7 +62,6 @@ from tiermesh.gateway.security import Gate, Security
 from tiermesh.gateway.servicer import InferenceServicer
 from tiermesh.gateway.statistics import InferenceStatistics
 from tiermesh.gateway.statistics_store import StatisticsStore
-from tiermesh.gateway.tenants import TenantsFileError, load_tenants
 from tiermesh.gateway.upstream import Cancellations, Liveness, RouterClient, Upstream
 from tiermesh.rollout.recorder import Recorder
 from tiermesh.rollout.store import RolloutStore

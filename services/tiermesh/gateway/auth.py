@@ -13,7 +13,7 @@ from collections.abc import Iterable, Sequence
 import grpc
 
 from tiermesh.core.errors import MeshError
-from tiermesh.gateway.tenants import Tenant, hash_key
+from tiermesh.core.tenants import Tenant, hash_key
 
 AUTHORIZATION = "authorization"
 API_KEY = "x-api-key"

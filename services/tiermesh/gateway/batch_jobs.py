@@ -36,6 +36,7 @@ from tiermesh.core.grpc_errors import fail_call, grpc_method
 from tiermesh.core.jobs import Job
 from tiermesh.core.repository import ModelConfig
 from tiermesh.core.settings import GatewaySettings
+from tiermesh.core.tenants import Tenant
 from tiermesh.core.tensors import BYTES, TensorData
 from tiermesh.core.wire import encode_job, tensor_from_proto
 from tiermesh.gateway.decoding import messages
@@ -43,7 +44,6 @@ from tiermesh.gateway.plane import Caller, DataPlane
 from tiermesh.gateway.requests import InferRequest, validate, variant_of
 from tiermesh.gateway.security import Gate
 from tiermesh.gateway.servicer import caller_of
-from tiermesh.gateway.tenants import Tenant
 from tiermesh.v1 import batch_pb2, batch_pb2_grpc
 
 log = structlog.get_logger("tiermesh.gateway")

@@ -48,7 +48,7 @@ from tiermesh.core.errors import (
 )
 from tiermesh.core.repository import ModelConfig, ModelRepository, RepositoryError
 from tiermesh.core.serving import member
-from tiermesh.gateway.tenants import Tenant
+from tiermesh.core.tenants import Tenant
 from tiermesh.gateway.upstream import Liveness
 
 log = structlog.get_logger("tiermesh.gateway.control")

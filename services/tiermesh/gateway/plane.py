@@ -38,6 +38,7 @@ from tiermesh.core.jobs import Job, Timing
 from tiermesh.core.repository import ModelConfig, ModelRepository
 from tiermesh.core.settings import GatewaySettings
 from tiermesh.core.telemetry import CallerTraces, trace_id_of, unsampled, w3c_context
+from tiermesh.core.tenants import Tenant
 from tiermesh.core.validation import Screen, check_tensor
 from tiermesh.gateway.capture import Capture
 from tiermesh.gateway.control import ModelControl, check_allowed
@@ -58,7 +59,6 @@ from tiermesh.gateway.requests import (
 from tiermesh.gateway.security import Gate
 from tiermesh.gateway.statistics import InferenceStatistics, model_stats_doc
 from tiermesh.gateway.statistics_store import StatisticsStore
-from tiermesh.gateway.tenants import Tenant
 from tiermesh.gateway.upstream import Upstream
 from tiermesh.rollout.split import STICKY_KEY
 

@@ -22,8 +22,8 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from tiermesh.core import keys
 from tiermesh.core.errors import MeshError, exhausted, unavailable
+from tiermesh.core.tenants import Tenant
 from tiermesh.gateway.limits import idle_ms_to_full
-from tiermesh.gateway.tenants import Tenant
 
 log = structlog.get_logger("tiermesh.gateway")
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import grpc
 
 from tiermesh.core.errors import MAX_RECORDED_NAME, MeshError, exhausted
+from tiermesh.core.tenants import Tenant
 from tiermesh.gateway.audit import INFER, NO_TENANT, RETRY_S, AuditEntry, AuditLog
 from tiermesh.gateway.auth import (
     AuthRefused,
@@ -26,7 +27,6 @@ from tiermesh.gateway.auth import (
 from tiermesh.gateway.auth_throttle import FailedAuth, peer_address
 from tiermesh.gateway.metrics import GatewayMetrics
 from tiermesh.gateway.quota import Quota, QuotaRefused
-from tiermesh.gateway.tenants import Tenant
 
 # An audited call refused while the audit log cannot be written is told to retry then.
 AUDIT_RETRY_MS = int(RETRY_S * 1000)
