@@ -39,6 +39,8 @@ MAX_REPLICAS = {"center": 20, "edge": 10}
 # so shrink slowly and only after the queues stayed short for a while.
 COOLDOWN_S = 300
 SCALE_DOWN_WINDOW_S = 300
+# KEDA's TriggerAuthentication holding Redis's password (base/mesh/redis-auth.yaml).
+REDIS_AUTH = "tiermesh-redis"
 
 
 def served_by(cfg: ModelConfig, tier: str) -> bool:
@@ -108,6 +110,9 @@ def scaled_object(tier: str, stream_names: list[str]) -> dict[str, Any]:
                         # Active (and so scaled up from idle) from a single waiting entry.
                         "activationLagCount": "0",
                     },
+                    # Redis's password (the Secret tiermesh-redis-auth), by way of KEDA's
+                    # TriggerAuthentication tiermesh-redis (base/mesh/redis-auth.yaml).
+                    "authenticationRef": {"name": REDIS_AUTH},
                 }
                 for name in stream_names
             ],

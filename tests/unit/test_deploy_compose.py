@@ -17,8 +17,10 @@ from urllib.parse import urlsplit
 
 import pytest
 import yaml
+from cryptography import x509
 
 from tests.unit.test_deploy_dockerfile import DOCKERFILE, final_image_env, gateway_binds
+from tiermesh.up.certs import identities_in
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE = ROOT / "docker-compose.yml"
@@ -310,7 +312,7 @@ def test_redis_is_durable_and_checked(compose: dict[str, Any]) -> None:
     assert cmd[cmd.index("--appendonly") + 1] == "yes"
     volume = str(redis["volumes"][0]).split(":")[0]
     assert volume in (compose.get("volumes") or {}), "redis data is not on a named volume"
-    assert "redis-cli" in redis["healthcheck"]["test"]
+    assert any("redis-cli ping" in str(part) for part in redis["healthcheck"]["test"])
 
 
 def test_gateway_publishes_its_public_port(services: dict[str, dict[str, Any]]) -> None:
@@ -363,7 +365,9 @@ def test_healthchecks_probe_each_service_on_its_own_port(
         test = [str(part) for part in svc["healthcheck"]["test"]]
         assert test[:4] == ["CMD", "python", "-m", "tiermesh.cli.probe"], f"{name}: {test}"
         port = _env(svc)[HEALTH_PORT_VAR[kind]]
-        assert test[4:] == [f"127.0.0.1:{port}"], f"{name} probes {test[4:]}"
+        # Internal ports speak mutual TLS: the probe presents the service's own certificate.
+        internal = ["--internal-tls"] if kind != "gateway" else []
+        assert test[4:] == [*internal, f"127.0.0.1:{port}"], f"{name} probes {test[4:]}"
 
 
 def test_depends_on_names_existing_services_without_cycles(
@@ -456,3 +460,104 @@ def test_grafana_is_provisioned_with_prometheus_and_the_dashboard(
     providers = yaml.safe_load((GRAFANA / "provisioning/dashboards/tiermesh.yml").read_text())
     (provider,) = providers["providers"]
     assert dashboard_in.startswith(provider["options"]["path"].rstrip("/") + "/")
+
+
+# ------------------------------------------------------------- secrets and internal mTLS
+
+
+def _as_run(text: str) -> str:
+    """A command as the container gets it: compose turns `$$` into `$`."""
+    return text.replace("$$", "$")
+
+
+def _secrets_of(service: dict[str, Any]) -> dict[str, str]:
+    """Where each compose secret a service mounts appears in it: path -> secret name."""
+    mounted = {}
+    for entry in service.get("secrets") or []:
+        source = entry if isinstance(entry, str) else entry["source"]
+        target = source if isinstance(entry, str) else entry.get("target", source)
+        mounted[target if target.startswith("/") else f"/run/secrets/{target}"] = source
+    return mounted
+
+
+def test_redis_wants_a_password_from_a_secret_the_user_names(
+    compose: dict[str, Any], services: dict[str, dict[str, Any]]
+) -> None:
+    """Redis's password is the compose secret redis_password, from the required variable
+    TIERMESH_REDIS_PASSWORD_FILE: redis-server reads it into a config file on a tmpfs (not
+    its command line), every tiermesh service's entrypoint puts it into TIERMESH_REDIS_URL,
+    and no environment value in the file carries a password."""
+    file = compose["secrets"]["redis_password"]["file"]
+    required = re.fullmatch(r"\$\{TIERMESH_REDIS_PASSWORD_FILE:\?([^}]+)\}", file)
+    assert required and "openssl rand" in required.group(1), file
+    redis = services["redis"]
+    assert "/run/secrets/redis_password" in _secrets_of(redis)
+    script = _as_run(_command(redis)[2])
+    assert 'requirepass %s\\n" "$(cat /run/secrets/redis_password)" > /tmp/secret.conf' in script
+    assert "exec redis-server /tmp/secret.conf" in script and "/tmp" in redis["tmpfs"]
+    check = _as_run(" ".join(str(p) for p in redis["healthcheck"]["test"]))
+    assert 'REDISCLI_AUTH="$(cat /run/secrets/redis_password)"' in check
+    for name, (_, svc) in _tiermesh(services).items():
+        assert "/run/secrets/redis_password" in _secrets_of(svc), name
+        entry = [_as_run(str(part)) for part in svc["entrypoint"]]
+        assert entry[:2] == ["sh", "-c"] and entry[2].endswith('exec "$@"'), name
+        assert 'TIERMESH_REDIS_URL="redis://:$(cat /run/secrets/redis_password)@' in entry[2]
+        assert urlsplit(_env(svc)["TIERMESH_REDIS_URL"]).password is None, name
+    for name, svc in services.items():
+        for key, value in _env(svc).items():
+            assert "PASSWORD" not in key or key.endswith("_FILE"), (name, key)
+            assert urlsplit(value).password is None if "://" in value else True, (name, key)
+
+
+def test_redis_refuses_writes_past_its_bound_rather_than_evicting(
+    services: dict[str, dict[str, Any]],
+) -> None:
+    cmd = _command(services["redis"])
+    assert cmd[cmd.index("--maxmemory") + 1] == "1gb"
+    assert cmd[cmd.index("--maxmemory-policy") + 1] == "noeviction"
+
+
+# compose service -> the identity (core/callers.py) its certificate must name.
+IDENTITY = {
+    "gateway": "gateway",
+    "router": "router",
+    "postprocess": "postprocess",
+    "worker-center": "worker",
+    "worker-edge": "worker",
+}
+
+
+def test_internal_mtls_with_a_certificate_per_service(
+    services: dict[str, dict[str, Any]], tmp_path: Path
+) -> None:
+    """The one-shot internal-tls service makes the certificates (its command run here, into
+    a folder of this test's own); each tiermesh service trusts the CA and presents the
+    certificate naming its identity; each address a service dials is a name in the
+    certificate of the service it reaches; every service waits for internal-tls."""
+    maker = services["internal-tls"]
+    script = _command(maker)[2]
+    folder = "/etc/tiermesh/tls"
+    assert f"internal-tls:{folder}" in maker["volumes"]
+    assert script.startswith(f"test -f {folder}/ca.pem || exec python -m tiermesh.cli.main")
+    argv = shlex.split(script.split("exec ", 1)[1])
+    made = tmp_path / "tls"
+    argv[argv.index(folder)] = str(made)  # the container's folder: this test's own instead
+    subprocess.run([sys.executable, *argv[1:]], capture_output=True, timeout=60, check=True)
+    for name, (_, svc) in _tiermesh(services).items():
+        env = _env(svc)
+        assert f"internal-tls:{folder}:ro" in svc["volumes"], name
+        assert env["TIERMESH_INTERNAL_TLS_CA_FILE"] == f"{folder}/ca.pem", name
+        identity = IDENTITY[name]
+        assert env["TIERMESH_INTERNAL_TLS_CERT_FILE"] == f"{folder}/{identity}.pem", name
+        assert env["TIERMESH_INTERNAL_TLS_KEY_FILE"] == f"{folder}/{identity}.key", name
+        assert identities_in(made / f"{identity}.pem") == {identity}, name
+        condition = _depends_on(svc)["internal-tls"]["condition"]
+        assert condition == "service_completed_successfully", name
+        for var, (target, _) in ADDRESS_TARGETS.items():
+            if var in env:
+                host = env[var].rpartition(":")[0]
+                cert = x509.load_pem_x509_certificate(
+                    (made / f"{IDENTITY[target]}.pem").read_bytes()
+                )
+                san = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+                assert host in san.get_values_for_type(x509.DNSName), (name, var, host)

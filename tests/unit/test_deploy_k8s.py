@@ -148,8 +148,13 @@ def test_external_redis_component_renders_and_validates(
     assert "redis" not in of_kind(external_redis, "StatefulSet")
     assert not {"redis", "redis-headless"} & set(of_kind(external_redis, "Service"))
     redis = of_kind(external_redis, "ConfigMap")["tiermesh-redis"]["data"]
-    assert "redis:6379" not in redis["TIERMESH_REDIS_URL"]
-    assert redis["TIERMESH_REDIS_ADDRESS"].split(":")[0] in redis["TIERMESH_REDIS_URL"]
+    assert redis == {"TIERMESH_REDIS_ADDRESS": "redis.example.internal:6379"}
+    # The services' URL is built from that address (and the Secret's password).
+    for name, pod in pod_templates(external_redis):
+        for container in pod["spec"]["containers"]:
+            env = {e["name"]: e for e in container.get("env", [])}
+            if "TIERMESH_REDIS_URL" in env:
+                assert "$(TIERMESH_REDIS_ADDRESS)" in env["TIERMESH_REDIS_URL"]["value"], name
     assert "allow-external-redis-egress" in of_kind(external_redis, "NetworkPolicy")
 
 
@@ -412,8 +417,85 @@ def test_redis_is_a_statefulset_with_aof_on_a_claim(
     assert data["mountPath"] == args[args.index("--dir") + 1]
     claims = [c["metadata"]["name"] for c in redis["spec"]["volumeClaimTemplates"]]
     assert data["name"] in claims
-    url = of_kind(rendered["center"], "ConfigMap")["tiermesh-redis"]["data"]
-    assert url["TIERMESH_REDIS_URL"].startswith("redis://redis:")
+    address = of_kind(rendered["center"], "ConfigMap")["tiermesh-redis"]["data"]
+    assert address["TIERMESH_REDIS_ADDRESS"].startswith("redis.tiermesh.svc.")
+
+
+# The operator's Secret holding Redis's password (deploy/README.md), and its key.
+REDIS_SECRET = {"name": "tiermesh-redis-auth", "key": "password"}
+
+
+def _from_secret(env: dict[str, Any]) -> dict[str, Any] | None:
+    ref = env.get("valueFrom", {}).get("secretKeyRef")
+    return dict(ref) if ref is not None else None
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_redis_wants_a_password_from_a_secret_never_a_configmap(
+    overlay: str, rendered: dict[str, list[dict[str, Any]]]
+) -> None:
+    """Redis requires the password of the Secret tiermesh-redis-auth (made by the operator,
+    not shipped); every tiermesh container builds TIERMESH_REDIS_URL from the ConfigMap's
+    address and that Secret, expanded by Kubernetes from variables defined before it; no
+    ConfigMap holds a password or a Redis URL."""
+    docs = rendered[overlay]
+    assert "tiermesh-redis-auth" not in of_kind(docs, "Secret")  # never a shipped value
+    for name, config in of_kind(docs, "ConfigMap").items():
+        for key, value in (config.get("data") or {}).items():
+            assert "PASSWORD" not in key and "redis://" not in str(value), (name, key)
+    seen = 0
+    for name, pod in pod_templates(docs):
+        for container in pod["spec"]["containers"]:
+            env = container.get("env", [])
+            names = [e["name"] for e in env]
+            if app_of(pod["metadata"]["labels"]) not in TIERMESH_APPS:
+                continue
+            seen += 1
+            by_name = {e["name"]: e for e in env}
+            assert _from_secret(by_name["TIERMESH_REDIS_PASSWORD"]) == REDIS_SECRET, name
+            url = by_name["TIERMESH_REDIS_URL"]["value"]
+            assert url == "redis://:$(TIERMESH_REDIS_PASSWORD)@$(TIERMESH_REDIS_ADDRESS)/0"
+            assert names.index("TIERMESH_REDIS_PASSWORD") < names.index("TIERMESH_REDIS_URL")
+            from_maps = [s["configMapRef"]["name"] for s in container.get("envFrom", [])]
+            assert "tiermesh-redis" in from_maps, name
+    assert seen == len(of_kind(docs, "Deployment")), overlay
+    if "redis" in of_kind(docs, "StatefulSet"):
+        redis = of_kind(docs, "StatefulSet")["redis"]
+        (container,) = redis["spec"]["template"]["spec"]["containers"]
+        (auth,) = container["env"]
+        assert auth["name"] == "REDISCLI_AUTH" and _from_secret(auth) == REDIS_SECRET
+        args = container["args"]
+        assert args[args.index("--requirepass") + 1] == "$(REDISCLI_AUTH)"
+        # The probes' redis-cli authenticates with REDISCLI_AUTH.
+        assert container["readinessProbe"]["exec"]["command"] == ["redis-cli", "ping"]
+
+
+def test_redis_refuses_writes_past_its_bound_rather_than_evicting(
+    rendered: dict[str, list[dict[str, Any]]],
+) -> None:
+    redis = of_kind(rendered["center"], "StatefulSet")["redis"]
+    (container,) = redis["spec"]["template"]["spec"]["containers"]
+    args = container["args"]
+    assert args[args.index("--maxmemory-policy") + 1] == "noeviction"
+    bound = args[args.index("--maxmemory") + 1]
+    assert bound == "1gb" and container["resources"]["limits"]["memory"] == "2Gi"
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_keda_reads_redis_with_its_password(
+    overlay: str, rendered: dict[str, list[dict[str, Any]]]
+) -> None:
+    """Every trigger that reads Redis names the TriggerAuthentication that gives KEDA the
+    Secret's password; the overlays with Redis's clients' Secret ship it."""
+    docs = rendered[overlay]
+    auths = of_kind(docs, "TriggerAuthentication")
+    for obj in of_kind(docs, "ScaledObject").values():
+        for trigger in obj["spec"]["triggers"]:
+            if trigger["type"].startswith("redis"):
+                assert trigger["authenticationRef"] == {"name": "tiermesh-redis"}
+    if overlay != "edge":  # edge workers use center's Redis, Secret and TriggerAuthentication
+        (target,) = auths["tiermesh-redis"]["spec"]["secretTargetRef"]
+        assert target == {"parameter": "password", **REDIS_SECRET}
 
 
 def _gateway(docs: list[dict[str, Any]]) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -449,6 +531,24 @@ def test_every_gateway_reads_api_keys_from_a_secret(
     path = next(e["value"] for e in gateway["env"] if e["name"] == "TIERMESH_TENANTS_FILE")
     generated = of_kind(docs, "Secret")[secret_file(docs, "TIERMESH_TENANTS_FILE")]
     assert Path(path).name in generated["data"]
+
+
+@pytest.mark.parametrize("overlay", [o for o in OVERLAYS if "gateway" in DEPLOYMENTS[o]])
+def test_the_router_reads_the_gateways_tenants_file(
+    overlay: str, rendered: dict[str, list[dict[str, Any]]]
+) -> None:
+    """Without internal mTLS the router checks the tenant each job names against the
+    tenants file: it mounts the gateway's, from the same Secret."""
+    docs = rendered[overlay]
+    pod = of_kind(docs, "Deployment")["router"]["spec"]["template"]
+    router = next(c for c in pod["spec"]["containers"] if c["name"] == "router")
+    path = next(e["value"] for e in router["env"] if e["name"] == "TIERMESH_TENANTS_FILE")
+    secrets = {
+        v["name"]: v["secret"]["secretName"] for v in pod["spec"]["volumes"] if "secret" in v
+    }
+    mount = next(m for m in router["volumeMounts"] if path.startswith(m["mountPath"] + "/"))
+    assert mount.get("readOnly") is True
+    assert secrets[mount["name"]] == secret_file(docs, "TIERMESH_TENANTS_FILE")
 
 
 def test_center_serves_tls_from_a_secret(rendered: dict[str, list[dict[str, Any]]]) -> None:
