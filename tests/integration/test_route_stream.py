@@ -19,6 +19,7 @@ import pytest
 from tests.grpc_server import serving
 from tests.integration.conftest import InProcessMesh, start_mesh
 from tests.polling import until
+from tests.tenants import write_tenants
 from tiermesh.core.errors import MeshError
 from tiermesh.core.jobs import Job, Timing
 from tiermesh.core.server import make_channel
@@ -229,3 +230,55 @@ async def test_the_router_counts_the_batches_and_jobs_it_routed() -> None:
             await channel.close()
     # What the stop line reports: five jobs queued together went as one batch, then one.
     assert (servicer.batches, servicer.jobs) == (2, 6)
+
+
+async def test_without_internal_mtls_the_router_checks_each_jobs_tenant_and_tensors(
+    mesh: InProcessMesh, redis_url: str, model_repo: Path, tmp_path: Path
+) -> None:
+    """A job forged by any process that reaches the router's port (no certificate vouches
+    for it): an invented tenant, a tenant the model is not for, tensors the model does not
+    take are refused; what a gateway would send is placed (for the mesh's worker)."""
+    settings = RouterSettings(
+        redis_url=redis_url,
+        model_repository=model_repo,
+        router_port=free_port(),
+        metrics_port=0,
+        tenants_file=write_tenants(tmp_path / "tenants.yaml"),
+    )
+    stop, ready = asyncio.Event(), asyncio.Event()
+    task = asyncio.create_task(serve_router(settings, stop, None, lambda _: ready.set()))
+    await asyncio.wait_for(ready.wait(), 30)
+    channel = make_channel(f"127.0.0.1:{settings.router_port}")
+    client = RouterClient(channel)
+    wrong = from_numpy("INPUT0", np.ones((1, 5), np.float32), "FP32")
+    try:
+        for forged, code, says in [
+            (job(tenant="mallory"), "PERMISSION_DENIED", "no such tenant may"),
+            (job(tenant="user"), "PERMISSION_DENIED", "no such tenant may"),  # simple only
+            (job(tenant=""), "PERMISSION_DENIED", "no such tenant may"),
+            (job(tenant="ops", inputs=(wrong,)), "INVALID_ARGUMENT", "dimension 1 is 5"),
+            (job(tenant="ops", requested_outputs=("NOPE",)), "INVALID_ARGUMENT", "NOPE"),
+        ]:
+            with pytest.raises(MeshError) as refused:
+                await client.route(forged, 10)
+            assert refused.value.code.name == code, refused.value
+            assert says in refused.value.message
+        assert (await client.route(job(tenant="ops"), 10)).version == "1"
+    finally:
+        await client.close()
+        await channel.close()
+        stop.set()
+        await asyncio.wait_for(task, 30)
+
+
+async def test_a_router_without_tenants_takes_jobs_of_no_tenant_only(mesh: InProcessMesh) -> None:
+    channel = make_channel(mesh.router)
+    client = RouterClient(channel)
+    try:
+        with pytest.raises(MeshError) as refused:
+            await client.route(job(tenant="invented"), 10)
+        assert refused.value.code == grpc.StatusCode.PERMISSION_DENIED
+        assert (await client.route(job(), 10)).version == "1"
+    finally:
+        await client.close()
+        await channel.close()

@@ -121,6 +121,9 @@ class GatewaySettings(ServiceSettings):
 
 class RouterSettings(ServiceSettings):
     router_host: str = "127.0.0.1"
+    # The gateways' tenants file: without internal mTLS the router checks that the tenant a
+    # job names is one of it that may use the model (unset: jobs name no tenant).
+    tenants_file: Path | None = None
     router_port: int = 8012
     metrics_port: int = 8022
     retry_after_ms: int = Field(default=200, ge=0)

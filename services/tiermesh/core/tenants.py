@@ -87,6 +87,10 @@ class Tenant:
     admin: bool = False
     # Traffic capture may store this tenant's request contents (encrypted, with a TTL).
     capture_contents: bool = False
+
+    def may_use(self, model: str) -> bool:
+        return self.models is None or model in self.models
+
     # Batch-job caps of this tenant: unfinished jobs, inputs and bytes per job (None: the
     # gateway's TIERMESH_BATCH_MAX_OPEN_JOBS / _INPUTS / _BYTES).
     batch_max_open_jobs: int | None = None

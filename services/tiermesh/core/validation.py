@@ -1,14 +1,18 @@
 """What a model takes, checked of tensors: names, datatypes, shapes, contents, limits. Pure;
 used by the gateway (each door's requests) and the router (jobs from a peer it does not
-authenticate), raising INVALID_ARGUMENT that names the problem.
+authenticate: check_job), raising INVALID_ARGUMENT that names the problem.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
-from tiermesh.core.errors import invalid, shown, shown_shape
+import grpc
+
+from tiermesh.core.errors import MeshError, invalid, shown, shown_shape
+from tiermesh.core.jobs import Job
 from tiermesh.core.repository import ModelConfig
+from tiermesh.core.tenants import Tenant
 from tiermesh.core.tensors import BYTES, TensorData, element_count, split_bytes, validate_raw
 
 # Called by a door with each input's name, datatype and shape before it reads the input's
@@ -122,3 +126,25 @@ def check_outputs(cfg: ModelConfig, names: Sequence[str]) -> None:
     for name in names:
         if name not in outputs:
             raise invalid(f"unknown output '{shown(name)}' for model '{cfg.name}'")
+
+
+def check_job(cfg: ModelConfig, job: Job, tenants: Mapping[str, Tenant] | None) -> None:
+    """A job from a peer whose identity no certificate proves (internal mTLS off): what its
+    gateway checked, checked again. Its tenant must be one of the tenants file (`tenants`)
+    that may use the model, or none where the mesh has no tenants file (None); its tensors
+    and outputs must be the model's. PERMISSION_DENIED or INVALID_ARGUMENT."""
+    if tenants is None:
+        if job.tenant:
+            raise MeshError(
+                grpc.StatusCode.PERMISSION_DENIED,
+                f"job names tenant '{shown(job.tenant)}', and this mesh has no tenants",
+            )
+    else:
+        tenant = tenants.get(job.tenant)
+        if tenant is None or not tenant.may_use(cfg.name):
+            raise MeshError(
+                grpc.StatusCode.PERMISSION_DENIED,
+                f"job of tenant '{shown(job.tenant)}' for model '{cfg.name}': no such tenant may",
+            )
+    check_inputs(cfg, job.inputs)
+    check_outputs(cfg, job.requested_outputs)

@@ -104,7 +104,7 @@ def authenticate(tenants: Tenants, metadata: Iterable[tuple[str, str | bytes]]) 
 
 
 def may_use(tenant: Tenant, model: str) -> bool:
-    return tenant.models is None or model in tenant.models
+    return tenant.may_use(model)
 
 
 def check_model(tenant: Tenant, model: str) -> None:

@@ -28,6 +28,7 @@ from tiermesh.core.server import (
 )
 from tiermesh.core.settings import RouterSettings
 from tiermesh.core.telemetry import Telemetry
+from tiermesh.core.tenants import load_tenants
 from tiermesh.core.tls import caller_checks, internal_server_credentials
 from tiermesh.rollout.cache import RolloutStates
 from tiermesh.rollout.controller import RolloutController
@@ -37,12 +38,22 @@ from tiermesh.router.admission import Admitter
 from tiermesh.router.health_metrics import HealthCollector
 from tiermesh.router.metrics import QueueCollector, RouterMetrics
 from tiermesh.router.prompt import PromptEncoder
-from tiermesh.router.routing import BatchRouter
+from tiermesh.router.routing import BatchRouter, JobChecks
 from tiermesh.router.servicer import RouterServicer
 from tiermesh.router.text import TextEncoder
 from tiermesh.v1 import router_pb2_grpc
 
 log = structlog.get_logger("tiermesh.router")
+
+
+def job_checks(settings: RouterSettings) -> JobChecks | None:
+    """With internal mTLS only gateways' certificates reach the router (core/callers.py): no
+    checks. Without it anything that reaches the port could send a job: each is checked."""
+    if caller_checks(settings):
+        return None
+    if settings.tenants_file is None:
+        return JobChecks(None)
+    return JobChecks({t.name: t for t in load_tenants(settings.tenants_file)})
 
 
 async def serve(
@@ -88,6 +99,7 @@ async def serve(
         rollouts=rollouts,
         control=control,
         prompts=prompts,
+        checks=job_checks(settings),
     )
     servicer = RouterServicer(router)
     router_pb2_grpc.add_RouterServicer_to_server(servicer, server)

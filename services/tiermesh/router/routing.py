@@ -30,6 +30,8 @@ from tiermesh.core.keys import DEFAULT_TIER, StreamKey
 from tiermesh.core.model_config import ModelConfig
 from tiermesh.core.repository import ModelRepository
 from tiermesh.core.settings import RouterSettings
+from tiermesh.core.tenants import Tenant
+from tiermesh.core.validation import check_job
 from tiermesh.core.wire import encode_job
 from tiermesh.rollout.cache import RolloutStates
 from tiermesh.rollout.split import ROLLOUT_ARM, SHADOW_OF, Placement, place
@@ -79,6 +81,15 @@ class _Work:
     candidates: dict[str, StreamKey] = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class JobChecks:
+    """What a router checks of each job when its port takes calls without internal mTLS:
+    any process that reaches it could send a job (core/validation.check_job)."""
+
+    # The tenants file's tenants by name; None: the mesh has no tenants file.
+    tenants: Mapping[str, Tenant] | None
+
+
 class BatchRouter:
     def __init__(
         self,
@@ -91,7 +102,10 @@ class BatchRouter:
         rollouts: RolloutStates | None = None,
         control: ControlWatch | None = None,
         prompts: Mapping[str, PromptEncoder] | None = None,
+        checks: JobChecks | None = None,
     ) -> None:
+        # Jobs from peers no certificate vouches for are checked again (None: trusted).
+        self._checks = checks
         # Generative models' chat template and tokenizer, by model name.
         self._prompts = prompts if prompts is not None else {}
         self._rollouts = rollouts
@@ -109,6 +123,7 @@ class BatchRouter:
         work = [_Work(job) for job in jobs]
         try:
             await self._configs(work)
+            self._checked(work)
             self._check_deadlines(work, received_ns)
             await self._input_processing(work)
             await self._versions(work)
@@ -135,6 +150,16 @@ class BatchRouter:
                 w.cfg = self._repo.get(w.job.model)
             if w.cfg is None:
                 w.outcome = unknown_model(w.job.model)
+
+    def _checked(self, work: list[_Work]) -> None:
+        if self._checks is None:
+            return
+        for w in _open(work):
+            assert w.cfg is not None
+            try:
+                check_job(w.cfg, w.job, self._checks.tenants)
+            except MeshError as err:
+                w.outcome = err
 
     def _check_deadlines(self, work: list[_Work], now: int) -> None:
         for w in _open(work):
