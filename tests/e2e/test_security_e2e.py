@@ -248,9 +248,10 @@ def test_the_audit_stream_records_who_called_what_with_which_outcome(secured: Up
         assert time.monotonic() < deadline, f"audit entries missing: {entries[-5:]}"
         time.sleep(0.05)
         entries = audit_entries(secured)
-    fields = {"time_ms", "tenant", "model", "variant", "outcome", "request_id", "peer"}
+    fields = {"time_ms", "operation", "tenant", "model", "variant", "outcome", "request_id", "peer"}
     for e in entries:
         assert set(e) == fields | {"duration_ms"}
+        assert e["operation"] == "infer" or e["operation"].startswith("batch.")
         assert e["peer"].startswith("ipv4:127.0.0.1:") or e["peer"].startswith("ipv6:")
         assert float(e["duration_ms"]) >= 0 and int(e["time_ms"]) > 1_600_000_000_000
     ok = [e for e in entries if e["tenant"] == "acme" and e["outcome"] == "OK"]

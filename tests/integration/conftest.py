@@ -81,7 +81,9 @@ async def start_mesh(
     **worker_overrides: Any,
 ) -> InProcessMesh:
     """The four services in this process; `common_overrides` go to every service's
-    settings, `gateway_overrides` to the gateway's, the rest to the worker's."""
+    settings, `gateway_overrides` to the gateway's (its tenants file to the router's too,
+    as `tiermesh up` gives it: without internal mTLS the router checks jobs' tenants), the
+    rest to the worker's."""
     exporter = InMemorySpanExporter()
     mesh = InProcessMesh(gateway="", exporter=exporter)
     common = {
@@ -99,8 +101,13 @@ async def start_mesh(
             PostprocessSettings(**common, postprocess_port=0),
             exporter,
         )
+        tenants = {k: v for k, v in (gateway_overrides or {}).items() if k == "tenants_file"}
         router = await _start(
-            mesh, "router", serve_router, RouterSettings(**common, router_port=0), exporter
+            mesh,
+            "router",
+            serve_router,
+            RouterSettings(**common, **tenants, router_port=0),
+            exporter,
         )
         await _start(
             mesh,

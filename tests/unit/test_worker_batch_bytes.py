@@ -55,6 +55,8 @@ def test_the_batch_budget_must_be_below_the_message_limit() -> None:
     with pytest.raises(ValidationError, match="TIERMESH_MAX_BATCH_BYTES"):
         WorkerSettings(max_batch_bytes=64 << 20, max_message_bytes=64 << 20)
     assert WorkerSettings().max_batch_bytes < WorkerSettings().max_message_bytes
+    # A smaller message limit and no budget given: the budget follows (a quarter of it).
+    assert WorkerSettings(max_message_bytes=1 << 20).max_batch_bytes == 1 << 18
 
 
 @pytest.fixture

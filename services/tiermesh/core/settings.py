@@ -172,7 +172,8 @@ class WorkerSettings(ServiceSettings):
     dead_letter_max_payload_bytes: int = Field(default=16 * 1024, ge=0)
     # A batch's requests (their stream entries) add up to at most this many bytes; one
     # bigger request computes alone. Below max_message_bytes: the answers, and the inputs
-    # an output step reads, go on in the batch's hand-off.
+    # an output step reads, go on in the batch's hand-off. Unset: 16 MiB, or a quarter of
+    # a smaller message limit.
     max_batch_bytes: int = Field(default=16 * 1024 * 1024, gt=0)
     # On stop: after deregistering, entries routed here meanwhile are still read this long.
     leave_window_ms: int = Field(default=500, ge=0)
@@ -209,6 +210,8 @@ class WorkerSettings(ServiceSettings):
 
     @model_validator(mode="after")
     def _batches_fit_a_message(self) -> WorkerSettings:
+        if "max_batch_bytes" not in self.model_fields_set:
+            self.max_batch_bytes = min(self.max_batch_bytes, self.max_message_bytes // 4)
         if self.max_batch_bytes >= self.max_message_bytes:
             raise ValueError(
                 f"TIERMESH_MAX_BATCH_BYTES ({self.max_batch_bytes}) must be below "
