@@ -74,12 +74,19 @@ def test_scalars_sent_unpacked_are_counted_one_by_one() -> None:
     assert "framed one by one" in _refused(data)
 
 
+# Bytes that make a request large enough to be walked (a small one is not: it cannot list
+# many elements, and the parsed checks refuse its rank or inputs).
+PADDING = b"\x3a" + varint(MAX_FRAMED_ELEMENTS) + bytes(MAX_FRAMED_ELEMENTS)  # raw contents
+
+
 def test_rank_and_inputs_past_their_limits() -> None:
-    assert f"rank {MAX_RANK + 1} over" in _refused(_typed("int64_contents", [0], [1] * 33))
+    deep = _typed("int64_contents", [0], [1] * 33)
+    assert f"rank {MAX_RANK + 1} over" in _refused(deep + PADDING)
     msg = service_pb2.ModelInferRequest(model_name="m")
     for i in range(MAX_INPUTS + 1):
         msg.inputs.add(name=f"X{i}")
-    assert f"{MAX_INPUTS + 1} inputs" in _refused(msg.SerializeToString())
+    assert f"{MAX_INPUTS + 1} inputs" in _refused(msg.SerializeToString() + PADDING)
+    assert wire_scan.check(deep) is None  # small: left to the checks after the parse
 
 
 def test_bytes_that_do_not_frame_are_left_to_the_parser() -> None:
