@@ -18,6 +18,8 @@ def bearer(key: str) -> dict[str, str]:
     return {"authorization": f"Bearer {key}"}
 
 
+# Shared by every test of a session: pass a copy to a client that adds to the headers it is
+# given (tritonclient.http's infer does).
 ADMIN = bearer(ADMIN_KEY)
 USER = bearer(USER_KEY)
 

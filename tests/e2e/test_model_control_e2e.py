@@ -145,7 +145,9 @@ def test_http_model_control(mesh: UpProcess) -> None:
     try:
         assert not client.is_model_ready("simple", headers=ADMIN)
         with pytest.raises(InferenceServerException) as err:
-            client.infer("simple", http_inputs(X0, X1), headers=ADMIN)
+            # A copy: tritonclient.http adds its Inference-Header-Content-Length (an int) to
+            # the headers it is given, and ADMIN is shared by every test of the session.
+            client.infer("simple", http_inputs(X0, X1), headers=dict(ADMIN))
         assert err.value.status() == "503"
     finally:
         client.load_model("simple", headers=ADMIN)
