@@ -7,16 +7,19 @@ import hashlib
 import json
 import secrets
 import subprocess
+import time
 from collections.abc import Iterator
 
 import numpy as np
 import pytest
+import redis
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 from tests.e2e.conftest import UpProcess, start_up
 from tests.e2e.test_triton_clients_e2e import X0, X1, check_sums, http_inputs
+from tiermesh.core import keys
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -92,6 +95,22 @@ def test_rest_checks_keys_models_quota_and_admin(secured: UpProcess) -> None:
     assert answered >= 1 and refused >= 1
     index = client.get_model_repository_index(headers=bearer(USER))
     assert {m["name"] for m in index} == {"simple"}  # a tenant sees only its models
+    # Refused before their bodies were read, still audited as the gRPC door's refusals are.
+    r = redis.Redis.from_url(secured.redis_url())
+    wanted = {
+        ("infer", "-", "simple", "UNAUTHENTICATED"),
+        ("unload", "user", "simple", "PERMISSION_DENIED"),
+    }
+    deadline = time.monotonic() + 20
+    while True:
+        entries = [
+            {k.decode(): v.decode() for k, v in f.items()} for _, f in r.xrange(keys.AUDIT_STREAM)
+        ]
+        seen = {(e["operation"], e["tenant"], e["model"], e["outcome"]) for e in entries}
+        if wanted <= seen:
+            break
+        assert time.monotonic() < deadline, f"not audited: {wanted - seen}"
+        time.sleep(0.05)
 
 
 def test_a_429_carries_retry_after(secured: UpProcess) -> None:

@@ -28,6 +28,7 @@ from opentelemetry import trace
 
 from tiermesh.core.errors import (
     MAX_RECORDED_NAME,
+    MeshError,
     exhausted,
     invalid,
     status_of,
@@ -40,6 +41,7 @@ from tiermesh.core.settings import GatewaySettings
 from tiermesh.core.telemetry import CallerTraces, trace_id_of, unsampled, w3c_context
 from tiermesh.core.tenants import Tenant
 from tiermesh.core.validation import Screen, check_tensor
+from tiermesh.gateway.audit import INFER
 from tiermesh.gateway.capture import Capture
 from tiermesh.gateway.control import ModelControl, check_allowed
 from tiermesh.gateway.dispatch import Answer, Call, Dispatcher
@@ -191,6 +193,26 @@ class DataPlane:
             raise
         finally:
             self._ended(call, caller, model, code)
+
+    def refused_unread(self, caller: Caller, operation: str, model: str, err: MeshError) -> None:
+        """A call its door refused before reading its body (the REST door checks the key
+        first): counted and audited as the plane counts and audits the calls it refuses
+        (`operation` "": a call that leaves no audit entry)."""
+        if operation == INFER:
+            call = Call(request_id=uuid.uuid4().hex, received_ns=self._clock_ns(), model=model)
+            self._ended(call, caller, model if self._repo.get(model) else "unknown", err.code)
+        elif operation and self._gate.enabled:
+            self._gate.audit(
+                operation=operation,
+                time_ms=self._clock_ns() // 1_000_000,
+                tenant="",
+                model=model,
+                variant="",
+                outcome=err.code.name,
+                request_id="",
+                peer=caller.peer,
+                duration_ms=0.0,
+            )
 
     def _ended(self, call: Call, caller: Caller, model: str, code: grpc.StatusCode) -> None:
         """The call's counts, its audit entry (an authenticated port) and its capture (a

@@ -26,6 +26,7 @@ from tiermesh.core.errors import INTERNAL_MESSAGE, RETRY_AFTER_KEY, MeshError, i
 from tiermesh.core.grpc_errors import REDIS_OUTAGE, REDIS_OUTAGE_MESSAGE
 from tiermesh.core.settings import GatewaySettings
 from tiermesh.core.validation import Screen
+from tiermesh.gateway.audit import INFER
 from tiermesh.gateway.plane import Caller, DataPlane
 from tiermesh.gateway.requests import InferRequest
 from tiermesh.gateway.rest_codec import (
@@ -131,9 +132,24 @@ class RestDoor:
         if self._runner is not None:
             await self._runner.cleanup()
 
-    async def _optional_json(self, request: web.Request) -> dict[str, Any]:
+    def _key_first(self, request: web.Request, operation: str, model: str = "") -> None:
+        """The caller's key before its body: a stranger's 64 MiB is never read. A refusal
+        here is counted and audited as the data plane's own (`refused_unread`)."""
+        caller = _caller(request)
+        try:
+            if operation == INFER:
+                self._plane.authorize(caller, model)
+            else:
+                self._plane.authenticate(caller)
+        except MeshError as err:
+            self._plane.refused_unread(caller, operation, model, err)
+            raise
+
+    async def _optional_json(
+        self, request: web.Request, operation: str, model: str = ""
+    ) -> dict[str, Any]:
         """The JSON object of a body that may be empty, read once its caller's key passed."""
-        self._plane.authenticate(_caller(request))
+        self._key_first(request, operation, model)
         body = await request.read()
         return json_object(body) if body.strip() else {}
 
@@ -199,13 +215,13 @@ class RestDoor:
         return _json({"model_stats": docs})
 
     async def index(self, request: web.Request) -> web.StreamResponse:
-        doc = await self._optional_json(request)
+        doc = await self._optional_json(request, "")
         if doc.get("repository_name"):
             raise invalid("this server has one model repository, named ''")
         return _json(await self._plane.index_docs(_caller(request), doc.get("ready") is True))
 
     async def load(self, request: web.Request) -> web.StreamResponse:
-        doc = await self._optional_json(request)
+        doc = await self._optional_json(request, "load", request.match_info["model"])
         params = doc.get("parameters") or {}
         if not isinstance(params, dict) or set(params) - {"version"}:
             raise invalid(
@@ -217,7 +233,7 @@ class RestDoor:
         return web.Response(status=200)
 
     async def unload(self, request: web.Request) -> web.StreamResponse:
-        doc = await self._optional_json(request)
+        doc = await self._optional_json(request, "unload", request.match_info["model"])
         params = doc.get("parameters") or {}
         version = str(params.get("version", "")) if isinstance(params, dict) else ""
         await self._plane.unload(_caller(request), request.match_info["model"], version)
@@ -226,8 +242,7 @@ class RestDoor:
     async def infer(self, request: web.Request) -> web.StreamResponse:
         name, version = _model(request)
         header_length = _header_length(request)
-        # The caller's key before its body: a stranger's 64 MiB is never read.
-        self._plane.authorize(_caller(request), name)
+        self._key_first(request, INFER, name)
         body = await request.read()
         chosen: list[OutputChoice] = []
 
