@@ -2,7 +2,7 @@
 `tiermesh up`: API keys, allowed models, quotas, the audit stream, the size limits, and no
 key or payload in the logs or spans.
 
-Observed on grpcio 1.81.1 (tritonclient 2.73 and a raw grpc client alike), both produced by
+Observed on grpcio 1.85.4 (tritonclient 2.73 and a raw grpc client alike), both produced by
 gRPC itself before any handler runs, so neither carries a retry-after-ms trailer:
 - a request message over TIERMESH_MAX_MESSAGE_BYTES: RESOURCE_EXHAUSTED
   ("Received message larger than max (N vs. M)");
