@@ -49,6 +49,17 @@ def _varint(data: memoryview, pos: int) -> tuple[int, int]:
     raise _Broken
 
 
+def _past_scalar(data: memoryview, pos: int, wire: int) -> int:
+    """Where a field of a scalar wire type that starts its value at `pos` ends."""
+    if wire == _VARINT:
+        return _varint(data, pos)[1]
+    if wire == _FIXED64:
+        return pos + 8
+    if wire == _FIXED32:
+        return pos + 4
+    raise _Broken
+
+
 def _fields(data: memoryview) -> list[tuple[int, int, memoryview | None]]:
     """(field number, wire type, the bytes of a length-delimited value) of each field."""
     out: list[tuple[int, int, memoryview | None]] = []
@@ -57,18 +68,12 @@ def _fields(data: memoryview) -> list[tuple[int, int, memoryview | None]]:
         key, pos = _varint(data, pos)
         number, wire = key >> 3, key & 7
         value: memoryview | None = None
-        if wire == _VARINT:
-            _, pos = _varint(data, pos)
-        elif wire == _FIXED64:
-            pos += 8
-        elif wire == _FIXED32:
-            pos += 4
-        elif wire == _LEN:
+        if wire == _LEN:
             length, pos = _varint(data, pos)
             value = data[pos : pos + length]
             pos += length
         else:
-            raise _Broken
+            pos = _past_scalar(data, pos, wire)
         if pos > len(data):
             raise _Broken
         out.append((number, wire, value))
@@ -87,15 +92,36 @@ def _varints_in(packed: memoryview) -> int:
 
 
 def _listed(contents: memoryview) -> tuple[int, int]:
-    """(elements, of which framed one by one) of an InferTensorContents."""
-    listed = framed = 0
-    for number, wire, value in _fields(contents):
-        if wire == _LEN and value is not None and number in _PACKED_SIZE:
-            size = _PACKED_SIZE[number]
-            listed += len(value) // size if size else _varints_in(value)
+    """(elements, of which framed one by one) of an InferTensorContents, counted up to just
+    past MAX_FRAMED_ELEMENTS framed ones. One tight loop (~0.3 us an element, where the
+    general `_fields` took ~2 us): framed elements are what an attacker sends by the million.
+    """
+    listed = framed = pos = 0
+    end = len(contents)
+    while pos < end and framed <= MAX_FRAMED_ELEMENTS:
+        key = contents[pos]
+        pos += 1
+        if key & 0x80:  # a field number past 15: none of InferTensorContents'
+            key, pos = _varint(contents, pos - 1)
+        number, wire = key >> 3, key & 7
+        if wire == _LEN:
+            length = contents[pos] if pos < end else 0x80
+            pos += 1
+            if length & 0x80:
+                length, pos = _varint(contents, pos - 1)
+            if number in _PACKED_SIZE:
+                size = _PACKED_SIZE[number]
+                value = contents[pos : pos + length]
+                listed += length // size if size else _varints_in(value)
+                pos += length
+                continue
+            pos += length
         else:
-            listed += 1
-            framed += 1
+            pos = _past_scalar(contents, pos, wire)
+        listed += 1
+        framed += 1
+    if pos > end:
+        raise _Broken
     return listed, framed
 
 
