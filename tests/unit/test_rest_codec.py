@@ -17,6 +17,7 @@ from tiermesh.core.tensors import TensorData
 from tiermesh.gateway.control import check_allowed
 from tiermesh.gateway.rest_codec import (
     MAX_JSON_BYTES,
+    MAX_JSON_VALUES,
     OutputChoice,
     http_status,
     infer_body,
@@ -92,6 +93,7 @@ def test_binary_inputs_follow_the_json_header() -> None:
         (b"[" * 100_000 + b"]" * 100_000, "nested too deeply"),
         (b'{"inputs": [' + b"9" * 5000 + b"]}", "malformed JSON"),
         (b" " * (MAX_JSON_BYTES + 1), "send large tensors as binary data"),
+        (json.dumps(_doc(data=[0] * MAX_JSON_VALUES)).encode(), "values (commas), over the limit"),
         (json.dumps(_doc(shape=[1, 2_000_000])).encode(), "over the limit of"),
     ],
 )
