@@ -1,5 +1,6 @@
-"""ModelStreamInfer holds at most MAX_IN_FLIGHT answers of a client that does not read them:
-a request's slot is freed when its answer is written, not when it is ready."""
+"""ModelStreamInfer holds at most MAX_IN_FLIGHT answers of a client that does not read them,
+and about MAX_HELD_BYTES of its requests and answers: a request's slot and bytes are freed
+when its answer is written, not when it is ready."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from tritonclient.grpc import service_pb2
 from tiermesh.core.jobs import JobResult
 from tiermesh.gateway.dispatch import Answer
 from tiermesh.gateway.plane import Caller
-from tiermesh.gateway.stream import MAX_IN_FLIGHT, stream_infer
+from tiermesh.gateway.stream import MAX_HELD_BYTES, MAX_IN_FLIGHT, stream_infer
 
 CALLER = Caller((), None, "ipv4:127.0.0.1:1")
 
@@ -64,4 +65,32 @@ async def test_a_client_that_does_not_read_holds_at_most_max_in_flight_answers()
     # Reading one answer frees one slot: one more request is taken and answered.
     await answers.__anext__()
     await _until(lambda: plane.answered == MAX_IN_FLIGHT + 1, progress)
+    await answers.aclose()
+
+
+async def test_big_requests_are_held_by_their_bytes_and_one_past_the_bound_goes_alone() -> None:
+    progress = asyncio.Event()
+    plane = AnsweringPlane(progress)
+    taken = 0
+    big = service_pb2.ModelInferRequest(model_name="m", raw_input_contents=[bytes(1 << 20)])
+    alone = service_pb2.ModelInferRequest(raw_input_contents=[bytes(MAX_HELD_BYTES + 1)])
+
+    async def requests() -> AsyncIterator[Any]:
+        nonlocal taken
+        for request in [big] * 20 + [alone]:
+            taken += 1
+            progress.set()
+            yield request
+
+    answers = stream_infer(plane, requests(), lambda: CALLER)  # type: ignore[arg-type]
+    await answers.__anext__()  # then the client reads no more
+    fit = MAX_HELD_BYTES // big.ByteSize()  # 3: far fewer than MAX_IN_FLIGHT
+    await _until(lambda: plane.answered == fit and taken == fit + 1, progress)
+    for _ in range(100):
+        await asyncio.sleep(0)
+    assert plane.answered == fit
+    # Reading frees the bytes of what was written: the rest follow, the last one alone.
+    for _ in range(20):
+        await answers.__anext__()
+    await _until(lambda: plane.answered == 21, progress)
     await answers.aclose()

@@ -10,9 +10,10 @@ rest of the text and the answer's facts, marked `triton_final_response` (the pie
 marked false). A client that leaves the stream cancels its requests: the workers stop
 generating them.
 
-Requests are taken off the stream while fewer than MAX_IN_FLIGHT of its requests are
-unanswered or answered but not yet written to the client; beyond that the stream's flow
-control holds the client back, and one that never reads its answers holds no more.
+Requests are taken off the stream while fewer than MAX_IN_FLIGHT of its requests, and fewer
+than MAX_HELD_BYTES of them and their answers, are unanswered or answered but not yet written
+to the client; beyond that the stream's flow control holds the client back, and one that
+never reads its answers holds no more (a request bigger than the byte bound goes alone).
 """
 
 from __future__ import annotations
@@ -39,15 +40,51 @@ if TYPE_CHECKING:
 log = structlog.get_logger("tiermesh.gateway.stream")
 
 MAX_IN_FLIGHT = 64
+# Each request held costs the gateway a few times its size (message, job, answer, gRPC's
+# buffers) and the worker more: 64 echoes of 1 MiB grew the gateway 278 MiB when only their
+# count was bounded; with 8 MiB, gateway and worker +55-65 MiB each; with 4 MiB, see
+# tests/e2e/test_hostile_costs_e2e.py. A stream of big requests still has 2-4 at once.
+MAX_HELD_BYTES = 4 << 20
 _END = object()
+
+
+class HeldBytes:
+    """Bytes of one stream's requests and answers not yet written: `take` waits for room
+    (alone past the bound: a request bigger than it is still served), `add` counts an answer
+    at once (it exists), `free` gives back what was written."""
+
+    def __init__(self, limit: int) -> None:
+        self._limit = limit
+        self._held = 0
+        self._freed = asyncio.Event()
+
+    @property
+    def held(self) -> int:
+        return self._held
+
+    async def take(self, n: int) -> None:
+        """By the stream's one reader."""
+        while self._held and self._held + n > self._limit:
+            self._freed.clear()
+            await self._freed.wait()
+        self._held += n
+
+    def add(self, n: int) -> None:
+        self._held += n
+
+    def free(self, n: int) -> None:
+        self._held -= n
+        self._freed.set()
 
 
 @dataclass(frozen=True, slots=True)
 class _Last:
-    """A request's last response: its slot is freed when the stream has written it, so a
-    client that does not read holds at most MAX_IN_FLIGHT answers here, not every one."""
+    """A request's last response: its slot and bytes are freed when the stream has written
+    it, so a client that does not read holds at most MAX_IN_FLIGHT answers and about
+    MAX_HELD_BYTES here, not every one."""
 
     response: Any
+    held: int  # the request's bytes and the answer's
 
 
 def _error(request: Any, message: str) -> service_pb2.ModelStreamInferResponse:
@@ -108,16 +145,21 @@ async def stream_infer(
     the stream's time left then)."""
     out: asyncio.Queue[Any] = asyncio.Queue()
     slots = asyncio.Semaphore(MAX_IN_FLIGHT)
+    held = HeldBytes(MAX_HELD_BYTES)
     tasks: set[asyncio.Task[None]] = set()
 
-    async def one(request: Any) -> None:
+    async def one(request: Any, size: int) -> None:
         answered = False
         try:
-            out.put_nowait(_Last(await _answer(plane, request, caller(), out)))
-            answered = True  # its slot is freed once the answer is written, below
+            response = await _answer(plane, request, caller(), out)
+            answer_size = response.ByteSize()
+            held.add(answer_size)
+            out.put_nowait(_Last(response, size + answer_size))
+            answered = True  # its slot and bytes are freed once the answer is written, below
         finally:
             if not answered:
                 slots.release()
+                held.free(size)
 
     async def read() -> None:
         try:
@@ -126,7 +168,9 @@ async def stream_infer(
                     out.put_nowait(_error(None, request.message))
                     continue
                 await slots.acquire()
-                task = asyncio.create_task(one(request))
+                size = request.ByteSize()
+                await held.take(size)
+                task = asyncio.create_task(one(request, size))
                 tasks.add(task)
                 task.add_done_callback(tasks.discard)
             await asyncio.gather(*tasks, return_exceptions=True)
@@ -139,6 +183,7 @@ async def stream_infer(
             if isinstance(message, _Last):
                 yield message.response
                 slots.release()
+                held.free(message.held)
             else:
                 yield message
     finally:
