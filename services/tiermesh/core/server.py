@@ -43,15 +43,17 @@ def make_server(
     intercepted: bool = True,
     extra_options: tuple[tuple[str, int], ...] = (),
     guards: tuple[grpc.aio.ServerInterceptor, ...] = (),
+    max_receive_bytes: int | None = None,
 ) -> grpc.aio.Server:
     """A grpc.aio server, with the OpenTelemetry server interceptor where `telemetry`
     exports, unless not `intercepted` (a server whose servicer records its calls' spans
     itself: the gateway's public port). `max_metadata_bytes` bounds the request headers of
     a call (gRPC's own default when None); `extra_options` are further channel arguments.
     `guards` run first on every call, before any span: an internal server's caller checks
-    (core/tls.caller_checks)."""
+    (core/tls.caller_checks). `max_receive_bytes` bounds what it receives below
+    `max_message_bytes` (a public port's requests)."""
     options: list[tuple[str, int]] = [
-        ("grpc.max_receive_message_length", max_message_bytes),
+        ("grpc.max_receive_message_length", max_receive_bytes or max_message_bytes),
         ("grpc.max_send_message_length", max_message_bytes),
         # A port another server holds is refused, not shared: with gRPC's default
         # SO_REUSEPORT two servers on one port split its connections between them.

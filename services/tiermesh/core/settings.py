@@ -63,10 +63,13 @@ class GatewaySettings(ServiceSettings):
     # The address postprocess uses to reach this gateway; defaults to host and bound port.
     delivery_advertise: str = ""
     router_address: str = "127.0.0.1:8012"
-    max_message_bytes: int = 64 * 1024 * 1024
-    # A compressed request on the public port inflates to at most this many bytes; beyond,
-    # RESOURCE_EXHAUSTED before the rest is inflated (decoding.py).
-    max_inflated_bytes: int = Field(default=16 * 1024 * 1024, gt=0)
+    # A request on a public door is at most this many bytes: a gRPC message (gRPC refuses a
+    # bigger one from its header, RESOURCE_EXHAUSTED), a REST body (413), and what a
+    # compressed message may inflate to (decoding.py). Receiving one costs the gateway a few
+    # times its size (up to ~4 bytes a byte: gRPC's, Python's and protobuf's copies); the
+    # internal hops take max_message_bytes. Defaults to the smaller of 8 MiB and half of
+    # max_message_bytes; set, it must be at most that half.
+    max_request_bytes: int = Field(default=8 * 1024 * 1024, gt=0)
     # Calls a second whose caller's sampled traceparent this gateway follows (records and
     # passes on sampled); beyond, the call stays on its caller's trace, unsampled.
     caller_traces_per_s: float = Field(default=100.0, gt=0)
@@ -117,6 +120,19 @@ class GatewaySettings(ServiceSettings):
     # A Submit sends all its inputs within this, or ends DEADLINE_EXCEEDED and its job is
     # deleted; a gateway that dies meanwhile leaves keys that expire a minute after it.
     batch_submit_timeout_s: float = Field(default=600.0, gt=0)
+
+    @model_validator(mode="after")
+    def _requests_fit_a_message(self) -> GatewaySettings:
+        # A request's job crosses the internal hops in one message, beside its annotations.
+        half = self.max_message_bytes // 2
+        if "max_request_bytes" not in self.model_fields_set:
+            self.max_request_bytes = min(self.max_request_bytes, half)
+        if self.max_request_bytes > half:
+            raise ValueError(
+                f"TIERMESH_MAX_REQUEST_BYTES ({self.max_request_bytes}) must be at most half "
+                f"of TIERMESH_MAX_MESSAGE_BYTES ({self.max_message_bytes})"
+            )
+        return self
 
 
 class RouterSettings(ServiceSettings):

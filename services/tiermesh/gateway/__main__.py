@@ -170,11 +170,12 @@ async def serve(
             *PUBLIC_SERVER_OPTIONS,
             *public_connection_options(settings.idle_connection_s),
         ),
+        max_receive_bytes=settings.max_request_bytes,
     )
     # Like tritonclient's add_..._to_server; compressed requests inflate within a bound,
     # unparseable ones get INVALID_ARGUMENT (decoding.py).
     spans = CallSpans(telemetry.tracer) if telemetry.exporting else None
-    inflated = settings.max_inflated_bytes
+    inflated = settings.max_request_bytes
     add_inference_servicer(InferenceServicer(plane), public, spans, inflated)
     batch_jobs = BatchJobsServicer(
         plane,

@@ -8,7 +8,7 @@ And grpc inflates a compressed message whole before it compares its size with th
 limit: 1 MB of gzip is 1 GiB in the gateway's memory before the refusal. So the public
 server hands its handlers messages as they came (`PUBLIC_SERVER_OPTIONS`), and each
 method's deserializer here inflates a compressed one itself, stopping at
-`max_inflated_bytes`.
+`max_request_bytes`.
 
 :func:`add_public_servicer` registers a servicer as its generated function does, except
 that each deserializer hands a request it refuses on as a `Refused` marker, and a guard in
@@ -83,8 +83,8 @@ def inflated(data: bytes, limit: int) -> bytes | Refused:
     if len(out) > limit:
         return Refused(
             grpc.StatusCode.RESOURCE_EXHAUSTED,
-            f"the request inflates past {limit} bytes, the limit of a compressed request "
-            "(TIERMESH_MAX_INFLATED_BYTES); send it uncompressed or smaller",
+            f"the request inflates past {limit} bytes, the limit of a request "
+            "(TIERMESH_MAX_REQUEST_BYTES); send a smaller one",
         )
     if not inflater.eof or inflater.unused_data:
         return _UNDECODABLE if gzip else data
@@ -163,20 +163,20 @@ def add_public_servicer(
     servicer: Any,
     server: grpc.aio.Server,
     spans: CallSpans | None,
-    max_inflated_bytes: int,
+    max_request_bytes: int,
 ) -> None:
     """The generated `add_...Servicer_to_server` function `add` on the public port: with
-    requests inflated within `max_inflated_bytes`, those that do not parse answered
+    requests inflated within `max_request_bytes`, those that do not parse answered
     INVALID_ARGUMENT instead of grpc's UNKNOWN, and with `spans` (the gateway exports) a
     SERVER span per call."""
-    add_servicer(add, servicer, server, spans, _guard(max_inflated_bytes))
+    add_servicer(add, servicer, server, spans, _guard(max_request_bytes))
 
 
 def add_inference_servicer(
     servicer: Any,
     server: grpc.aio.Server,
     spans: CallSpans | None = None,
-    max_inflated_bytes: int = 16 << 20,
+    max_request_bytes: int = 8 << 20,
 ) -> None:
     """`service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server` as a public servicer."""
     add_public_servicer(
@@ -184,5 +184,5 @@ def add_inference_servicer(
         servicer,
         server,
         spans,
-        max_inflated_bytes,
+        max_request_bytes,
     )

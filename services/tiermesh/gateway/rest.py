@@ -87,7 +87,7 @@ class RestDoor:
 
     def _app(self) -> web.Application:
         app = web.Application(
-            client_max_size=self._settings.max_message_bytes,
+            client_max_size=self._settings.max_request_bytes,
             middlewares=[self._middleware],
         )
         r = app.router

@@ -57,6 +57,9 @@ type config struct {
 	// root); with any other OTEL_TRACES_SAMPLER every ModelInfer goes to the Python gateway.
 	traceable       bool
 	maxMessageBytes int
+	// A request on the public port is at most this (TIERMESH_MAX_REQUEST_BYTES, as the Python
+	// gateway): grpc-go refuses a bigger message from its header, and inflates at most this.
+	maxRequestBytes int
 	// A connection with no call for this long is closed (GOAWAY), and one whose handshake
 	// takes longer (TIERMESH_IDLE_CONNECTION_S, as the Python gateway's ports).
 	idleConnection time.Duration
@@ -161,6 +164,7 @@ func loadConfig() config {
 		tracing:         spansWritten(),
 		traceable:       defaultSampler(env("OTEL_TRACES_SAMPLER", "")),
 		maxMessageBytes: 64 << 20,
+		maxRequestBytes: int(envInt("TIERMESH_MAX_REQUEST_BYTES", 8<<20)),
 		idleConnection:  envSeconds("TIERMESH_IDLE_CONNECTION_S", 120),
 		redisURL:        placesWith(),
 		admitBatch:      admitBatch(),
@@ -265,7 +269,7 @@ func main() {
 	public := grpc.NewServer(
 		grpc.CustomCodec(rawCodec{}),
 		grpc.UnknownServiceHandler(door.handle),
-		grpc.MaxRecvMsgSize(cfg.maxMessageBytes),
+		grpc.MaxRecvMsgSize(cfg.maxRequestBytes),
 		grpc.MaxSendMsgSize(cfg.maxMessageBytes),
 		// The public port's bounds on a connection, as core/server.py sets them.
 		grpc.MaxConcurrentStreams(maxStreamsPerConnection),
