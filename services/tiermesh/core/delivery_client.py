@@ -51,7 +51,8 @@ class Delivered:
 
 class GatewayClients:
     """One channel and one stream per gateway address, opened on first use, closed by
-    `close`; TLS with `credentials` (internal mTLS), plaintext when None. No message is
+    `close`; TLS with `credentials` (internal mTLS; each gateway's certificate checked
+    against `server_name` when given, else its address), plaintext when None. No message is
     over `max_message_bytes` (the gateways' Delivery servers take as much): an answer that
     alone is goes to its caller as RESOURCE_EXHAUSTED, its batch-mates as they are."""
 
@@ -60,10 +61,12 @@ class GatewayClients:
         timeout_s: float,
         credentials: grpc.ChannelCredentials | None = None,
         max_message_bytes: int = MAX_MESSAGE_BYTES,
+        server_name: str = "",
     ) -> None:
         self._timeout_s = timeout_s
         self._credentials = credentials
         self._max_message_bytes = max_message_bytes
+        self._server_name = server_name
         self._channels: dict[str, tuple[grpc.aio.Channel, Calls]] = {}
 
     async def deliver(self, address: str, results: Sequence[JobResult]) -> None:
@@ -71,7 +74,9 @@ class GatewayClients:
         gateway at `address`; raises AioRpcError when it cannot be reached."""
         opened = self._channels.get(address)
         if opened is None:
-            channel = make_channel(address, self._max_message_bytes, self._credentials)
+            channel = make_channel(
+                address, self._max_message_bytes, self._credentials, self._server_name
+            )
             stub = delivery_pb2_grpc.DeliveryStub(channel)
             opened = self._channels[address] = (channel, CallStream(stub.DeliverStream, address))
         _, calls = opened

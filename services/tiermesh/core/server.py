@@ -110,18 +110,22 @@ def make_channel(
     address: str,
     max_message_bytes: int = 64 * 1024 * 1024,
     credentials: grpc.ChannelCredentials | None = None,
+    server_name: str = "",
 ) -> grpc.aio.Channel:
-    """An internal channel: TLS with `credentials` (see core/tls.py), plaintext when None.
+    """An internal channel: TLS with `credentials` (see core/tls.py), plaintext when None;
+    the server's certificate checked against `server_name` when given, else `address`.
     No interceptor: every internal call is a long-lived stream of batches, in no trace, and
     each job or result carries its own trace context (an interceptor that lets every call
     through unrecorded still puts each message of a stream through its own queue and task)."""
-    options = [
+    options: list[tuple[str, int | str]] = [
         ("grpc.max_receive_message_length", max_message_bytes),
         ("grpc.max_send_message_length", max_message_bytes),
         *RECONNECT_BACKOFF,
     ]
     if credentials is None:
         return grpc.aio.insecure_channel(address, options=options)
+    if server_name:
+        options.append(("grpc.ssl_target_name_override", server_name))
     return grpc.aio.secure_channel(address, credentials, options=options)
 
 
@@ -129,6 +133,31 @@ def add_health(server: grpc.aio.Server) -> health_aio.HealthServicer:
     health = health_aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health, server)
     return health
+
+
+async def serve_health(
+    health: health_aio.HealthServicer, host: str, port: int
+) -> tuple[grpc.aio.Server, int] | None:
+    """`health` alone, plaintext, on host:port (port -1: none; 0 picks one), started: for
+    probes that present no certificate where the service's port wants one. It answers what
+    the service's own health does (the same servicer)."""
+    if port < 0:
+        return None
+    server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
+    health_pb2_grpc.add_HealthServicer_to_server(health, server)
+    bound = bind(server, host, port)
+    await server.start()
+    return server, bound
+
+
+def probe_port(probe: tuple[grpc.aio.Server, int] | None) -> int:
+    """The port `serve_health` bound; -1 for none."""
+    return probe[1] if probe is not None else -1
+
+
+async def stop_probe(probe: tuple[grpc.aio.Server, int] | None) -> None:
+    if probe is not None:
+        await probe[0].stop(None)
 
 
 async def set_serving(health: health_aio.HealthServicer, serving: bool) -> None:

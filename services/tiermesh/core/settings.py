@@ -37,6 +37,15 @@ class ServiceSettings(BaseSettings):
     internal_tls_ca_file: Path | None = None
     internal_tls_cert_file: Path | None = None
     internal_tls_key_file: Path | None = None
+    # The name the Delivery channels (workers and postprocess to each gateway) check a
+    # gateway's certificate against, instead of the address dialled: in Kubernetes gateways
+    # are dialled at their pod IPs, which no certificate made before the pod runs can name.
+    delivery_tls_server_name: str = ""
+    # gRPC health, alone and plaintext, on this port too (-1: none), with the service's
+    # status: for probes that present no certificate (Kubernetes' grpc probes) where the
+    # service's own port wants one.
+    health_host: str = "127.0.0.1"
+    health_port: int = Field(default=-1, ge=-1)
     # Model control's state (what is unloaded; core/control_watch.py) is polled this often.
     model_control_refresh_ms: int = Field(default=500, gt=0)
     # gRPC's message limit, on the internal hops too: a worker's and postprocess's messages

@@ -25,9 +25,12 @@ from tiermesh.core.server import (
     bind,
     make_channel,
     make_server,
+    probe_port,
     public_connection_options,
+    serve_health,
     set_serving,
     stop_event_on_signals,
+    stop_probe,
 )
 from tiermesh.core.settings import GatewaySettings
 from tiermesh.core.telemetry import Telemetry
@@ -193,6 +196,7 @@ async def serve(
     )
     await internal.start()
     await public.start()
+    probe = await serve_health(health, settings.health_host, settings.health_port)
     http_port = await rest.start() if rest is not None else -1
     await set_serving(health, True)
     await set_serving(internal_health, True)
@@ -211,6 +215,7 @@ async def serve(
                 "delivery_port": delivery_port,
                 "metrics_port": metrics_server.port,
                 "http_port": http_port,
+                "probe_port": probe_port(probe),
             }
         )
     # Owned here: cancelled after the public port closed, then the last entries flushed.
@@ -263,6 +268,7 @@ async def serve(
         await router_channel.close()
         await redis.aclose()
         metrics_server.close()
+        await stop_probe(probe)
         telemetry.shutdown()
         log.info(
             "gateway stopped",

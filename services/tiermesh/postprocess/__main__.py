@@ -16,8 +16,11 @@ from tiermesh.core.server import (
     add_health,
     bind,
     make_server,
+    probe_port,
+    serve_health,
     set_serving,
     stop_event_on_signals,
+    stop_probe,
 )
 from tiermesh.core.settings import PostprocessSettings
 from tiermesh.core.telemetry import Telemetry
@@ -46,6 +49,7 @@ async def serve(
         settings.delivery_timeout_ms / 1000,
         internal_channel_credentials(settings),
         settings.max_message_bytes,
+        settings.delivery_tls_server_name,
     )
     # Results from workers only (core/callers.py).
     server = make_server(telemetry, settings.max_message_bytes, guards=caller_checks(settings))
@@ -66,10 +70,11 @@ async def serve(
         internal_server_credentials(settings),
     )
     await server.start()
+    probe = await serve_health(health, settings.health_host, settings.health_port)
     await set_serving(health, True)
     log.info("postprocess serving", port=port, metrics_port=metrics_server.port)
     if ready is not None:
-        ready({"port": port, "metrics_port": metrics_server.port})
+        ready({"port": port, "metrics_port": metrics_server.port, "probe_port": probe_port(probe)})
     try:
         await stop.wait()
     finally:
@@ -80,6 +85,7 @@ async def serve(
         await server.stop(grace=settings.shutdown_grace_s)
         await gateways.close()
         metrics_server.close()
+        await stop_probe(probe)
         telemetry.shutdown()
         log.info("postprocess stopped")
 

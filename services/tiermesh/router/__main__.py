@@ -23,8 +23,11 @@ from tiermesh.core.server import (
     add_health,
     bind,
     make_server,
+    probe_port,
+    serve_health,
     set_serving,
     stop_event_on_signals,
+    stop_probe,
 )
 from tiermesh.core.settings import RouterSettings
 from tiermesh.core.telemetry import Telemetry
@@ -147,10 +150,11 @@ async def serve(
         ),
     ]
     await server.start()
+    probe = await serve_health(health, settings.health_host, settings.health_port)
     await set_serving(health, True)
     log.info("router serving", port=port, metrics_port=metrics_server.port)
     if ready is not None:
-        ready({"port": port, "metrics_port": metrics_server.port})
+        ready({"port": port, "metrics_port": metrics_server.port, "probe_port": probe_port(probe)})
     try:
         await stop.wait()
     finally:
@@ -165,6 +169,7 @@ async def serve(
         metrics_server.close()
         queues.close()
         mesh_health.close()
+        await stop_probe(probe)
         telemetry.shutdown()
         log.info("router stopped", batches=servicer.batches, jobs=servicer.jobs)
 

@@ -24,8 +24,11 @@ from tiermesh.core.server import (
     bind,
     make_channel,
     make_server,
+    probe_port,
+    serve_health,
     set_serving,
     stop_event_on_signals,
+    stop_probe,
 )
 from tiermesh.core.serving import worker_units
 from tiermesh.core.settings import WorkerSettings
@@ -121,6 +124,7 @@ async def serve(
                 settings.delivery_timeout_ms / 1000,
                 internal_channel_credentials(settings),
                 settings.max_message_bytes,
+                settings.delivery_tls_server_name,
             ),
             deliveries_counter(registry),
         )
@@ -190,6 +194,7 @@ async def serve(
         internal_server_credentials(settings),
     )
     await server.start()
+    probe = await serve_health(health, settings.health_host, settings.health_port)
     loop_task = asyncio.create_task(_run_all(worker, generators), name="worker-loop")
     started = asyncio.create_task(
         _all_started([worker.started, *(g.started for g in generators)]), name="worker-started"
@@ -209,7 +214,7 @@ async def serve(
         threads_per_lane=compute.threads,
     )
     if ready is not None:
-        ready({"port": port, "metrics_port": metrics_server.port})
+        ready({"port": port, "metrics_port": metrics_server.port, "probe_port": probe_port(probe)})
     stopper = asyncio.create_task(stop.wait(), name="worker-stop-signal")
     try:
         await asyncio.wait({loop_task, stopper}, return_when=asyncio.FIRST_COMPLETED)
@@ -234,6 +239,7 @@ async def serve(
         await channel.close()
         await redis.aclose()
         metrics_server.close()
+        await stop_probe(probe)
         telemetry.shutdown()
         log.info(
             "worker stopped",
