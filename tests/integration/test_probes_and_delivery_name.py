@@ -100,6 +100,9 @@ async def test_the_probe_port_answers_the_service_health_plaintext() -> None:
     assert probe is not None
     try:
         address = f"127.0.0.1:{probe[1]}"
+        # Not serving until the service says so (grpc's own servicer starts SERVING: a
+        # probe would pass while a worker still loads its models).
+        assert await _check(address) == health_pb2.HealthCheckResponse.NOT_SERVING
         await set_serving(health, True)
         assert await _check(address) == health_pb2.HealthCheckResponse.SERVING
         await set_serving(health, False)  # draining

@@ -129,8 +129,17 @@ def make_channel(
     return grpc.aio.secure_channel(address, credentials, options=options)
 
 
+class _Health(health_aio.HealthServicer):
+    """grpc's health servicer, NOT_SERVING until the service says otherwise (`set_serving`):
+    grpc's own starts SERVING, so a probe passed while a worker still loaded its models."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._server_status[""] = NOT_SERVING
+
+
 def add_health(server: grpc.aio.Server) -> health_aio.HealthServicer:
-    health = health_aio.HealthServicer()
+    health = _Health()
     health_pb2_grpc.add_HealthServicer_to_server(health, server)
     return health
 
