@@ -74,6 +74,18 @@ def test_scalars_sent_unpacked_are_counted_one_by_one() -> None:
     assert "framed one by one" in _refused(data)
 
 
+def test_many_one_element_packed_fields_stop_the_walk() -> None:
+    # protobuf appends each packed field's elements: 1 M fields of one bool each parse as a
+    # million bools. Each field counts as framed, so the walk stops after 64 Ki of them
+    # (walking all of them took 5.7 s on the gateway's loop).
+    packed = b"\x0a\x01\x00" * (MAX_FRAMED_ELEMENTS + 1)  # bool_contents, packed, 1 each
+    tensor = b"\x0a\x01A" + b"\x2a" + varint(len(packed)) + packed
+    data = b"\x0a\x01m" + b"\x2a" + varint(len(tensor)) + tensor
+    contents = service_pb2.ModelInferRequest.FromString(data).inputs[0].contents
+    assert len(contents.bool_contents) == MAX_FRAMED_ELEMENTS + 1
+    assert "framed one by one" in _refused(data)
+
+
 # Bytes that make a request large enough to be walked (a small one is not: it cannot list
 # many elements, and the parsed checks refuse its rank or inputs).
 PADDING = b"\x3a" + varint(MAX_FRAMED_ELEMENTS) + bytes(MAX_FRAMED_ELEMENTS)  # raw contents
