@@ -94,3 +94,25 @@ async def test_big_requests_are_held_by_their_bytes_and_one_past_the_bound_goes_
         await answers.__anext__()
     await _until(lambda: plane.answered == 21, progress)
     await answers.aclose()
+
+
+def test_held_sizes_are_those_of_the_messages_without_serialising_them() -> None:
+    from tiermesh.gateway.stream import _answer_bytes, _request_bytes
+
+    raw = service_pb2.ModelInferRequest(model_name="m", raw_input_contents=[bytes(1 << 20)])
+    raw.inputs.add(name="X", datatype="FP32", shape=[1, 1 << 18])
+    typed = service_pb2.ModelInferRequest(model_name="m")
+    # Typed contents count 8 bytes an element: fp64's size on the wire, any type's parsed.
+    typed.inputs.add(name="X", datatype="FP64", shape=[1, 1000]).contents.fp64_contents.extend(
+        [0.5] * 1000
+    )
+    texts = service_pb2.ModelInferRequest(model_name="m")
+    texts.inputs.add(name="T", datatype="BYTES", shape=[2]).contents.bytes_contents.extend(
+        [b"x" * 5000, b"y" * 3000]
+    )
+    for request in (raw, typed, texts):
+        assert abs(_request_bytes(request) - request.ByteSize()) <= 256, request
+    answer = service_pb2.ModelStreamInferResponse(
+        infer_response=service_pb2.ModelInferResponse(raw_output_contents=[bytes(1 << 20)])
+    )
+    assert abs(_answer_bytes(answer) - answer.ByteSize()) <= 256

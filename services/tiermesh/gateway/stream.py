@@ -77,6 +77,37 @@ class HeldBytes:
         self._freed.set()
 
 
+# What a tensor's name, shape and parameters count for in a message's size, about.
+_FRAMING = 64
+_TYPED = (
+    "bool_contents",
+    "int_contents",
+    "int64_contents",
+    "uint_contents",
+    "uint64_contents",
+    "fp32_contents",
+    "fp64_contents",
+)
+
+
+def _request_bytes(request: Any) -> int:
+    """About a request's size, without serialising it as ByteSize does (1.6 ms for 1 MiB):
+    its raw contents, typed contents at 8 bytes an element, its BYTES elements."""
+    size = sum(len(raw) for raw in request.raw_input_contents)
+    for tensor in request.inputs:
+        contents = tensor.contents
+        size += 8 * sum(len(getattr(contents, name)) for name in _TYPED)
+        size += sum(len(element) for element in contents.bytes_contents) + _FRAMING
+    return size + _FRAMING
+
+
+def _answer_bytes(response: Any) -> int:
+    """About a stream response's size (answers carry raw outputs), likewise."""
+    answer = response.infer_response
+    raw = sum(len(r) for r in answer.raw_output_contents)
+    return raw + _FRAMING * (len(answer.outputs) + 1) + len(response.error_message)
+
+
 @dataclass(frozen=True, slots=True)
 class _Last:
     """A request's last response: its slot and bytes are freed when the stream has written
@@ -152,7 +183,7 @@ async def stream_infer(
         answered = False
         try:
             response = await _answer(plane, request, caller(), out)
-            answer_size = response.ByteSize()
+            answer_size = _answer_bytes(response)
             held.add(answer_size)
             out.put_nowait(_Last(response, size + answer_size))
             answered = True  # its slot and bytes are freed once the answer is written, below
@@ -168,7 +199,7 @@ async def stream_infer(
                     out.put_nowait(_error(None, request.message))
                     continue
                 await slots.acquire()
-                size = request.ByteSize()
+                size = _request_bytes(request)
                 await held.take(size)
                 task = asyncio.create_task(one(request, size))
                 tasks.add(task)
