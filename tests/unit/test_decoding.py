@@ -4,6 +4,7 @@ bound (grpc itself inflates them whole first), unparseable ones are INVALID_ARGU
 from __future__ import annotations
 
 import gzip
+import threading
 import zlib
 from collections.abc import AsyncIterator
 from typing import Any
@@ -16,6 +17,8 @@ from tiermesh.gateway.decoding import (
     PUBLIC_SERVER_OPTIONS,
     UNDECODABLE_MESSAGE,
     Refused,
+    _reading,
+    _ready,
     add_inference_servicer,
     inflated,
 )
@@ -40,6 +43,22 @@ def test_a_bomb_stops_at_the_limit(compress: Any) -> None:
     assert isinstance(refused, Refused)
     assert refused.code == grpc.StatusCode.RESOURCE_EXHAUSTED
     assert f"inflates past {LIMIT} bytes" in refused.message
+
+
+async def test_a_compressed_request_is_read_in_a_thread_and_a_plain_one_at_once() -> None:
+    read = _reading(service_pb2.ModelInferRequest.FromString, LIMIT)
+    assert read(REQUEST) == service_pb2.ModelInferRequest.FromString(REQUEST)
+    compressed = read(gzip.compress(REQUEST))
+    assert not isinstance(compressed, (Refused, service_pb2.ModelInferRequest))
+    threads: list[str] = []
+    original = compressed.read
+    object.__setattr__(
+        compressed, "read", lambda d: threads.append(threading.current_thread().name) or original(d)
+    )
+    assert await _ready(compressed) == service_pb2.ModelInferRequest.FromString(REQUEST)
+    assert threads and threads[0] != threading.main_thread().name  # off the event loop
+    bomb = await _ready(read(gzip.compress(bytes(64 << 20))))
+    assert isinstance(bomb, Refused) and bomb.code == grpc.StatusCode.RESOURCE_EXHAUSTED
 
 
 def test_broken_gzip_is_undecodable() -> None:
