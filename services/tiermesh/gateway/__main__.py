@@ -178,8 +178,8 @@ async def serve(
     # Like tritonclient's add_..._to_server; compressed requests inflate within a bound,
     # unparseable ones get INVALID_ARGUMENT (decoding.py).
     spans = CallSpans(telemetry.tracer) if telemetry.exporting else None
-    inflated = settings.max_request_bytes
-    add_inference_servicer(InferenceServicer(plane), public, spans, inflated)
+    request_limit = settings.max_request_bytes
+    add_inference_servicer(InferenceServicer(plane), public, spans, request_limit)
     batch_jobs = BatchJobsServicer(
         plane,
         BatchStore(redis, settings.batch_retention_s),
@@ -188,7 +188,7 @@ async def serve(
         submit_timeout_s=settings.batch_submit_timeout_s,
     )
     add_public_servicer(
-        batch_pb2_grpc.add_BatchJobsServicer_to_server, batch_jobs, public, spans, inflated
+        batch_pb2_grpc.add_BatchJobsServicer_to_server, batch_jobs, public, spans, request_limit
     )
     health = add_health(public)
     port = bind(

@@ -32,6 +32,8 @@ _CONTENTS: dict[str, tuple[str, str]] = {
     "FP32": ("fp32_contents", "<f4"),
     "FP64": ("fp64_contents", "<f8"),
 }
+# The typed fields of InferTensorContents, each once.
+TYPED_FIELDS = tuple(dict.fromkeys(field for field, _ in _CONTENTS.values()))
 
 
 # Far beyond any model the mesh serves; refused before a request's lists are walked (a 64 MiB

@@ -58,10 +58,6 @@ class HeldBytes:
         self._held = 0
         self._freed = asyncio.Event()
 
-    @property
-    def held(self) -> int:
-        return self._held
-
     async def take(self, n: int) -> None:
         """By the stream's one reader."""
         while self._held and self._held + n > self._limit:
@@ -79,15 +75,6 @@ class HeldBytes:
 
 # What a tensor's name, shape and parameters count for in a message's size, about.
 _FRAMING = 64
-_TYPED = (
-    "bool_contents",
-    "int_contents",
-    "int64_contents",
-    "uint_contents",
-    "uint64_contents",
-    "fp32_contents",
-    "fp64_contents",
-)
 
 
 def _request_bytes(request: Any) -> int:
@@ -96,7 +83,7 @@ def _request_bytes(request: Any) -> int:
     size = sum(len(raw) for raw in request.raw_input_contents)
     for tensor in request.inputs:
         contents = tensor.contents
-        size += 8 * sum(len(getattr(contents, name)) for name in _TYPED)
+        size += 8 * sum(len(getattr(contents, name)) for name in converters.TYPED_FIELDS)
         size += sum(len(element) for element in contents.bytes_contents) + _FRAMING
     return size + _FRAMING
 
