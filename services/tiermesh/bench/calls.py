@@ -69,7 +69,11 @@ def values_of(params: Mapping[str, Any]) -> dict[str, Any]:
 
 def read_reply(params: Mapping[str, Any]) -> Reply:
     """A Reply from a response's parameter map (KServe InferParameter values)."""
-    values = values_of(params)
+    return reply_of(values_of(params))
+
+
+def reply_of(values: Mapping[str, Any]) -> Reply:
+    """A Reply from the mesh's facts as plain values by name (`values_of`)."""
     stages: dict[str, float] = {}
     for key, value in values.items():
         if value is None or isinstance(value, str | bool):
