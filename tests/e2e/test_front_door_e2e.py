@@ -45,12 +45,12 @@ from tests.e2e.test_requests_e2e import (
 )
 from tests.e2e.test_rollout_e2e import MODEL as ROLLOUT_MODEL
 from tests.e2e.test_rollout_e2e import cli as rollout_cli
+from tests.go_toolchain import needs_go
 from tests.polling import eventually
 from tiermesh.bench import replay
 from tiermesh.core.jobs import Job, Timing
 from tiermesh.core.keys import cancel_key, rollout_key
 from tiermesh.core.wire import decode_job
-from tiermesh.frontdoor.build import missing_tools
 from tiermesh.gateway.books import MODEL_INFER
 from tiermesh.rollout.state import RolloutState
 from tiermesh.rollout.store import RolloutStore
@@ -59,11 +59,7 @@ from tiermesh.rollout.window import VersionStats, window_seconds
 pytestmark = [
     pytest.mark.e2e,
     pytest.mark.slow,
-    pytest.mark.skipif(
-        bool(missing_tools()),
-        reason="Debian's Go toolchain is not installed (make test installs it: "
-        "scripts/ensure_go.sh)",
-    ),
+    needs_go,
 ]
 
 MAX_IN_FLIGHT = 16

@@ -18,19 +18,16 @@ import pytest
 import yaml
 
 from tests.conftest import MODELS
+from tests.go_toolchain import needs_go
 from tiermesh.core.direct_plan import text_plan
 from tiermesh.core.repository import ModelRepository
-from tiermesh.frontdoor.build import build, missing_tools
+from tiermesh.frontdoor.build import build
 from tiermesh.gateway.door_plans import DoorPlans
 from tiermesh.router.text import TextEncoder
 
 pytestmark = [
     pytest.mark.slow,
-    pytest.mark.skipif(
-        bool(missing_tools()),
-        reason="Debian's Go toolchain is not installed (make test installs it: "
-        "scripts/ensure_go.sh)",
-    ),
+    needs_go,
 ]
 
 WORDS = (

@@ -14,22 +14,18 @@ import numpy as np
 import pytest
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
+from tests.go_toolchain import needs_go
 from tests.grpc_server import serving
 from tiermesh.bench.goload import LoadConfig, LoadUnavailable, infer_request, run_load
 from tiermesh.bench.records import Record
 from tiermesh.bench.stats import figures
 from tiermesh.bench.workload import RequestSpec, Tensor
 from tiermesh.convert.fetch import default_cache_dir
-from tiermesh.frontdoor.build import missing_tools
 
 pytestmark = [
     pytest.mark.integration,
     pytest.mark.slow,
-    pytest.mark.skipif(
-        bool(missing_tools()),
-        reason="Debian's Go toolchain is not installed (make test installs it: "
-        "scripts/ensure_go.sh)",
-    ),
+    needs_go,
 ]
 
 RETRY_AFTER_MS = "250"

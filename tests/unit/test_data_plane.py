@@ -4,6 +4,9 @@ capture, tracing) builds nothing per request."""
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +21,7 @@ from prometheus_client import CollectorRegistry
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 from tests.conftest import MODELS
+from tests.polling import until
 from tiermesh.core.errors import MeshError
 from tiermesh.core.jobs import Job, JobResult, Timing
 from tiermesh.core.repository import ModelRepository
@@ -26,6 +30,8 @@ from tiermesh.core.telemetry import CallerTraces, Telemetry
 from tiermesh.core.tensors import TensorData
 from tiermesh.core.validation import Screen
 from tiermesh.gateway import converters
+from tiermesh.gateway.adaptive_limit import INTERVAL_NS, MINIMUM
+from tiermesh.gateway.books import DoorBooks, DoorRefusals
 from tiermesh.gateway.capture import Capture, CaptureState
 from tiermesh.gateway.control import ModelControl
 from tiermesh.gateway.dispatch import Call
@@ -288,3 +294,97 @@ def test_the_data_plane_holds_no_proto_types(module: str) -> None:
     source = (Path(__file__).parents[2] / f"services/tiermesh/gateway/{module}.py").read_text()
     for proto in ("_pb2", "tritonclient", "grpc.aio", "ServicerContext"):
         assert proto not in source, f"{module}.py mentions {proto}"
+
+
+class WaitingRouter:
+    """Answers each job as AnsweringRouter does, its batch started `wait_ns` after it was
+    received; with `hold`, keeps the jobs' results until `release_all`."""
+
+    def __init__(self, pending: PendingRequests, wait_ns: int) -> None:
+        self._pending = pending
+        self.wait_ns = wait_ns
+        self.hold = False
+        self.held: list[JobResult] = []
+
+    async def route(self, job: Job, timeout_s: float) -> Routed:
+        t = job.timing.received_ns
+        start = t + self.wait_ns
+        timing = Timing(t, t + 1, t + 3, start, start + 1, start + 2, 0, t + 2)
+        result = JobResult.for_job(job, outputs=OUTPUTS, version="1", worker="w", timing=timing)
+        if self.hold:
+            self.held.append(result)
+        else:
+            self._pending.resolve(result)
+        return Routed("1")
+
+    def release_all(self) -> None:
+        for result in self.held:
+            self._pending.resolve(result)
+        self.held.clear()
+
+
+async def test_a_class_that_waits_long_is_limited_and_refused_with_a_retry_after() -> None:
+    plane, _, _ = _plane()
+    now = [10**18]
+    plane._clock_ns = plane._dispatch._clock_ns = lambda: now[0]
+    router = WaitingRouter(plane._pending, wait_ns=1_000_000_000)  # a standing queue of 1 s
+    plane._dispatch._up = Upstream(router, Liveness(), None)  # type: ignore[arg-type]
+    # One answer an interval: each shrinks the class's limit (at most by half) to its floor.
+    for _ in range(8):
+        await plane.infer("simple", _parse, CALLER)
+        now[0] += INTERVAL_NS
+    router.hold = True
+    held = [asyncio.create_task(plane.infer("simple", _parse, CALLER)) for _ in range(MINIMUM)]
+    await until(_count_of(router, MINIMUM), "the held jobs routed")
+    with pytest.raises(MeshError) as err:
+        await plane.infer("simple", _parse, CALLER)
+    assert err.value.code == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert err.value.retry_after_ms is not None and err.value.retry_after_ms > 0
+    assert f"({MINIMUM})" in err.value.message
+    # Another priority of the same model is its own class, at its own limit.
+    urgent = asyncio.create_task(plane.infer("simple", _parse_urgent, CALLER))
+    await until(_count_of(router, MINIMUM + 1), "the held jobs routed")
+    router.release_all()
+    await asyncio.gather(*held, urgent)
+
+
+async def test_the_adaptive_limit_can_be_turned_off() -> None:
+    plane, _, _ = _plane(adaptive_limit=False)
+    now = [10**18]
+    plane._clock_ns = plane._dispatch._clock_ns = lambda: now[0]
+    router = WaitingRouter(plane._pending, wait_ns=1_000_000_000)
+    plane._dispatch._up = Upstream(router, Liveness(), None)  # type: ignore[arg-type]
+    for _ in range(8):
+        await plane.infer("simple", _parse, CALLER)
+        now[0] += INTERVAL_NS
+    router.hold = True
+    held = [asyncio.create_task(plane.infer("simple", _parse, CALLER)) for _ in range(MINIMUM + 1)]
+    await until(_count_of(router, MINIMUM + 1), "the held jobs routed")
+    router.release_all()
+    await asyncio.gather(*held)
+
+
+def _parse_urgent(screen: Screen) -> InferRequest:
+    request = _parse(screen)
+    return dataclasses.replace(request, priority=1)
+
+
+def _count_of(router: WaitingRouter, n: int) -> Callable[[], Awaitable[bool]]:
+    async def check() -> bool:
+        return len(router.held) == n
+
+    return check
+
+
+async def test_the_doors_refusals_counted_together_are_booked_as_failed_calls() -> None:
+    plane, _, _ = _plane()
+    books = DoorBooks(plane._repo, plane.dispatcher, None, None)  # type: ignore[arg-type]
+    refused = [
+        DoorRefusals("simple", "", 3, 6_000),
+        DoorRefusals("simple", "1", 2, 1_000),  # the default version, named
+        DoorRefusals("no-such-model", "", 5, 1),
+    ]
+    assert await books.record([], [], [], refused) == 10
+    stats = plane.statistics.of("simple", "1")
+    assert (stats.fail.count, stats.fail.ns) == (5, 7_000)
+    assert stats.success.count == 0

@@ -11,14 +11,10 @@ from typing import Any
 
 import pytest
 
+from tests.go_toolchain import needs_go
 from tiermesh.frontdoor import build as door_build
-from tiermesh.frontdoor.build import FrontDoorUnavailable, build, missing_tools
+from tiermesh.frontdoor.build import FrontDoorUnavailable, build
 from tiermesh.up.supervisor import Mesh, StartupError, UpOptions
-
-needs_go = pytest.mark.skipif(
-    bool(missing_tools()),
-    reason="Debian's Go toolchain is not installed (make test installs it: scripts/ensure_go.sh)",
-)
 
 
 def test_without_the_toolchain_it_names_the_debian_packages(

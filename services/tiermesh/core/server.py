@@ -44,6 +44,7 @@ def make_server(
     extra_options: tuple[tuple[str, int], ...] = (),
     guards: tuple[grpc.aio.ServerInterceptor, ...] = (),
     max_receive_bytes: int | None = None,
+    max_concurrent_rpcs: int | None = None,
 ) -> grpc.aio.Server:
     """A grpc.aio server, with the OpenTelemetry server interceptor where `telemetry`
     exports, unless not `intercepted` (a server whose servicer records its calls' spans
@@ -51,7 +52,8 @@ def make_server(
     a call (gRPC's own default when None); `extra_options` are further channel arguments.
     `guards` run first on every call, before any span: an internal server's caller checks
     (core/tls.caller_checks). `max_receive_bytes` bounds what it receives below
-    `max_message_bytes` (a public port's requests)."""
+    `max_message_bytes` (a public port's requests). `max_concurrent_rpcs`: calls open at
+    once beyond it are refused RESOURCE_EXHAUSTED by gRPC before any handler runs."""
     options: list[tuple[str, int]] = [
         ("grpc.max_receive_message_length", max_receive_bytes or max_message_bytes),
         ("grpc.max_send_message_length", max_message_bytes),
@@ -74,7 +76,9 @@ def make_server(
         interceptors.append(
             aio_server_interceptor(tracer_provider=telemetry.provider, filter_=_traced())
         )
-    return grpc.aio.server(interceptors=interceptors, options=options)
+    return grpc.aio.server(
+        interceptors=interceptors, options=options, maximum_concurrent_rpcs=max_concurrent_rpcs
+    )
 
 
 # Calls one client connection may have open at once on a public port (gRPC's default has

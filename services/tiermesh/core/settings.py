@@ -90,6 +90,11 @@ class GatewaySettings(ServiceSettings):
     # Requests this gateway waits on at once; beyond it callers are refused at once.
     max_in_flight: int = Field(default=4096, gt=0)
     retry_after_ms: int = Field(default=100, ge=0)
+    # Within that cap, each (model, priority) has its own limit, learnt from how long its
+    # requests waited for a worker (gateway/adaptive_limit.py): the target is the shortest
+    # wait a class may show before its limit shrinks. false: the fixed cap alone.
+    adaptive_limit: bool = True
+    target_wait_ms: float = Field(default=10.0, gt=0)
     # Tenants, their API-key hashes, models and limits (YAML); unset = no authentication,
     # which the gateway accepts only on loopback unless `insecure` (core/exposure.py).
     tenants_file: Path | None = None

@@ -71,6 +71,8 @@ from tiermesh.rollout.store import RolloutStore
 from tiermesh.v1 import batch_pb2_grpc, books_pb2_grpc, delivery_pb2_grpc
 
 log = structlog.get_logger("tiermesh.gateway")
+# Calls open at once on the public gRPC port, per TIERMESH_MAX_IN_FLIGHT.
+PUBLIC_RPCS_PER_IN_FLIGHT = 2
 
 
 async def serve(
@@ -174,6 +176,9 @@ async def serve(
             *public_connection_options(settings.idle_connection_s),
         ),
         max_receive_bytes=settings.max_request_bytes,
+        # The last guard, before any handler runs (and so with no retry-after): the data
+        # plane's own limits refuse first, and streams and health watches count here too.
+        max_concurrent_rpcs=PUBLIC_RPCS_PER_IN_FLIGHT * settings.max_in_flight,
     )
     # Like tritonclient's add_..._to_server; compressed requests inflate within a bound,
     # unparseable ones get INVALID_ARGUMENT (decoding.py).

@@ -82,6 +82,16 @@ class DoorCall:
     trace: DoorTrace | None = None  # a traced call: its spans are written here
 
 
+@dataclass(frozen=True, slots=True)
+class DoorRefusals:
+    """Calls the door ended without placing them, counted together (books.proto, Refused)."""
+
+    model: str
+    version: str  # as the callers named it ("" = the default)
+    count: int
+    total_ns: int
+
+
 class DoorBooks:
     """Books what the door reports; owned by the gateway's __main__."""
 
@@ -110,6 +120,7 @@ class DoorBooks:
         mirrors: Iterable[Mirror],
         calls: Sequence[DoorCall],
         shadows: Iterable[JobResult],
+        refused: Sequence[DoorRefusals] = (),
     ) -> int:
         """Book the mirrored copies first (a call's or a canary's answer pairs with them),
         then each call and each canary answer; the callers who left are marked, all marks
@@ -120,13 +131,17 @@ class DoorBooks:
                 recorder.mirrored(m.shadow_request_id, m.model, m.deadline_ns)
         for call in calls:
             self._book(call)
+        for r in refused:
+            if (cfg := self._repo.get(r.model)) is not None:  # as _book books a failed call
+                version = r.version or cfg.stable.version
+                self._dispatch.statistics.failed_many(cfg.name, version, r.count, r.total_ns)
         if recorder is not None:
             for result in shadows:
                 recorder.shadow(result)
         left = [c for c in calls if c.caller_left]
         if left:
             await asyncio.gather(*(self._cancellations.mark(c.request_id, c.ms_left) for c in left))
-        return len(calls)
+        return len(calls) + sum(r.count for r in refused)
 
     def _book(self, call: DoorCall) -> None:
         result = call.result
@@ -240,5 +255,6 @@ class BooksServicer(books_pb2_grpc.BooksServicer):
         mirrors = [Mirror(m.shadow_request_id, m.model, m.deadline_ns) for m in request.mirrored]
         calls = [door_call(entry) for entry in request.entries]
         shadows = [result_from_proto(msg) for msg in request.shadows]
-        booked = await self._books.record(mirrors, calls, shadows)
+        refused = [DoorRefusals(r.model, r.version, r.count, r.total_ns) for r in request.refused]
+        booked = await self._books.record(mirrors, calls, shadows, refused)
         return books_pb2.Recorded(entries=booked, capture_rate=self._books.capture_rate())

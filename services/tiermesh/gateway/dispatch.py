@@ -16,6 +16,7 @@ from opentelemetry import trace
 from tiermesh.core.errors import MeshError, deadline_exceeded, exhausted, unavailable
 from tiermesh.core.jobs import Job, JobResult
 from tiermesh.core.repository import ModelConfig
+from tiermesh.gateway.adaptive_limit import AdaptiveLimits
 from tiermesh.gateway.cache import cache_digest
 from tiermesh.gateway.capture import Observed
 from tiermesh.gateway.facts import response_facts
@@ -88,12 +89,15 @@ class Dispatcher:
         metrics: GatewayMetrics,
         statistics: InferenceStatistics,
         clock_ns: Callable[[], int],
+        limits: AdaptiveLimits | None = None,
     ) -> None:
         self._up = upstream
         self._pending = pending
         self._metrics = metrics
         self._clock_ns = clock_ns
         self._shedder = Shedder()
+        # None: only the gateway's fixed cap (TIERMESH_ADAPTIVE_LIMIT=false).
+        self._limits = limits
         self.statistics = statistics
         self.draining = False
         # Requests placed on a queue, and those of them whose result reached the caller.
@@ -126,7 +130,7 @@ class Dispatcher:
                 "retry later",
                 shed_ms,
             )
-        result, placed = await self._await_result(job, on_partial, call.hops)
+        result, placed = await self._limited(cfg, job, on_partial, call.hops)
         if placed is not None:
             # The hop spans once the answer is on its way: a trace dir's file writes, or a
             # processor's work, are not the caller's wait, nor in the response's total_ms.
@@ -184,6 +188,40 @@ class Dispatcher:
         return cache_digest(
             cfg.name, job.version, job.variant, tenant, job.inputs, job.requested_outputs
         )
+
+    async def _limited(
+        self, cfg: ModelConfig, job: Job, on_partial: PartialCallback | None, hops: Hops | None
+    ) -> tuple[JobResult, Placement | None]:
+        """`_await_result` within the adaptive limit of the job's (model, priority): refused
+        at once beyond it; its wait in the work queue (enqueued -> batch start) teaches the
+        limit. Generative
+        models are not limited here: their schedulers admit by tokens and slots."""
+        limits = self._limits
+        if limits is None or cfg.generation is not None:
+            return await self._await_result(job, on_partial, hops)
+        key = (job.model, job.priority)
+        retry_ms = limits.acquire(key, self._clock_ns())
+        if retry_ms:
+            raise exhausted(
+                f"model '{job.model}' has as many priority {job.priority} requests in flight "
+                f"as it drains in time ({limits.limit(key)}); retry later",
+                retry_ms,
+            )
+        wait_ns: int | None = None
+        try:
+            result, placed = await self._await_result(job, on_partial, hops)
+            timing = result.timing
+            if timing.batch_start_ns and timing.enqueued_ns:
+                wait_ns = timing.batch_start_ns - timing.enqueued_ns
+            elif result.code == grpc.StatusCode.DEADLINE_EXCEEDED:  # expired in its queue
+                wait_ns = self._clock_ns() - job.timing.received_ns
+            return result, placed
+        except MeshError as err:
+            if err.code == grpc.StatusCode.DEADLINE_EXCEEDED and err.retry_after_ms is None:
+                wait_ns = self._clock_ns() - job.timing.received_ns  # expired unanswered
+            raise
+        finally:
+            limits.release(key, self._clock_ns(), wait_ns)
 
     async def _await_result(
         self, job: Job, on_partial: PartialCallback | None, hops: Hops | None

@@ -41,6 +41,7 @@ from tiermesh.core.settings import GatewaySettings
 from tiermesh.core.telemetry import CallerTraces, trace_id_of, unsampled, w3c_context
 from tiermesh.core.tenants import Tenant
 from tiermesh.core.validation import Screen, check_tensor
+from tiermesh.gateway.adaptive_limit import AdaptiveLimits
 from tiermesh.gateway.audit import INFER
 from tiermesh.gateway.capture import Capture
 from tiermesh.gateway.control import ModelControl, check_allowed
@@ -133,7 +134,12 @@ class DataPlane:
         self._hop_spans = hop_spans
         # How many calls a second a caller's sampled traceparent is followed (None: all).
         self._caller_traces = caller_traces
-        self._dispatch = Dispatcher(upstream, pending, metrics, self.statistics, clock_ns)
+        limits = None
+        if settings.adaptive_limit:
+            limits = AdaptiveLimits(
+                settings.max_in_flight, settings.target_wait_ms, settings.retry_after_ms
+            )
+        self._dispatch = Dispatcher(upstream, pending, metrics, self.statistics, clock_ns, limits)
         self._door_plans = DoorPlans(repo, settings.model_control == "explicit")
         # Traffic capture (gateway/capture.py), set by __main__ when configured.
         self.capture: Capture | None = None

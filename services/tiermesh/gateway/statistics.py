@@ -228,6 +228,12 @@ class InferenceStatistics:
         """Called once per call to a known model that ended without an answer."""
         self._of(model, version).fail.add(ended_ns - received_ns)
 
+    def failed_many(self, model: str, version: str, count: int, total_ns: int) -> None:
+        """`count` such calls at once, their durations summed (the door's refusals)."""
+        fail = self._of(model, version).fail
+        fail.count += count
+        fail.ns += max(0, total_ns)
+
     def of(self, model: str, version: str) -> VersionStats:
         """This gateway's figures of (model, version) not yet in Redis; zeros when none."""
         out = VersionStats()

@@ -75,15 +75,29 @@ class Mirrored(_message.Message):
     deadline_ns: int
     def __init__(self, shadow_request_id: _Optional[str] = ..., model: _Optional[str] = ..., deadline_ns: _Optional[int] = ...) -> None: ...
 
+class Refused(_message.Message):
+    __slots__ = ("model", "version", "count", "total_ns")
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    COUNT_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_NS_FIELD_NUMBER: _ClassVar[int]
+    model: str
+    version: str
+    count: int
+    total_ns: int
+    def __init__(self, model: _Optional[str] = ..., version: _Optional[str] = ..., count: _Optional[int] = ..., total_ns: _Optional[int] = ...) -> None: ...
+
 class Entries(_message.Message):
-    __slots__ = ("entries", "shadows", "mirrored")
+    __slots__ = ("entries", "shadows", "mirrored", "refused")
     ENTRIES_FIELD_NUMBER: _ClassVar[int]
     SHADOWS_FIELD_NUMBER: _ClassVar[int]
     MIRRORED_FIELD_NUMBER: _ClassVar[int]
+    REFUSED_FIELD_NUMBER: _ClassVar[int]
     entries: _containers.RepeatedCompositeFieldContainer[Entry]
     shadows: _containers.RepeatedCompositeFieldContainer[_job_pb2.Result]
     mirrored: _containers.RepeatedCompositeFieldContainer[Mirrored]
-    def __init__(self, entries: _Optional[_Iterable[_Union[Entry, _Mapping]]] = ..., shadows: _Optional[_Iterable[_Union[_job_pb2.Result, _Mapping]]] = ..., mirrored: _Optional[_Iterable[_Union[Mirrored, _Mapping]]] = ...) -> None: ...
+    refused: _containers.RepeatedCompositeFieldContainer[Refused]
+    def __init__(self, entries: _Optional[_Iterable[_Union[Entry, _Mapping]]] = ..., shadows: _Optional[_Iterable[_Union[_job_pb2.Result, _Mapping]]] = ..., mirrored: _Optional[_Iterable[_Union[Mirrored, _Mapping]]] = ..., refused: _Optional[_Iterable[_Union[Refused, _Mapping]]] = ...) -> None: ...
 
 class Recorded(_message.Message):
     __slots__ = ("entries", "capture_rate")

@@ -35,6 +35,7 @@ type books struct {
 
 	mu      sync.Mutex
 	unsent  tiermeshv1.Entries
+	refused map[[2]string]*tiermeshv1.Refused // unsent.Refused by (model, version)
 	wake    chan struct{}
 	dropped atomic.Int64 // entries lost while the gateway was away
 	// The share of calls reported with their job (traffic capture), as the gateway's last
@@ -43,13 +44,13 @@ type books struct {
 }
 
 func newBooks(conn *grpc.ClientConn) *books {
-	b := &books{stub: tiermeshv1.NewBooksClient(conn), wake: make(chan struct{}, 1)}
+	b := &books{stub: tiermeshv1.NewBooksClient(conn), wake: make(chan struct{}, 1), refused: map[[2]string]*tiermeshv1.Refused{}}
 	go b.pump()
 	return b
 }
 
 func count(e *tiermeshv1.Entries) int {
-	return len(e.Entries) + len(e.Shadows) + len(e.Mirrored)
+	return len(e.Entries) + len(e.Shadows) + len(e.Mirrored) + len(e.Refused)
 }
 
 // unsentCount is how much waits to be sent.
@@ -73,7 +74,33 @@ func (b *books) add(fill func(*tiermeshv1.Entries)) {
 }
 
 func (b *books) call(e *tiermeshv1.Entry) {
+	if plain(e) {
+		b.add(func(u *tiermeshv1.Entries) { b.countRefused(u, e) })
+		return
+	}
 	b.add(func(u *tiermeshv1.Entries) { u.Entries = append(u.Entries, e) })
+}
+
+// plain: a call that ended without being placed and that nothing but its count, duration
+// and model concern at the gateway (gateway/books.py books it as a failed call).
+func plain(e *tiermeshv1.Entry) bool {
+	return e.Code != 0 && !e.Routed && e.Result == nil && e.Job == nil && e.Trace == nil &&
+		!e.CallerLeft && e.ShadowRequestId == ""
+}
+
+// countRefused adds a plain call to the unsent counts of its (model, version); b.mu held.
+func (b *books) countRefused(u *tiermeshv1.Entries, e *tiermeshv1.Entry) {
+	key := [2]string{e.Model, e.Version}
+	r, ok := b.refused[key]
+	if !ok {
+		r = &tiermeshv1.Refused{Model: e.Model, Version: e.Version}
+		b.refused[key] = r
+		u.Refused = append(u.Refused, r)
+	}
+	r.Count++
+	if d := e.EndedNs - e.ReceivedNs; d > 0 {
+		r.TotalNs += d
+	}
 }
 
 func (b *books) mirrored(m *tiermeshv1.Mirrored) {
@@ -92,6 +119,7 @@ func (b *books) take() *tiermeshv1.Entries {
 	}
 	out := b.unsent
 	b.unsent = tiermeshv1.Entries{}
+	b.refused = map[[2]string]*tiermeshv1.Refused{}
 	return &out
 }
 
@@ -107,6 +135,7 @@ func (b *books) putBack(batch *tiermeshv1.Entries) {
 	b.unsent.Entries = append(batch.Entries, b.unsent.Entries...)
 	b.unsent.Shadows = append(batch.Shadows, b.unsent.Shadows...)
 	b.unsent.Mirrored = append(batch.Mirrored, b.unsent.Mirrored...)
+	b.unsent.Refused = append(batch.Refused, b.unsent.Refused...) // the gateway sums repeats
 }
 
 // send makes one Record call of whatever is unsent; false when it failed (kept for later).

@@ -43,6 +43,7 @@ type door struct {
 	delivery string  // this door's Delivery address, on every job
 	books    *books  // nil: the calls answered here are not booked at the gateway
 	placer   *placer // nil: the router places every job
+	limits   *limits // nil: the fixed cap alone
 
 	inFlight atomic.Int64
 	metrics  *metrics
@@ -92,7 +93,19 @@ func (d *door) handle(_ interface{}, stream grpc.ServerStream) error {
 		return status.Errorf(codes.ResourceExhausted, "too many requests in flight at this gateway (%d)", d.cfg.maxInFlight)
 	}
 	defer d.inFlight.Add(-1)
-	resp, err := d.infer(ctx, stream, m, job, entry)
+	key := limitKey{job.Model, int32(job.Priority)}
+	if d.limits != nil {
+		if retry := d.limits.acquire(key, time.Now().UnixNano()); retry > 0 {
+			d.ended(entry, codes.ResourceExhausted)
+			stream.SetTrailer(metadata.Pairs(retryAfterKey, strconv.FormatInt(retry, 10)))
+			return status.Errorf(codes.ResourceExhausted, "model '%s' has as many priority %d requests in flight as it drains in time (%d); retry later",
+				job.Model, job.Priority, d.limits.current(key))
+		}
+	}
+	resp, wait, err := d.infer(ctx, stream, m, job, entry)
+	if d.limits != nil {
+		d.limits.release(key, time.Now().UnixNano(), wait)
+	}
 	d.ended(entry, status.Code(err))
 	if err != nil {
 		return err
@@ -115,7 +128,15 @@ func (d *door) ended(entry *tiermeshv1.Entry, code codes.Code) {
 
 // infer routes the job and waits for its result; what it learns on the way goes in entry
 // (where the job was placed, its result, whether the caller left while it was queued).
-func (d *door) infer(ctx context.Context, stream grpc.ServerStream, m *model, job *tiermeshv1.Job, entry *tiermeshv1.Entry) (proto.Message, error) {
+// wait: enqueued -> its batch's start, or all its time when it expired unanswered; -1 when
+// the call says nothing of the queue (limit.go).
+func (d *door) infer(ctx context.Context, stream grpc.ServerStream, m *model, job *tiermeshv1.Job, entry *tiermeshv1.Entry) (resp proto.Message, wait int64, err error) {
+	wait = -1
+	resp, err = d.awaitResult(ctx, stream, m, job, entry, &wait)
+	return resp, wait, err
+}
+
+func (d *door) awaitResult(ctx context.Context, stream grpc.ServerStream, m *model, job *tiermeshv1.Job, entry *tiermeshv1.Entry, wait *int64) (proto.Message, error) {
 	deadline := time.Unix(0, job.DeadlineNs)
 	results := d.pending.register(job.RequestId)
 	defer d.pending.discard(job.RequestId)
@@ -156,6 +177,12 @@ func (d *door) infer(ctx context.Context, stream grpc.ServerStream, m *model, jo
 	select {
 	case result := <-results:
 		d.metrics.resolved.Add(1)
+		received := job.Timing.GetReceivedNs()
+		if start, enq := result.Timing.GetBatchStartNs(), result.Timing.GetEnqueuedNs(); start > 0 && enq > 0 {
+			*wait = start - enq
+		} else if codes.Code(result.Code) == codes.DeadlineExceeded { // expired in its queue
+			*wait = time.Now().UnixNano() - received
+		}
 		entry.Result = bookedResult(result, reply.ShadowRequestId != "", entry.Job != nil || entry.Trace != nil)
 		if result.Code != 0 {
 			return nil, status.Error(codes.Code(result.Code), result.Message)
@@ -163,6 +190,7 @@ func (d *door) infer(ctx context.Context, stream grpc.ServerStream, m *model, jo
 		entry.EndedNs = time.Now().UnixNano()
 		return responseOf(result, entry.EndedNs), nil
 	case <-timer.C:
+		*wait = time.Now().UnixNano() - job.Timing.GetReceivedNs()
 		return nil, status.Error(codes.DeadlineExceeded, "deadline exceeded while waiting for the result")
 	case <-ctx.Done():
 		d.callerLeft(entry, deadline)

@@ -51,8 +51,12 @@ type config struct {
 	defaultTimeout time.Duration
 	maxInFlight    int64
 	retryAfterMs   int64
-	grace          time.Duration
-	tracing        bool // the mesh writes spans
+	// Per (model, priority), within maxInFlight: learnt from the waits (limit.go);
+	// TIERMESH_ADAPTIVE_LIMIT=false leaves the fixed cap alone.
+	adaptiveLimit bool
+	targetWaitMs  float64
+	grace         time.Duration
+	tracing       bool // the mesh writes spans
 	// The door traces calls itself (the default sampler: parent-based, always on at the
 	// root); with any other OTEL_TRACES_SAMPLER every ModelInfer goes to the Python gateway.
 	traceable       bool
@@ -88,6 +92,32 @@ func envInt(key string, fallback int64) int64 {
 		log.Fatalf("%s=%q: not an integer", key, v)
 	}
 	return n
+}
+
+func envFloat(key string, fallback float64) float64 {
+	v := env(key, "")
+	if v == "" {
+		return fallback
+	}
+	f, err := strconv.ParseFloat(v, 64)
+	if err != nil || f <= 0 {
+		log.Fatalf("%s=%q: not a positive number", key, v)
+	}
+	return f
+}
+
+// envBool reads a boolean as pydantic does (true/false, 1/0, yes/no, on/off).
+func envBool(key string, fallback bool) bool {
+	switch strings.ToLower(env(key, "")) {
+	case "":
+		return fallback
+	case "1", "true", "yes", "on", "t", "y":
+		return true
+	case "0", "false", "no", "off", "f", "n":
+		return false
+	}
+	log.Fatalf("%s=%q: not a boolean", key, env(key, ""))
+	return false
 }
 
 func envSeconds(key string, fallback float64) time.Duration {
@@ -160,6 +190,8 @@ func loadConfig() config {
 		defaultTimeout:  time.Duration(envInt("TIERMESH_DEFAULT_TIMEOUT_MS", 30000)) * time.Millisecond,
 		maxInFlight:     envInt("TIERMESH_MAX_IN_FLIGHT", 4096),
 		retryAfterMs:    envInt("TIERMESH_RETRY_AFTER_MS", 100),
+		adaptiveLimit:   envBool("TIERMESH_ADAPTIVE_LIMIT", true),
+		targetWaitMs:    envFloat("TIERMESH_TARGET_WAIT_MS", 10),
 		grace:           envSeconds("TIERMESH_SHUTDOWN_GRACE_S", 10),
 		tracing:         spansWritten(),
 		traceable:       defaultSampler(env("OTEL_TRACES_SAMPLER", "")),
@@ -185,6 +217,9 @@ func main() {
 	log.SetPrefix("frontdoor: ")
 	if len(os.Args) == 3 && os.Args[1] == "tokenize" {
 		os.Exit(tokenizeLines(os.Args[2]))
+	}
+	if len(os.Args) == 2 && os.Args[1] == "limits" { // the limiter alone, for a parity test
+		os.Exit(limitLines(envInt("TIERMESH_MAX_IN_FLIGHT", 4096), envFloat("TIERMESH_TARGET_WAIT_MS", 10), envInt("TIERMESH_RETRY_AFTER_MS", 100)))
 	}
 	cfg := loadConfig()
 	// The collector keeps Go's default pace (GOGC=100). At 4x (GOGC=400) the door spent ~5%
@@ -255,6 +290,9 @@ func main() {
 	}
 	if cfg.redisURL != "" {
 		door.placer = newPlacer(cfg.redisURL, cfg.admitBatch)
+	}
+	if cfg.adaptiveLimit {
+		door.limits = newLimits(cfg.maxInFlight, cfg.targetWaitMs, cfg.retryAfterMs)
 	}
 	door.metrics = newMetrics(&door.inFlight)
 	door.metrics.placer = door.placer

@@ -1,0 +1,213 @@
+package main
+
+import (
+	"bufio"
+	"encoding/json"
+	"fmt"
+	"math"
+	"os"
+	"sync"
+)
+
+// Adaptive in-flight limits per (model, priority): the Python gateway's rules
+// (gateway/adaptive_limit.py, which explains them) with the same constants, so a class is
+// limited alike whichever door takes its calls. tests/integration/test_door_limits.py runs
+// one event script through both and compares every decision.
+const (
+	limitIntervalNs = 100_000_000
+	limitInitial    = 256
+	limitMinimum    = 4
+	limitGrowth     = 0.1
+	limitMaxShrink  = 0.5
+	minRetryMs      = 1
+	maxRetryMs      = 1000
+	rateSmoothing   = 0.5
+)
+
+type limitKey struct {
+	model    string
+	priority int32
+}
+
+type limitClass struct {
+	limit     float64
+	startNs   int64
+	inFlight  int64
+	peak      int64
+	refused   int64
+	finished  int64
+	minWaitNs int64 // -1: none this interval
+	ratePerS  float64
+	ended     int64
+}
+
+type limits struct {
+	mu            sync.Mutex
+	maximum       int64
+	targetWaitNs  int64
+	fallbackRetry int64
+	classes       map[limitKey]*limitClass
+}
+
+func newLimits(maximum int64, targetWaitMs float64, fallbackRetryMs int64) *limits {
+	return &limits{
+		maximum: maximum, targetWaitNs: int64(targetWaitMs * 1e6), fallbackRetry: fallbackRetryMs,
+		classes: map[limitKey]*limitClass{},
+	}
+}
+
+// acquire: 0 admitted (release it once); otherwise refused, and the retry-after in ms.
+func (l *limits) acquire(key limitKey, nowNs int64) int64 {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	c := l.class(key, nowNs)
+	if c.inFlight >= l.limitOf(c) {
+		c.refused++
+		return l.retryMs(c)
+	}
+	c.inFlight++
+	if c.inFlight > c.peak {
+		c.peak = c.inFlight
+	}
+	return 0
+}
+
+// release: an admitted request ended; waitNs < 0 when it says nothing of the queue.
+func (l *limits) release(key limitKey, nowNs, waitNs int64) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	c := l.class(key, nowNs)
+	if c.inFlight > 0 {
+		c.inFlight--
+	}
+	c.ended++
+	if waitNs < 0 {
+		return
+	}
+	c.finished++
+	if c.minWaitNs < 0 || waitNs < c.minWaitNs {
+		c.minWaitNs = waitNs
+	}
+}
+
+func (l *limits) current(key limitKey) int64 {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if c, ok := l.classes[key]; ok {
+		return l.limitOf(c)
+	}
+	return minInt(limitInitial, l.maximum)
+}
+
+func (l *limits) limitOf(c *limitClass) int64 {
+	return maxInt(limitMinimum, minInt(l.maximum, int64(math.Floor(c.limit))))
+}
+
+func (l *limits) retryMs(c *limitClass) int64 {
+	if c.ratePerS <= 0 {
+		return l.fallbackRetry
+	}
+	excess := c.inFlight - l.limitOf(c) + 1
+	ms := int64(math.Ceil(float64(excess) * 1000 / c.ratePerS))
+	return maxInt(minRetryMs, minInt(maxRetryMs, ms))
+}
+
+func (l *limits) class(key limitKey, nowNs int64) *limitClass {
+	c, ok := l.classes[key]
+	if !ok {
+		c = &limitClass{limit: float64(minInt(limitInitial, l.maximum)), startNs: nowNs, minWaitNs: -1}
+		l.classes[key] = c
+	} else if nowNs-c.startNs >= limitIntervalNs {
+		l.adjust(c, nowNs)
+	}
+	return c
+}
+
+func (l *limits) adjust(c *limitClass, nowNs int64) {
+	elapsedS := float64(nowNs-c.startNs) / 1e9
+	c.limit = nextLimit(c.limit, c.minWaitNs, c.finished > 0, c.refused > 0 || c.peak >= l.limitOf(c), l.targetWaitNs)
+	c.limit = math.Max(limitMinimum, math.Min(float64(l.maximum), c.limit))
+	if c.ended > 0 {
+		rate := float64(c.ended) / elapsedS
+		if c.ratePerS <= 0 {
+			c.ratePerS = rate
+		} else {
+			c.ratePerS = (1-rateSmoothing)*c.ratePerS + rateSmoothing*rate
+		}
+	}
+	c.startNs = nowNs
+	c.peak = c.inFlight
+	c.refused, c.finished, c.ended = 0, 0, 0
+	c.minWaitNs = -1
+}
+
+func nextLimit(limit float64, minWaitNs int64, measured, bound bool, targetNs int64) float64 {
+	if !measured {
+		return limit
+	}
+	if minWaitNs > targetNs {
+		return limit * math.Max(limitMaxShrink, float64(targetNs)/float64(minWaitNs))
+	}
+	if bound {
+		return limit + math.Max(math.Max(1, math.Sqrt(limit)), limit*limitGrowth)
+	}
+	return limit
+}
+
+func minInt(a, b int64) int64 {
+	if a < b {
+		return a
+	}
+	return b
+}
+
+func maxInt(a, b int64) int64 {
+	if a > b {
+		return a
+	}
+	return b
+}
+
+// limitEvent is one line of `frontdoor limits MAXIMUM TARGET_MS FALLBACK_MS`'s input.
+type limitEvent struct {
+	Op       string `json:"op"` // "acquire" | "release" | "limit"
+	Model    string `json:"model"`
+	Priority int32  `json:"priority"`
+	NowNs    int64  `json:"now_ns"`
+	WaitNs   *int64 `json:"wait_ns"`
+}
+
+// limitLines runs the limiter over stdin's events and prints one number per event: the
+// retry-after of an acquire (0: admitted), the limit of a "limit", 0 for a release.
+func limitLines(maximum int64, targetMs float64, fallbackMs int64) int {
+	l := newLimits(maximum, targetMs, fallbackMs)
+	in := bufio.NewScanner(os.Stdin)
+	out := bufio.NewWriter(os.Stdout)
+	defer out.Flush()
+	for in.Scan() {
+		var e limitEvent
+		if err := json.Unmarshal(in.Bytes(), &e); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			return 2
+		}
+		key := limitKey{e.Model, e.Priority}
+		var answer int64
+		switch e.Op {
+		case "acquire":
+			answer = l.acquire(key, e.NowNs)
+		case "release":
+			wait := int64(-1)
+			if e.WaitNs != nil {
+				wait = *e.WaitNs
+			}
+			l.release(key, e.NowNs, wait)
+		case "limit":
+			answer = l.current(key)
+		default:
+			fmt.Fprintf(os.Stderr, "unknown op %q\n", e.Op)
+			return 2
+		}
+		fmt.Fprintln(out, answer)
+	}
+	return 0
+}

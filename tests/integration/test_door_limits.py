@@ -1,0 +1,104 @@
+"""The Go front door's adaptive limits (frontdoor/go/limit.go) against the gateway's
+(gateway/adaptive_limit.py): one random script of acquires, releases (with waits short and
+long, and without one) and limit reads over several classes and many intervals, through
+both; every answer the same."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests.go_toolchain import needs_go
+from tiermesh.frontdoor.build import build
+from tiermesh.gateway.adaptive_limit import INTERVAL_NS, AdaptiveLimits, LimitKey
+
+pytestmark = [
+    pytest.mark.slow,
+    needs_go,
+]
+
+MAXIMUM, TARGET_MS, FALLBACK_MS = 300, 7.5, 100
+
+
+def script(rng: np.random.Generator, n: int) -> list[dict[str, object]]:
+    """Events on a clock that moves 0-30 ms at a time; each class alternates floods (long
+    waits) and calm (short ones), so limits shrink, grow and hit both bounds."""
+    classes = [("mlp", 1), ("mlp", 2), ("minilm-l6", 2)]
+    held: dict[LimitKey, int] = dict.fromkeys(classes, 0)
+    events: list[dict[str, object]] = []
+    now = 0
+    for _ in range(n):
+        now += int(rng.integers(0, 30_000_000 // 40))
+        model, priority = classes[int(rng.integers(len(classes)))]
+        base = {"model": model, "priority": priority, "now_ns": now}
+        flood = (now // (20 * INTERVAL_NS)) % 2 == 1
+        roll = rng.random()
+        if roll < 0.55:
+            events.append({"op": "acquire", **base})
+            held[(model, priority)] += 1  # a refused one is released too: harmless
+        elif roll < 0.95 and held[(model, priority)] > 0:
+            held[(model, priority)] -= 1
+            if rng.random() < 0.15:
+                wait = None
+            else:
+                wait = int(rng.exponential(2e6)) + (40_000_000 if flood else 0)
+            events.append({"op": "release", **base, "wait_ns": wait})
+        else:
+            events.append({"op": "limit", **base})
+    return events
+
+
+def python_answers(events: list[dict[str, object]]) -> list[int]:
+    lim = AdaptiveLimits(maximum=MAXIMUM, target_wait_ms=TARGET_MS, fallback_retry_ms=FALLBACK_MS)
+    out = []
+    for e in events:
+        key = (str(e["model"]), int(e["priority"]))  # type: ignore[call-overload]
+        now = int(e["now_ns"])  # type: ignore[call-overload]
+        if e["op"] == "acquire":
+            out.append(lim.acquire(key, now))
+        elif e["op"] == "release":
+            wait = e["wait_ns"]
+            lim.release(key, now, None if wait is None else int(wait))  # type: ignore[call-overload]
+            out.append(0)
+        else:
+            out.append(lim.limit(key))
+    return out
+
+
+def test_the_door_limits_as_the_gateway_does(tmp_path: Path) -> None:
+    events = script(np.random.default_rng(23), 40_000)
+    expected = python_answers(events)
+    # The script reaches every state: refusals with and without a measured rate, limits
+    # at the minimum, below and above the initial one.
+    assert sum(1 for a, e in zip(expected, events, strict=True) if e["op"] == "acquire" and a)
+    limits = {a for a, e in zip(expected, events, strict=True) if e["op"] == "limit"}
+    assert min(limits) <= 8 and max(limits) > 256, sorted(limits)
+    env = {
+        **os.environ,
+        "TIERMESH_MAX_IN_FLIGHT": str(MAXIMUM),
+        "TIERMESH_TARGET_WAIT_MS": str(TARGET_MS),
+        "TIERMESH_RETRY_AFTER_MS": str(FALLBACK_MS),
+    }
+    done = subprocess.run(
+        [str(build(tmp_path / "cache")), "limits"],
+        input="\n".join(json.dumps(e) for e in events) + "\n",
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+        check=True,
+    )
+    got = [int(line) for line in done.stdout.split()]
+    assert len(got) == len(expected)
+    first = next((i for i, (a, b) in enumerate(zip(got, expected, strict=True)) if a != b), None)
+    assert first is None, (
+        first,
+        events[max(0, first - 3) : first + 1],
+        got[first],
+        expected[first],
+    )

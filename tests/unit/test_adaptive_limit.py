@@ -1,0 +1,151 @@
+"""The adaptive in-flight limits on an integer clock: shrink on a standing queue, grow while
+they hold calls back and the queue is short, per class, with retry-after from the drain."""
+
+from __future__ import annotations
+
+import pytest
+
+from tiermesh.gateway.adaptive_limit import (
+    INITIAL,
+    INTERVAL_NS,
+    MAX_RETRY_MS,
+    MINIMUM,
+    AdaptiveLimits,
+    next_limit,
+)
+
+MS = 1_000_000
+KEY = ("mlp", 2)
+
+
+def limits(maximum: int = 4096, target_ms: float = 10.0) -> AdaptiveLimits:
+    return AdaptiveLimits(maximum=maximum, target_wait_ms=target_ms, fallback_retry_ms=100)
+
+
+def fill(lim: AdaptiveLimits, key: tuple[str, int], now: int) -> int:
+    """Acquire until refused; returns how many were admitted."""
+    n = 0
+    while lim.acquire(key, now) == 0:
+        n += 1
+    return n
+
+
+def interval(lim: AdaptiveLimits, key: tuple[str, int], start: int, waits_ms: list[float]) -> int:
+    """One interval: requests admitted and released with these waits; returns its end."""
+    for wait in waits_ms:
+        assert lim.acquire(key, start) == 0
+        lim.release(key, start + 1, int(wait * MS))
+    return start + INTERVAL_NS
+
+
+def test_a_class_starts_at_the_initial_limit_and_refuses_beyond_it() -> None:
+    lim = limits()
+    assert fill(lim, KEY, 0) == INITIAL
+    assert lim.acquire(KEY, 0) == 100  # no drain rate measured yet: the fallback
+    lim.release(KEY, 1, None)
+    assert lim.acquire(KEY, 2) == 0
+
+
+def test_the_fixed_cap_bounds_the_initial_limit() -> None:
+    assert fill(limits(maximum=16), KEY, 0) == 16
+
+
+def test_a_standing_queue_shrinks_the_limit_in_proportion() -> None:
+    lim = limits()
+    now = interval(lim, KEY, 0, [40.0, 50.0, 60.0])  # shortest wait 40 ms, target 10
+    lim.acquire(KEY, now)  # the interval's end is seen on the next call
+    assert lim.limit(KEY) == INITIAL // 2  # shrinks by at most half an interval
+    now = interval(lim, KEY, now, [12.5] * 3)
+    lim.acquire(KEY, now)
+    assert lim.limit(KEY) == int(INITIAL // 2 * 10 / 12.5)
+
+
+def test_one_short_wait_means_no_standing_queue() -> None:
+    lim = limits()
+    now = interval(lim, KEY, 0, [400.0, 3.0, 900.0])
+    lim.acquire(KEY, now)
+    assert lim.limit(KEY) == INITIAL
+
+
+def test_the_limit_grows_only_while_it_holds_calls_back_and_the_queue_is_short() -> None:
+    lim = limits()
+    now = interval(lim, KEY, 0, [2.0] * 5)  # short waits, never near the limit: kept
+    lim.acquire(KEY, now)
+    lim.release(KEY, now, None)
+    assert lim.limit(KEY) == INITIAL
+    admitted = fill(lim, KEY, now)  # at the limit, refusing
+    assert admitted == INITIAL
+    for _ in range(3):
+        lim.release(KEY, now + 1, 2 * MS)
+    lim.acquire(KEY, now + INTERVAL_NS)
+    assert lim.limit(KEY) == INITIAL + int(INITIAL * 0.1)  # a tenth: more than the root (16)
+
+
+def test_an_interval_with_no_finished_request_changes_nothing() -> None:
+    lim = limits()
+    fill(lim, KEY, 0)  # bound, but nothing came back: no sign the queue is short
+    lim.acquire(KEY, INTERVAL_NS)
+    assert lim.limit(KEY) == INITIAL
+
+
+def test_the_limit_stays_within_its_minimum_and_the_cap() -> None:
+    lim = limits(maximum=300)
+    now = 0
+    for _ in range(20):
+        now = interval(lim, KEY, now, [1000.0])
+    lim.acquire(KEY, now)
+    assert lim.limit(KEY) == MINIMUM
+    assert next_limit(290.0, MS, bound=True, target_ns=10 * MS) == 319.0
+    assert next_limit(4.0, MS, bound=True, target_ns=10 * MS) == 6.0  # the root
+    lim2 = limits(maximum=300)
+    now = 0
+    for _ in range(10):
+        fill(lim2, KEY, now)
+        lim2.release(KEY, now + 1, MS)
+        now += INTERVAL_NS
+    assert lim2.limit(KEY) == 300
+
+
+def test_classes_are_separate_so_the_flooding_priority_is_the_one_refused() -> None:
+    lim = limits()
+    urgent, flood = ("mlp", 1), ("mlp", 2)
+    now = 0
+    for _ in range(6):
+        for _ in range(3):
+            assert lim.acquire(flood, now) == 0
+            lim.release(flood, now + 1, 200 * MS)
+        assert lim.acquire(urgent, now) == 0
+        lim.release(urgent, now + 1, 3 * MS)
+        now += INTERVAL_NS
+    lim.acquire(flood, now)
+    lim.acquire(urgent, now)
+    assert lim.limit(flood) < INITIAL // 8
+    assert lim.limit(urgent) == INITIAL
+
+
+def test_retry_after_is_the_excess_at_the_measured_drain_rate() -> None:
+    lim = limits()
+    # 50 requests finished in one interval (100 ms): 500 a second.
+    now = interval(lim, KEY, 0, [2.0] * 50)
+    assert fill(lim, KEY, now) == INITIAL
+    # One over the limit at 500/s: 2 ms.
+    assert lim.acquire(KEY, now) == 2
+
+
+@pytest.mark.parametrize("finished", [0, 1])
+def test_retry_after_is_bounded(finished: int) -> None:
+    lim = limits()
+    now = interval(lim, KEY, 0, [2.0] * finished)
+    now += 10 * INTERVAL_NS  # a long idle stretch: the rate measured is tiny
+    lim.acquire(KEY, now)
+    fill(lim, KEY, now)
+    retry = lim.acquire(KEY, now)
+    assert 1 <= retry <= (MAX_RETRY_MS if finished else 100)
+
+
+def test_an_expired_request_counts_its_whole_time_as_wait() -> None:
+    lim = limits()
+    assert lim.acquire(KEY, 0) == 0
+    lim.release(KEY, 1, 1000 * MS)
+    lim.acquire(KEY, INTERVAL_NS)
+    assert lim.limit(KEY) == INITIAL // 2
