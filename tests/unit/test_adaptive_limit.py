@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from tiermesh.core.jobs import Timing
 from tiermesh.gateway.adaptive_limit import (
     INITIAL,
     INTERVAL_NS,
@@ -12,6 +13,7 @@ from tiermesh.gateway.adaptive_limit import (
     MINIMUM,
     AdaptiveLimits,
     next_limit,
+    queue_wait_ns,
 )
 
 MS = 1_000_000
@@ -30,11 +32,25 @@ def fill(lim: AdaptiveLimits, key: tuple[str, int], now: int) -> int:
     return n
 
 
-def interval(lim: AdaptiveLimits, key: tuple[str, int], start: int, waits_ms: list[float]) -> int:
-    """One interval: requests admitted and released with these waits; returns its end."""
-    for wait in waits_ms:
+def interval(
+    lim: AdaptiveLimits,
+    key: tuple[str, int],
+    start: int,
+    waits_ms: list[float],
+    bound: bool = True,
+) -> int:
+    """One interval: requests released with these waits; `bound`, the class was filled to its
+    limit (and one refused) first, the others released without a wait. Returns its end."""
+    if bound:
+        admitted = fill(lim, key, start)
+        assert admitted >= len(waits_ms)
+        for i in range(admitted):
+            wait = int(waits_ms[i] * MS) if i < len(waits_ms) else None
+            lim.release(key, start + 1, wait)
+        return start + INTERVAL_NS
+    for wait_ms in waits_ms:
         assert lim.acquire(key, start) == 0
-        lim.release(key, start + 1, int(wait * MS))
+        lim.release(key, start + 1, int(wait_ms * MS))
     return start + INTERVAL_NS
 
 
@@ -64,12 +80,12 @@ def test_one_short_wait_means_no_standing_queue() -> None:
     lim = limits()
     now = interval(lim, KEY, 0, [400.0, 3.0, 900.0])
     lim.acquire(KEY, now)
-    assert lim.limit(KEY) == INITIAL
+    assert lim.limit(KEY) > INITIAL  # bound and no standing queue: it grows
 
 
 def test_the_limit_grows_only_while_it_holds_calls_back_and_the_queue_is_short() -> None:
     lim = limits()
-    now = interval(lim, KEY, 0, [2.0] * 5)  # short waits, never near the limit: kept
+    now = interval(lim, KEY, 0, [2.0] * 5, bound=False)  # never near the limit: kept
     lim.acquire(KEY, now)
     lim.release(KEY, now, None)
     assert lim.limit(KEY) == INITIAL
@@ -111,12 +127,8 @@ def test_classes_are_separate_so_the_flooding_priority_is_the_one_refused() -> N
     urgent, flood = ("mlp", 1), ("mlp", 2)
     now = 0
     for _ in range(6):
-        for _ in range(3):
-            assert lim.acquire(flood, now) == 0
-            lim.release(flood, now + 1, 200 * MS)
-        assert lim.acquire(urgent, now) == 0
-        lim.release(urgent, now + 1, 3 * MS)
-        now += INTERVAL_NS
+        interval(lim, flood, now, [200.0] * 3)  # at its limit, waiting long
+        now = interval(lim, urgent, now, [3.0], bound=False)
     lim.acquire(flood, now)
     lim.acquire(urgent, now)
     assert lim.limit(flood) < INITIAL // 8
@@ -126,7 +138,7 @@ def test_classes_are_separate_so_the_flooding_priority_is_the_one_refused() -> N
 def test_retry_after_is_the_excess_at_the_measured_drain_rate() -> None:
     lim = limits()
     # 50 requests finished in one interval (100 ms): 500 a second.
-    now = interval(lim, KEY, 0, [2.0] * 50)
+    now = interval(lim, KEY, 0, [2.0] * 50, bound=False)
     assert fill(lim, KEY, now) == INITIAL
     # One over the limit at 500/s: 2 ms.
     assert lim.acquire(KEY, now) == 2
@@ -135,7 +147,7 @@ def test_retry_after_is_the_excess_at_the_measured_drain_rate() -> None:
 @pytest.mark.parametrize("finished", [0, 1])
 def test_retry_after_is_bounded(finished: int) -> None:
     lim = limits()
-    now = interval(lim, KEY, 0, [2.0] * finished)
+    now = interval(lim, KEY, 0, [2.0] * finished, bound=False)
     now += 10 * INTERVAL_NS  # a long idle stretch: the rate measured is tiny
     lim.acquire(KEY, now)
     fill(lim, KEY, now)
@@ -145,7 +157,27 @@ def test_retry_after_is_bounded(finished: int) -> None:
 
 def test_an_expired_request_counts_its_whole_time_as_wait() -> None:
     lim = limits()
-    assert lim.acquire(KEY, 0) == 0
-    lim.release(KEY, 1, 1000 * MS)
-    lim.acquire(KEY, INTERVAL_NS)
+    now = interval(lim, KEY, 0, [1000.0])  # the one that came back had expired
+    lim.acquire(KEY, now)
     assert lim.limit(KEY) == INITIAL // 2
+
+
+def test_the_signal_is_the_queue_wait_beyond_one_batchs_compute() -> None:
+    # enqueued at 2, batch 50 -> 140: waited 48 ms, its batch computed 90: no queue beyond it.
+    timing = Timing(
+        received_ns=1, enqueued_ns=2 * MS, batch_start_ns=50 * MS, batch_end_ns=140 * MS
+    )
+    assert queue_wait_ns(timing) == 0
+    timing = Timing(
+        received_ns=1, enqueued_ns=2 * MS, batch_start_ns=150 * MS, batch_end_ns=240 * MS
+    )
+    assert queue_wait_ns(timing) == 58 * MS
+
+
+def test_a_limit_its_callers_do_not_reach_is_left_alone() -> None:
+    lim = limits()
+    now = 0
+    for _ in range(10):  # four callers whose requests wait long: no flood, nothing refused
+        now = interval(lim, KEY, now, [90.0] * 4, bound=False)
+    lim.acquire(KEY, now)
+    assert lim.limit(KEY) == INITIAL

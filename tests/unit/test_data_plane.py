@@ -324,16 +324,18 @@ class WaitingRouter:
 
 
 async def test_a_class_that_waits_long_is_limited_and_refused_with_a_retry_after() -> None:
-    plane, _, _ = _plane()
+    plane, _, _ = _plane(max_in_flight=2 * MINIMUM)  # the class starts at 8
     now = [10**18]
     plane._clock_ns = plane._dispatch._clock_ns = lambda: now[0]
     router = WaitingRouter(plane._pending, wait_ns=1_000_000_000)  # a standing queue of 1 s
     plane._dispatch._up = Upstream(router, Liveness(), None)  # type: ignore[arg-type]
-    # One answer an interval: each shrinks the class's limit (at most by half) to its floor.
-    for _ in range(8):
-        await plane.infer("simple", _parse, CALLER)
-        now[0] += INTERVAL_NS
     router.hold = True
+    # An interval at its limit, every answer after a 1 s wait: the limit halves, to 4.
+    held = [asyncio.create_task(plane.infer("simple", _parse, CALLER)) for _ in range(8)]
+    await until(_count_of(router, 8), "the held jobs routed")
+    router.release_all()
+    await asyncio.gather(*held)
+    now[0] += INTERVAL_NS
     held = [asyncio.create_task(plane.infer("simple", _parse, CALLER)) for _ in range(MINIMUM)]
     await until(_count_of(router, MINIMUM), "the held jobs routed")
     with pytest.raises(MeshError) as err:
@@ -349,19 +351,18 @@ async def test_a_class_that_waits_long_is_limited_and_refused_with_a_retry_after
 
 
 async def test_the_adaptive_limit_can_be_turned_off() -> None:
-    plane, _, _ = _plane(adaptive_limit=False)
+    plane, _, _ = _plane(max_in_flight=2 * MINIMUM, adaptive_limit=False)
     now = [10**18]
     plane._clock_ns = plane._dispatch._clock_ns = lambda: now[0]
     router = WaitingRouter(plane._pending, wait_ns=1_000_000_000)
     plane._dispatch._up = Upstream(router, Liveness(), None)  # type: ignore[arg-type]
-    for _ in range(8):
-        await plane.infer("simple", _parse, CALLER)
-        now[0] += INTERVAL_NS
     router.hold = True
-    held = [asyncio.create_task(plane.infer("simple", _parse, CALLER)) for _ in range(MINIMUM + 1)]
-    await until(_count_of(router, MINIMUM + 1), "the held jobs routed")
-    router.release_all()
-    await asyncio.gather(*held)
+    for _ in range(2):  # what halved the adaptive limit above changes nothing here
+        held = [asyncio.create_task(plane.infer("simple", _parse, CALLER)) for _ in range(8)]
+        await until(_count_of(router, 8), "the held jobs routed")
+        router.release_all()
+        await asyncio.gather(*held)
+        now[0] += INTERVAL_NS
 
 
 def _parse_urgent(screen: Screen) -> InferRequest:

@@ -4,17 +4,18 @@ gateway lets into the mesh at once, learnt from how long its admitted requests w
 A standing queue is what overload looks like from here: every request waits, the luckiest
 too. So, as CoDel does, the signal is the *smallest* wait among the class's requests that
 finished in an interval (100 ms): the wait in the work queue, from its enqueueing to its
-batch's start, which is what admitting fewer shortens. (The time before it, the gateway's
-and the router's CPU, grows too while a flood is refused; shrinking the limit for it
-starved the workers: measured on the mlp, one core, 5x: goodput 0.4x against 0.7x.) Above
-the target, the limit shrinks in proportion, at most by half an interval (shrinking sooner,
-on a flood's first answers, collapsed it: the workers' wake-ups are late too while a core
-is busy refusing); at or below it, while the limit was what held calls back, it grows by
-its square root or a tenth, whichever is more (from the floor back to 32 in 0.8 s). A
-request that reached its deadline unanswered counts as a wait of all its time. Priorities
-are separate classes: a low-priority flood waits behind the workers' weighting of the
-levels, and its limit shrinks while the urgent class's does not, so the flood is what is
-refused.
+batch's start, less the compute of one batch (`queue_wait_ns`), which is what admitting
+fewer shortens. (The time before it, the gateway's and the router's CPU, grows too while a
+flood is refused; shrinking the limit for it starved the workers: measured on the mlp, one
+core, 5x: goodput 0.4x against 0.7x.) The limit changes only while it held calls back (some
+were refused, or as many were in flight as it allows): above the target it shrinks in
+proportion, at most by half an interval (shrinking sooner, on a flood's first answers,
+collapsed it: the workers' wake-ups are late too while a core is busy refusing); at or
+below it, it grows by its square root or a tenth, whichever is more (from the floor back to
+32 in 0.8 s). A request that reached its deadline unanswered counts as a wait of all its
+time. Priorities are separate classes: a low-priority flood waits behind the workers'
+weighting of the levels, and its limit shrinks while the urgent class's does not, so the
+flood is what is refused.
 
 A refusal says when to come back from the measured drain rate: the time the class's
 excess takes to finish at the rate its requests finished lately.
@@ -27,6 +28,8 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+
+from tiermesh.core.jobs import Timing
 
 LimitKey = tuple[str, int]  # (model, priority level)
 
@@ -75,8 +78,8 @@ class AdaptiveLimits:
         return 0
 
     def release(self, key: LimitKey, now_ns: int, wait_ns: int | None) -> None:
-        """An admitted request ended: `wait_ns` from its enqueueing to its batch's start (or
-        all its time when it expired unanswered); None when it says nothing of the queue
+        """An admitted request ended: `wait_ns` its queue wait (`queue_wait_ns`; all its
+        time when it expired unanswered); None when it says nothing of the queue
         (refused further in, its caller left, failed before a worker took it)."""
         c = self._class(key, now_ns)
         c.in_flight = max(0, c.in_flight - 1)
@@ -133,14 +136,23 @@ class AdaptiveLimits:
         c.min_wait_ns = -1
 
 
+def queue_wait_ns(timing: Timing) -> int:
+    """The signal of one answered request: its wait in the work queue (enqueued -> its
+    batch's start) less its batch's compute, at least 0. A request that came while a batch
+    computed waits for it without any queue: a model whose batches take 90 ms shows waits
+    of that much at 4 callers, and measured whole they shrank its limit to the floor."""
+    wait = timing.batch_start_ns - timing.enqueued_ns
+    compute = max(0, timing.batch_end_ns - timing.batch_start_ns)
+    return max(0, wait - compute)
+
+
 def next_limit(limit: float, min_wait_ns: int | None, *, bound: bool, target_ns: int) -> float:
-    """One interval's step: shrink toward the target when even the shortest wait exceeded
-    it; grow (by the root or a tenth) when the limit held calls back and the queue was
-    short; else keep."""
-    if min_wait_ns is None:
+    """One interval's step, only while the limit held calls back (`bound`): shrink toward
+    the target when even the shortest wait exceeded it, else grow by the root or a tenth.
+    A limit the callers did not reach is left alone: four callers of a model whose batches
+    take 90 ms wait behind each other's batches, and shrinking for that only refused them."""
+    if min_wait_ns is None or not bound:
         return limit
     if min_wait_ns > target_ns:
         return limit * max(MAX_SHRINK, target_ns / min_wait_ns)
-    if bound:
-        return limit + max(1.0, math.sqrt(limit), limit * GROWTH)
-    return limit
+    return limit + max(1.0, math.sqrt(limit), limit * GROWTH)

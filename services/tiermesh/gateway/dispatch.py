@@ -16,7 +16,7 @@ from opentelemetry import trace
 from tiermesh.core.errors import MeshError, deadline_exceeded, exhausted, unavailable
 from tiermesh.core.jobs import Job, JobResult
 from tiermesh.core.repository import ModelConfig
-from tiermesh.gateway.adaptive_limit import AdaptiveLimits
+from tiermesh.gateway.adaptive_limit import AdaptiveLimits, queue_wait_ns
 from tiermesh.gateway.cache import cache_digest
 from tiermesh.gateway.capture import Observed
 from tiermesh.gateway.facts import response_facts
@@ -193,8 +193,8 @@ class Dispatcher:
         self, cfg: ModelConfig, job: Job, on_partial: PartialCallback | None, hops: Hops | None
     ) -> tuple[JobResult, Placement | None]:
         """`_await_result` within the adaptive limit of the job's (model, priority): refused
-        at once beyond it; its wait in the work queue (enqueued -> batch start) teaches the
-        limit. Generative
+        at once beyond it; its wait in the work queue beyond one batch's compute
+        (queue_wait_ns) teaches the limit. Generative
         models are not limited here: their schedulers admit by tokens and slots."""
         limits = self._limits
         if limits is None or cfg.generation is not None:
@@ -212,7 +212,7 @@ class Dispatcher:
             result, placed = await self._await_result(job, on_partial, hops)
             timing = result.timing
             if timing.batch_start_ns and timing.enqueued_ns:
-                wait_ns = timing.batch_start_ns - timing.enqueued_ns
+                wait_ns = queue_wait_ns(timing)
             elif result.code == grpc.StatusCode.DEADLINE_EXCEEDED:  # expired in its queue
                 wait_ns = self._clock_ns() - job.timing.received_ns
             return result, placed

@@ -128,7 +128,7 @@ func (d *door) ended(entry *tiermeshv1.Entry, code codes.Code) {
 
 // infer routes the job and waits for its result; what it learns on the way goes in entry
 // (where the job was placed, its result, whether the caller left while it was queued).
-// wait: enqueued -> its batch's start, or all its time when it expired unanswered; -1 when
+// wait: its queue wait (queueWaitNs), or all its time when it expired unanswered; -1 when
 // the call says nothing of the queue (limit.go).
 func (d *door) infer(ctx context.Context, stream grpc.ServerStream, m *model, job *tiermeshv1.Job, entry *tiermeshv1.Entry) (resp proto.Message, wait int64, err error) {
 	wait = -1
@@ -178,8 +178,8 @@ func (d *door) awaitResult(ctx context.Context, stream grpc.ServerStream, m *mod
 	case result := <-results:
 		d.metrics.resolved.Add(1)
 		received := job.Timing.GetReceivedNs()
-		if start, enq := result.Timing.GetBatchStartNs(), result.Timing.GetEnqueuedNs(); start > 0 && enq > 0 {
-			*wait = start - enq
+		if t := result.Timing; t.GetBatchStartNs() > 0 && t.GetEnqueuedNs() > 0 {
+			*wait = queueWaitNs(t)
 		} else if codes.Code(result.Code) == codes.DeadlineExceeded { // expired in its queue
 			*wait = time.Now().UnixNano() - received
 		}

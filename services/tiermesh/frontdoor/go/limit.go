@@ -7,6 +7,8 @@ import (
 	"math"
 	"os"
 	"sync"
+
+	"tiermeshv1"
 )
 
 // Adaptive in-flight limits per (model, priority): the Python gateway's rules
@@ -141,17 +143,21 @@ func (l *limits) adjust(c *limitClass, nowNs int64) {
 	c.minWaitNs = -1
 }
 
+// queueWaitNs is an answered request's signal, as gateway/adaptive_limit.py's
+// queue_wait_ns: enqueued -> its batch's start, less its batch's compute, at least 0.
+func queueWaitNs(t *tiermeshv1.Timing) int64 {
+	wait := t.GetBatchStartNs() - t.GetEnqueuedNs()
+	return maxInt(0, wait-maxInt(0, t.GetBatchEndNs()-t.GetBatchStartNs()))
+}
+
 func nextLimit(limit float64, minWaitNs int64, measured, bound bool, targetNs int64) float64 {
-	if !measured {
+	if !measured || !bound {
 		return limit
 	}
 	if minWaitNs > targetNs {
 		return limit * math.Max(limitMaxShrink, float64(targetNs)/float64(minWaitNs))
 	}
-	if bound {
-		return limit + math.Max(math.Max(1, math.Sqrt(limit)), limit*limitGrowth)
-	}
-	return limit
+	return limit + math.Max(math.Max(1, math.Sqrt(limit)), limit*limitGrowth)
 }
 
 func minInt(a, b int64) int64 {
