@@ -733,6 +733,9 @@ async def run(args: argparse.Namespace) -> int:
                 mesh = Mesh(
                     UpOptions(
                         port=port,
+                        # Two meshes at once: every port of each its own (0: a free one).
+                        http_port=0,
+                        metrics_port=0,
                         data_dir=base / "data",
                         model_repository=repo,
                         grace_s=5.0,
