@@ -58,8 +58,9 @@ class Duration:
     count: int = 0
     ns: int = 0
 
-    def add(self, ns: int) -> None:
-        self.count += 1
+    def add(self, ns: int, count: int = 1) -> None:
+        """`count` calls whose durations sum to `ns`."""
+        self.count += count
         self.ns += max(0, ns)
 
     def merge(self, other: Duration) -> None:
@@ -230,9 +231,7 @@ class InferenceStatistics:
 
     def failed_many(self, model: str, version: str, count: int, total_ns: int) -> None:
         """`count` such calls at once, their durations summed (the door's refusals)."""
-        fail = self._of(model, version).fail
-        fail.count += count
-        fail.ns += max(0, total_ns)
+        self._of(model, version).fail.add(total_ns, count)
 
     def of(self, model: str, version: str) -> VersionStats:
         """This gateway's figures of (model, version) not yet in Redis; zeros when none."""

@@ -132,17 +132,11 @@ func (d *door) ended(entry *tiermeshv1.Entry, code codes.Code) {
 // the call says nothing of the queue (limit.go).
 func (d *door) infer(ctx context.Context, stream grpc.ServerStream, m *model, job *tiermeshv1.Job, entry *tiermeshv1.Entry) (resp proto.Message, wait int64, err error) {
 	wait = -1
-	resp, err = d.awaitResult(ctx, stream, m, job, entry, &wait)
-	return resp, wait, err
-}
-
-func (d *door) awaitResult(ctx context.Context, stream grpc.ServerStream, m *model, job *tiermeshv1.Job, entry *tiermeshv1.Entry, wait *int64) (proto.Message, error) {
 	deadline := time.Unix(0, job.DeadlineNs)
 	results := d.pending.register(job.RequestId)
 	defer d.pending.discard(job.RequestId)
 	began := time.Now().UnixNano()
 	var reply *tiermeshv1.RouteReply
-	var err error
 	placedHere := false
 	if d.placer != nil {
 		reply = d.placer.place(m, job)
@@ -159,13 +153,13 @@ func (d *door) awaitResult(ctx context.Context, stream grpc.ServerStream, m *mod
 		if ctx.Err() != nil { // the job may be queued already: its workers are told
 			d.callerLeft(entry, deadline)
 		}
-		return nil, err
+		return nil, wait, err
 	}
 	if reply.Code != 0 {
 		if advice, ok := reply.XRetryAfterMs.(*tiermeshv1.RouteReply_RetryAfterMs); ok {
 			stream.SetTrailer(metadata.Pairs(retryAfterKey, strconv.FormatInt(advice.RetryAfterMs, 10)))
 		}
-		return nil, status.Error(codes.Code(reply.Code), reply.Message)
+		return nil, wait, status.Error(codes.Code(reply.Code), reply.Message)
 	}
 	d.metrics.accepted.Add(1)
 	entry.Routed, entry.RoutedVersion, entry.ShadowRequestId = true, reply.Version, reply.ShadowRequestId
@@ -179,22 +173,22 @@ func (d *door) awaitResult(ctx context.Context, stream grpc.ServerStream, m *mod
 		d.metrics.resolved.Add(1)
 		received := job.Timing.GetReceivedNs()
 		if t := result.Timing; t.GetBatchStartNs() > 0 && t.GetEnqueuedNs() > 0 {
-			*wait = queueWaitNs(t)
+			wait = queueWaitNs(t)
 		} else if codes.Code(result.Code) == codes.DeadlineExceeded { // expired in its queue
-			*wait = time.Now().UnixNano() - received
+			wait = time.Now().UnixNano() - received
 		}
 		entry.Result = bookedResult(result, reply.ShadowRequestId != "", entry.Job != nil || entry.Trace != nil)
 		if result.Code != 0 {
-			return nil, status.Error(codes.Code(result.Code), result.Message)
+			return nil, wait, status.Error(codes.Code(result.Code), result.Message)
 		}
 		entry.EndedNs = time.Now().UnixNano()
-		return responseOf(result, entry.EndedNs), nil
+		return responseOf(result, entry.EndedNs), wait, nil
 	case <-timer.C:
-		*wait = time.Now().UnixNano() - job.Timing.GetReceivedNs()
-		return nil, status.Error(codes.DeadlineExceeded, "deadline exceeded while waiting for the result")
+		wait = time.Now().UnixNano() - job.Timing.GetReceivedNs()
+		return nil, wait, status.Error(codes.DeadlineExceeded, "deadline exceeded while waiting for the result")
 	case <-ctx.Done():
 		d.callerLeft(entry, deadline)
-		return nil, contextError(ctx)
+		return nil, wait, contextError(ctx)
 	}
 }
 
