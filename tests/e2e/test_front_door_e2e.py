@@ -70,7 +70,15 @@ def door_up(tmp_path_factory: pytest.TempPathFactory) -> Iterator[UpProcess]:
     # No span files: the door's own figures, without the cost of writing spans.
     with running(
         tmp_path_factory.mktemp("door"),
-        extra_env={"TIERMESH_FRONT_DOOR": "go", "TIERMESH_MAX_IN_FLIGHT": str(MAX_IN_FLIGHT)},
+        # The fixed cap alone: these tests fill it on purpose (a paused worker, a stopped
+        # Redis), which the adaptive limits would read as a standing queue and shrink to
+        # their floor for the tests after (test_adaptive_limit.py, test_door_limits.py and
+        # test_overload_e2e.py test those).
+        extra_env={
+            "TIERMESH_FRONT_DOOR": "go",
+            "TIERMESH_MAX_IN_FLIGHT": str(MAX_IN_FLIGHT),
+            "TIERMESH_ADAPTIVE_LIMIT": "false",
+        },
         span_files=False,
     ) as up:
         yield up
