@@ -219,16 +219,6 @@ func appendParams(b []byte, params map[string]*inference.InferParameter) []byte 
 	return append(b, '}')
 }
 
-func totalMS(params map[string]*inference.InferParameter) (float64, bool) {
-	switch v := params[prefix+"total_ms"].GetParameterChoice().(type) {
-	case *inference.InferParameter_DoubleParam:
-		return v.DoubleParam, true
-	case *inference.InferParameter_Int64Param:
-		return float64(v.Int64Param), true
-	}
-	return 0, false
-}
-
 func write(out *bufio.Writer, results []result) {
 	var b []byte
 	for i := range results {
@@ -242,12 +232,6 @@ func write(out *bufio.Writer, results []result) {
 		b = append(b, `,"retry_after_ms":`...)
 		if r.retry >= 0 {
 			b = appendFloat(b, r.retry)
-		} else {
-			b = append(b, "null"...)
-		}
-		b = append(b, `,"total_ms":`...)
-		if total, ok := totalMS(r.params); ok && r.code == codes.OK {
-			b = appendFloat(b, total)
 		} else {
 			b = append(b, "null"...)
 		}
