@@ -1,27 +1,34 @@
-"""Continuous batching through the whole mesh (issue 11, acceptance 2), SmolLM2-135M-Instruct.
+"""Continuous batching through the whole mesh (issues 11 and 23), SmolLM2-135M-Instruct.
 
 Starts `tiermesh up` (center worker only) on a repository holding the fetched smollm2
-(models/smollm2, `tiermesh models fetch smollm2`), then, over tritonclient's gRPC stream,
+(models/smollm2, `tiermesh models fetch smollm2`), then, over tritonclient's gRPC streams,
 greedy, for each round:
 
 1. solo: the requests one at a time (each waits for the previous one's final response);
    each request's end-to-end time and time to first token, as the client sees them.
-2. together: all of them sent at once on one stream; the same times, from the send.
+2. streams: `--streams N` client streams at once (8 by default), each sending all the
+   requests one after another (stream k starts at the k-th, so every stream asks for the
+   same tokens in all): N concurrent closed-loop callers, the same times per request.
+3. probe (issue 23, acceptance 4): a short answer (`--probe-tokens`, 16) alone, `--probes`
+   times; then N long answers (`--long-tokens`) kept running by N closed-loop streams, and,
+   once every one of them has its first token, the same short answer `--probes` times, one
+   after another: its time to first token beside the N streams against alone.
 
-The requests ask for very different max_new_tokens (`--lengths`); `--copies K` sends K
-copies of each in the together phase (8K requests for the 8 slots, new ones joining as
-others finish: sustained load). Prints per request the median solo and together times,
-and generated tokens/s of both phases and their ratio (median over `--rounds`). Both phases
-generate the same tokens (greedy), and the counts are checked equal. Asserts nothing else.
+The requests ask for very different max_new_tokens (`--lengths`). Prints per request the
+median solo and streams times, the generated tokens/s of solo and streams and their ratio,
+and the probe's TTFT alone, beside the N streams, and their ratio (medians over `--rounds`;
+the probe's per round is the median of its probes). Solo and streams generate the same
+tokens (greedy): the counts are checked equal. Asserts nothing else.
 
-    .venv/bin/python benchmarks/generate_mesh.py [--rounds 3] [--copies 1]
-        [--lengths 8,96,16,64,32,128,12,48] [--set step_tokens=128 ...]
+    .venv/bin/python benchmarks/generate_mesh.py [--rounds 3] [--streams 8]
+        [--lengths 8,96,16,64,32,128,12,48] [--probes 5] [--set step_tokens=128 ...]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import statistics
 import sys
 import tempfile
@@ -52,7 +59,11 @@ QUESTIONS = [
     "Describe a busy market in a city at dawn.",
     "Tell me about the history of the printing press.",
 ]
+PROBE_QUESTION = "What is the capital of France? Answer in one sentence."
 DEFAULT_LENGTHS = "8,96,16,64,32,128,12,48"
+PROBE_TOKENS = 16
+
+Ask = tuple[str, str, int]  # request id, prompt, max_new_tokens
 
 
 @dataclass
@@ -61,6 +72,10 @@ class Timed:
     first: float = 0.0
     end: float = 0.0
     tokens: int = 0
+
+    @property
+    def ttft_ms(self) -> float:
+        return (self.first - self.sent) * 1000
 
 
 @dataclass
@@ -71,6 +86,12 @@ class Phase:
     @property
     def tokens(self) -> int:
         return sum(t.tokens for t in self.times.values())
+
+
+@dataclass
+class Probe:
+    alone_ms: float  # median TTFT of the short answer alone
+    beside_ms: float  # median TTFT of the short answer beside the long streams
 
 
 def request(rid: str, prompt: str, n: int) -> dict[str, Any]:
@@ -84,17 +105,24 @@ def request(rid: str, prompt: str, n: int) -> dict[str, Any]:
     }
 
 
-async def run(client: grpcaio.InferenceServerClient, asks: list[tuple[str, str, int]]) -> Phase:
-    """Send `asks` (id, prompt, max_new_tokens) on one stream at once; their times."""
-    times: dict[str, Timed] = {}
-    start = time.perf_counter()
+async def caller(
+    client: grpcaio.InferenceServerClient,
+    asks: AsyncIterator[Ask],
+    times: dict[str, Timed],
+    on_first: asyncio.Event | None = None,
+) -> None:
+    """One closed-loop caller on one gRPC stream: sends the next ask once the previous one's
+    final response came; records each ask's times in `times`. `on_first` is set at the
+    first token of the first ask."""
+    done = asyncio.Event()
 
     async def requests() -> AsyncIterator[dict[str, Any]]:
-        for rid, prompt, n in asks:
+        async for rid, prompt, n in asks:
+            done.clear()
             times[rid] = Timed(time.perf_counter())
             yield request(rid, prompt, n)
+            await done.wait()
 
-    pending = len(asks)
     async for result, error in client.stream_infer(requests()):
         if error is not None:
             raise RuntimeError(str(error))
@@ -103,33 +131,86 @@ async def run(client: grpcaio.InferenceServerClient, asks: list[tuple[str, str, 
         timed = times[resp.id]
         if not timed.first and result.as_numpy("text_output")[0]:
             timed.first = now
+            if on_first is not None:
+                on_first.set()
         final = resp.parameters.get("triton_final_response")
         if final is not None and final.bool_param:
             timed.end = now
             timed.tokens = int(resp.parameters["tiermesh.generated_tokens"].int64_param)
-            pending -= 1
-            if not pending:
-                break
-    return Phase(time.perf_counter() - start, times)
+            done.set()
+
+
+async def listed(asks: list[Ask]) -> AsyncIterator[Ask]:
+    for ask in asks:
+        yield ask
+
+
+async def run(client: grpcaio.InferenceServerClient, streams: list[list[Ask]]) -> Phase:
+    """Each list of asks on a stream of its own, all streams at once; their times."""
+    phase = Phase(0.0)
+    start = time.perf_counter()
+    await asyncio.gather(*(caller(client, listed(asks), phase.times) for asks in streams))
+    phase.wall_s = time.perf_counter() - start
+    return phase
+
+
+async def probe(
+    client: grpcaio.InferenceServerClient, streams: int, long_tokens: int, probes: int, tag: str
+) -> Probe:
+    """The short answer's TTFT alone, then beside `streams` running long answers."""
+    short = [(f"probe{tag}.{i}", PROBE_QUESTION, PROBE_TOKENS) for i in range(probes)]
+    alone = Phase(0.0)
+    for ask in short:
+        alone.times.update((await run(client, [[ask]])).times)
+    stop = asyncio.Event()
+    started = [asyncio.Event() for _ in range(streams)]
+    long_times: dict[str, Timed] = {}
+
+    async def endless(k: int) -> AsyncIterator[Ask]:
+        i = 0
+        while not stop.is_set():
+            yield (f"long{tag}.{k}.{i}", QUESTIONS[(k + i) % len(QUESTIONS)], long_tokens)
+            i += 1
+
+    longs = [
+        asyncio.create_task(caller(client, endless(k), long_times, started[k]))
+        for k in range(streams)
+    ]
+    try:
+        for event in started:
+            await event.wait()
+        beside = Phase(0.0)
+        for ask in [(f"{rid}b", q, n) for rid, q, n in short]:
+            beside.times.update((await run(client, [[ask]])).times)
+    finally:
+        stop.set()
+        await asyncio.gather(*longs)
+    return Probe(
+        statistics.median(t.ttft_ms for t in alone.times.values()),
+        statistics.median(t.ttft_ms for t in beside.times.values()),
+    )
 
 
 async def one_round(
-    client: grpcaio.InferenceServerClient, lengths: list[int], copies: int
-) -> tuple[Phase, Phase]:
+    client: grpcaio.InferenceServerClient, args: argparse.Namespace, r: int
+) -> tuple[Phase, Phase, Probe]:
+    lengths = [int(x) for x in args.lengths.split(",")]
     asks = [(f"r{i}", QUESTIONS[i % len(QUESTIONS)], n) for i, n in enumerate(lengths)]
     solo = Phase(0.0)
     for ask in asks:
-        phase = await run(client, [ask])
+        phase = await run(client, [[ask]])
         solo.wall_s += phase.wall_s
         solo.times.update(phase.times)
-    together = await run(
-        client, [(f"{rid}.{c}", q, n) for c in range(copies) for rid, q, n in asks]
-    )
-    return solo, together
+    rotated = [
+        [(f"{rid}.{k}", q, n) for rid, q, n in asks[k % len(asks) :] + asks[: k % len(asks)]]
+        for k in range(args.streams)
+    ]
+    together = await run(client, rotated)
+    probed = await probe(client, args.streams, args.long_tokens, args.probes, str(r))
+    return solo, together, probed
 
 
 async def bench(args: argparse.Namespace) -> None:
-    lengths = [int(x) for x in args.lengths.split(",")]
     with tempfile.TemporaryDirectory(prefix="tiermesh-gen-") as tmp:
         repo = Path(tmp) / "models"
         (repo / MODEL).mkdir(parents=True)
@@ -153,56 +234,67 @@ async def bench(args: argparse.Namespace) -> None:
         client = grpcaio.InferenceServerClient(f"127.0.0.1:{port}")
         rounds = []
         try:
-            await run(client, [("warmup", QUESTIONS[0], 4)])
+            await run(client, [[("warmup", QUESTIONS[0], 4)]])
             for r in range(args.rounds):
-                rounds.append(await one_round(client, lengths, args.copies))
-                solo, together = rounds[-1]
+                rounds.append(await one_round(client, args, r))
+                solo, together, probed = rounds[-1]
                 print(
-                    f"round {r + 1}: solo {solo.tokens / solo.wall_s:.1f} tok/s, together "
-                    f"{together.tokens / together.wall_s:.1f} tok/s",
+                    f"round {r + 1}: solo {solo.tokens / solo.wall_s:.1f} tok/s, "
+                    f"{args.streams} streams {together.tokens / together.wall_s:.1f} tok/s; "
+                    f"probe TTFT alone {probed.alone_ms:.0f} ms, beside "
+                    f"{probed.beside_ms:.0f} ms",
                     file=sys.stderr,
                 )
         finally:
-            await client.close()
+            with contextlib.suppress(Exception):
+                await client.close()
             mesh.stop()
-    report(rounds, lengths, args.copies, args.set)
+    report(rounds, args)
 
 
-def report(
-    rounds: list[tuple[Phase, Phase]], lengths: list[int], copies: int, settings: dict[str, int]
-) -> None:
+def report(rounds: list[tuple[Phase, Phase, Probe]], args: argparse.Namespace) -> None:
     def med(values: list[float]) -> float:
         return statistics.median(values)
 
+    lengths = [int(x) for x in args.lengths.split(",")]
+    n = args.streams
     print(
         f"generate_mesh {time.strftime('%Y-%m-%d %H:%M')}, {len(rounds)} rounds, "
-        f"copies {copies}, settings {settings or 'as configured'}"
+        f"{n} streams, settings {args.set or 'as configured'}"
     )
     print(
-        "| request | max_new_tokens | tokens | solo e2e s | together e2e s | solo TTFT ms |"
-        " together TTFT ms |"
+        "| request | max_new_tokens | tokens | solo e2e s | streams e2e s | solo TTFT ms |"
+        " streams TTFT ms |"
     )
     print("|---|---|---|---|---|---|---|")
-    for i, n in enumerate(lengths):
+    for i, length in enumerate(lengths):
         rid = f"r{i}"
-        solo = [s.times[rid] for s, _ in rounds]
-        together = [t.times[f"{rid}.0"] for _, t in rounds]
+        solo = [s.times[rid] for s, _, _ in rounds]
+        together = [t.times[f"{rid}.{k}"] for _, t, _ in rounds for k in range(n)]
         print(
-            f"| {rid} | {n} | {solo[0].tokens} "
+            f"| {rid} | {length} | {solo[0].tokens} "
             f"| {med([x.end - x.sent for x in solo]):.2f} "
             f"| {med([x.end - x.sent for x in together]):.2f} "
-            f"| {med([(x.first - x.sent) * 1000 for x in solo]):.0f} "
-            f"| {med([(x.first - x.sent) * 1000 for x in together]):.0f} |"
+            f"| {med([x.ttft_ms for x in solo]):.0f} "
+            f"| {med([x.ttft_ms for x in together]):.0f} |"
         )
-    solo_rate = [s.tokens / s.wall_s for s, _ in rounds]
-    together_rate = [t.tokens / t.wall_s for _, t in rounds]
+    solo_rate = [s.tokens / s.wall_s for s, _, _ in rounds]
+    together_rate = [t.tokens / t.wall_s for _, t, _ in rounds]
     ratios = [b / a for a, b in zip(solo_rate, together_rate, strict=True)]
-    same = all(t.tokens == copies * s.tokens for s, t in rounds)
+    same = all(t.tokens == n * s.tokens for s, t, _ in rounds)
     print(
-        f"\ngenerated tokens/s: one at a time {med(solo_rate):.1f}, together "
+        f"\ngenerated tokens/s: one at a time {med(solo_rate):.1f}, {n} streams "
         f"{med(together_rate):.1f}: **{med(ratios):.2f}x** (rounds: "
         + " / ".join(f"{r:.2f}" for r in ratios)
-        + f"); same token counts: {same}"
+        + f"; issue 23 target >= 3x); same token counts: {same}"
+    )
+    alone = [p.alone_ms for _, _, p in rounds]
+    beside = [p.beside_ms for _, _, p in rounds]
+    probe_ratios = [b / a for a, b in zip(alone, beside, strict=True)]
+    print(
+        f"{PROBE_TOKENS}-token answer's TTFT: alone {med(alone):.0f} ms, beside {n} running "
+        f"{args.long_tokens}-token answers {med(beside):.0f} ms: **{med(probe_ratios):.2f}x** "
+        "(rounds: " + " / ".join(f"{r:.2f}" for r in probe_ratios) + "; issue 23 target <= 2x)"
     )
 
 
@@ -214,7 +306,9 @@ def _setting(text: str) -> tuple[str, int]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--copies", type=int, default=1)
+    parser.add_argument("--streams", type=int, default=8, help="concurrent callers")
+    parser.add_argument("--probes", type=int, default=5, help="short answers per round")
+    parser.add_argument("--long-tokens", type=int, default=128, help="the long answers' length")
     parser.add_argument("--lengths", default=DEFAULT_LENGTHS)
     parser.add_argument(
         "--set",
