@@ -128,7 +128,7 @@ def test_background_batches_are_large() -> None:
     key = _key(BG, 1)
     # Nothing measured yet: the bucket's maximum.
     assert s.background_rows(key) == 16
-    assert s.batch_rows(_view(BG, 1, rows=40)) == 16
+    assert s.batch_rows(_view(BG, 1, rows=40), T0) == 16
     # Mostly fixed cost (1 ms + 0.01 ms per row): the maximum, still.
     for rows in (1, 4, 8, 16, 2, 12):
         s.observe(key, rows, MS + rows * 10_000)
@@ -139,7 +139,7 @@ def test_background_batches_are_large() -> None:
         s.observe(key0, rows, 100_000 + rows * MS)
     assert 1 <= s.background_rows(key0) < 4
     # Online batch sizes are not touched by background work.
-    assert s.batch_rows(_view(1, 0, rows=40)) == 16  # its largest preferred size
+    assert s.batch_rows(_view(1, 0, rows=40), T0) == 16  # its largest preferred size
 
 
 def _job(**kw: object) -> JobRecord:

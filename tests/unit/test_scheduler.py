@@ -12,7 +12,7 @@ import pytest
 
 from tiermesh.core.keys import StreamKey
 from tiermesh.core.model_config import ModelConfig, RepositoryError, parse_config
-from tiermesh.worker.scheduler import Scheduler, StreamView
+from tiermesh.worker.scheduler import HIGHER_PRESENT_NS, Scheduler, StreamView
 
 MS = 1_000_000
 # A wall-clock-sized origin: float arithmetic on ns timestamps this large loses precision.
@@ -143,6 +143,36 @@ def test_intermittent_level_keeps_its_share() -> None:
         assert picks_until_served <= 5
 
 
+@pytest.mark.parametrize("flood_batches_between", [1, 3, 7])
+def test_a_level_one_trickle_is_taken_at_the_next_boundary(flood_batches_between: int) -> None:
+    """Level 1 turns up with one request at a time beside a level-2 flood: every time, the
+    next pick is its (kept credit would be the trickle's debt from its last win, and one in
+    five returns would wait another batch)."""
+    s = _sched((4, 1))
+    now = T0
+    for _ in range(100):
+        assert s.pick([_view(2, rows=32, now=now), _view(1, now=now)], now) == _key(1)
+        now += MS
+        for _ in range(flood_batches_between):
+            assert s.pick([_view(2, rows=32, now=now)], now) == _key(2)
+            now += MS
+
+
+def test_forgotten_credit_is_shared_so_credits_sum_to_zero() -> None:
+    other = "mlp@1.fp32"
+    s = Scheduler({UNIT: _cfg((4, 1)), other: _cfg((4, 1))})
+    views = [_view(2, rows=8), _view(2, rows=8, unit=other)]
+    now = T0
+    for i in range(30):
+        trickle = [_view(1, now=now)] if i % 3 == 0 else []
+        s.pick([*views, *trickle], now)
+        assert sum(s._credits.values()) == pytest.approx(0.0, abs=1e-9)
+        now += MS
+    # The two flooded units still alternate.
+    picks = Counter(s.pick(views, now + i * MS) for i in range(20))
+    assert picks == {_key(2): 10, _key(2, unit=other): 10}
+
+
 def test_levels_of_different_units_share_by_weight() -> None:
     other = "mlp@1.fp32"
     s = Scheduler({UNIT: _cfg((4, 1)), other: _cfg((4, 1))})
@@ -235,8 +265,8 @@ def test_buckets_never_merge(rows: int) -> None:
     key = s.pick(views, T0)
     assert key in {v.key for v in views}
     for v in views:
-        assert s.batch_rows(v) <= BUCKETS[v.key.bucket]["max_batch_size"]
-        assert s.batch_rows(v) <= rows
+        assert s.batch_rows(v, T0) <= BUCKETS[v.key.bucket]["max_batch_size"]
+        assert s.batch_rows(v, T0) <= rows
 
 
 @pytest.mark.parametrize(
@@ -399,7 +429,69 @@ def test_deadline_closes_early(
     ],
 )
 def test_batch_rows(bucket: int, rows: int, expected: int) -> None:
-    assert _sched().batch_rows(_view(1, bucket, rows)) == expected
+    assert _sched().batch_rows(_view(1, bucket, rows), T0) == expected
+
+
+# -- row_cap: lower levels yield to a higher one ---------------------------------------------
+
+
+def _measured(
+    s: Scheduler, bucket: int = 1, fixed_ms: float = 1.0, per_row_ms: float = 2.0
+) -> None:
+    """Batches of 1..8 rows observed: fixed + per_row * rows."""
+    for rows in [1, 2, 4, 8, 3, 6] * 3:
+        s.observe(_key(2, bucket), rows, round((fixed_ms + per_row_ms * rows) * MS))
+
+
+def test_no_cut_without_higher_level_traffic() -> None:
+    s = _sched()
+    _measured(s)
+    assert s.row_cap(_key(2, 1), T0) == 16
+    assert s.batch_rows(_view(2, 1, rows=16), T0) == 16
+    s.arrived(_key(2, 1), 5, T0)  # its own level's traffic does not count
+    assert s.row_cap(_key(2, 1), T0) == 16
+
+
+def test_a_lower_level_is_cut_to_the_yield_while_a_higher_one_has_traffic() -> None:
+    s = _sched()  # yield_ms 10 by default
+    _measured(s)  # 1 ms + 2 ms per row: 4 rows take 9 ms, 5 take 11
+    s.arrived(_key(1, 0), 1, T0)  # a level-1 row, in another bucket
+    assert s.row_cap(_key(2, 1), T0) == 4
+    assert s.batch_rows(_view(2, 1, rows=16), T0) == 4
+    # A batch at its cut closes at once.
+    assert s.wait_ms(_view(2, 1, rows=4), T0) == 0.0
+    assert s.wait_ms(_view(2, 1, rows=3), T0) > 0
+    # Level 1 itself is never cut.
+    _measured(s, bucket=0)
+    assert s.row_cap(_key(1, 0), T0) == 32
+    # The cut lasts while the higher level's last row is recent.
+    assert s.row_cap(_key(2, 1), T0 + HIGHER_PRESENT_NS) == 4
+    assert s.row_cap(_key(2, 1), T0 + HIGHER_PRESENT_NS + 1) == 16
+
+
+def test_the_cut_keeps_at_least_one_row_and_needs_a_measured_cost() -> None:
+    s = _sched()
+    s.arrived(_key(1, 0), 1, T0)
+    assert s.row_cap(_key(2, 1), T0) == 16  # nothing measured for the bucket yet
+    _measured(s, fixed_ms=30.0)  # one row alone takes longer than the yield
+    assert s.row_cap(_key(2, 1), T0) == 1
+
+
+def test_yield_zero_never_cuts() -> None:
+    raw = _raw()
+    raw["scheduling"]["yield_ms"] = 0
+    s = Scheduler({UNIT: parse_config(raw, "test")})
+    _measured(s)
+    s.arrived(_key(1, 0), 1, T0)
+    assert s.row_cap(_key(2, 1), T0) == 16
+
+
+@pytest.mark.parametrize("bad", [-1, "soon", float("inf")])
+def test_yield_ms_must_be_a_finite_non_negative_number(bad: object) -> None:
+    raw = _raw()
+    raw["scheduling"]["yield_ms"] = bad
+    with pytest.raises(RepositoryError, match=r"yield_ms|could not convert"):
+        parse_config(raw, "test")
 
 
 # -- observe / compute_estimate_ns ---------------------------------------------------------

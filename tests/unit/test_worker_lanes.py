@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import contextvars
+import os
+import threading
 
 import pytest
 
@@ -10,6 +13,7 @@ from tiermesh.worker.lanes import (
     INLINE_MAX_NS,
     MAX_AUTO_LANES,
     ComputePlan,
+    ComputeThreads,
     Lanes,
     plan,
     run_inline,
@@ -108,3 +112,37 @@ def test_run_inline(
     computing: int, unsent: int, waiting: bool, estimate_ns: int, want: bool
 ) -> None:
     assert run_inline(computing, unsent, waiting, estimate_ns) is want
+
+
+def _nice_of_this_thread() -> tuple[str, int]:
+    tid = threading.get_native_id()
+    return threading.current_thread().name, os.getpriority(os.PRIO_PROCESS, tid)
+
+
+@pytest.mark.parametrize("nice", [0, 3])
+async def test_compute_threads_run_below_the_loops_priority(nice: int) -> None:
+    own = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+    threads = ComputeThreads(2, nice)
+    try:
+        name, theirs = await threads.call(_nice_of_this_thread)
+    finally:
+        threads.close()
+    assert name.startswith("worker-compute")
+    assert theirs == min(own + nice, 19)
+    # The loop's own thread keeps its priority.
+    assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == own
+
+
+async def test_compute_threads_carry_the_callers_context() -> None:
+    var: contextvars.ContextVar[str] = contextvars.ContextVar("span", default="none")
+    var.set("the batch's span")
+    threads = ComputeThreads(1)
+    try:
+        assert await threads.call(var.get) == "the batch's span"
+    finally:
+        threads.close()
+
+
+def test_compute_nice_must_not_be_negative() -> None:
+    with pytest.raises(ValueError, match="nice"):
+        ComputeThreads(1, -1)

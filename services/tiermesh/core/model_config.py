@@ -12,6 +12,7 @@ Tiers (where a model is served, and which variant each tier serves) are core/tie
 from __future__ import annotations
 
 import itertools
+import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
@@ -87,6 +88,9 @@ class BucketSpec:
     preferred_batch_sizes: tuple[int, ...] = ()
 
 
+DEFAULT_YIELD_MS = 10.0
+
+
 @dataclass(frozen=True, slots=True)
 class SchedulingSpec:
     """How a worker shares its time between priority levels (1 = highest)."""
@@ -95,6 +99,10 @@ class SchedulingSpec:
     priority_weights: tuple[int, ...] = ()
     # A request waiting longer than its level's limit is served before any other.
     age_limit_ms: tuple[float, ...] = ()
+    # While a higher level has traffic, a lower level's batch is cut to what computes
+    # within this long (the worker's measured cost), so higher-level work waits for a lane
+    # about that long at most. 0: batches are never cut.
+    yield_ms: float = DEFAULT_YIELD_MS
 
     def weight(self, level: int) -> int:
         if level - 1 < len(self.priority_weights):
@@ -356,6 +364,7 @@ def parse_config(raw: Any, where: str) -> ModelConfig:
             scheduling=SchedulingSpec(
                 priority_weights=tuple(int(w) for w in scheduling.get("priority_weights", ())),
                 age_limit_ms=tuple(float(a) for a in scheduling.get("age_limit_ms", ())),
+                yield_ms=float(scheduling.get("yield_ms", DEFAULT_YIELD_MS)),
             ),
             response_cache=CacheSpec(
                 enabled=bool(cache.get("enabled", False)),
@@ -487,6 +496,8 @@ def _check(cfg: ModelConfig, where: str) -> None:
     sched = cfg.scheduling
     if any(w < 1 for w in sched.priority_weights) or any(a <= 0 for a in sched.age_limit_ms):
         raise RepositoryError(f"{where}: priority_weights must be >= 1, age_limit_ms > 0")
+    if not 0 <= sched.yield_ms < math.inf:
+        raise RepositoryError(f"{where}: scheduling yield_ms must be >= 0 (0: off)")
     try:
         check_tiers(cfg.tiers, cfg.variants, cfg.default_variant, cfg.mixed_variants)
     except TierConfigError as exc:

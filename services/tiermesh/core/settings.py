@@ -188,6 +188,10 @@ class WorkerSettings(ServiceSettings):
     # `plan`); both 0: up to 4 lanes sharing the cores, e.g. two one-thread lanes on 2 cores.
     intra_op_threads: int = Field(default=0, ge=0)
     compute_lanes: int = Field(default=0, ge=0)
+    # Lanes compute at this much lower CPU priority than the rest of the worker (and of
+    # the request path on the same cores): worker/lanes.py ComputeThreads. 0: the same.
+    # 10 by default: benchmarks/scheduling.py, priority-1 p99 beside a flood 16x -> 5.6x.
+    compute_nice: int = Field(default=10, ge=0, le=19)
     heartbeat_interval_ms: int = Field(default=1000, gt=0)
     heartbeat_ttl_ms: int = Field(default=10_000, gt=0)
     poll_block_ms: int = Field(default=200, gt=0)

@@ -161,6 +161,7 @@ async def serve(
         online=settings.worker_online,
         lanes=compute.lanes,
         max_batch_bytes=settings.max_batch_bytes,
+        compute_nice=settings.compute_nice,
     )
     gen_metrics = GenerationMetrics(registry) if generative else None
     generators = [

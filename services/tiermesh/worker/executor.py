@@ -6,7 +6,6 @@ decision is worker/cascade.py's)."""
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Callable
 
 import grpc
@@ -22,6 +21,7 @@ from tiermesh.core.wire import encode_job
 from tiermesh.worker import results
 from tiermesh.worker.batching import QueuedJob
 from tiermesh.worker.cascade import escalates
+from tiermesh.worker.lanes import ComputeThreads
 from tiermesh.worker.metrics import WorkerMetrics
 from tiermesh.worker.runner import JobOutputs
 from tiermesh.worker.scheduler import Scheduler
@@ -44,8 +44,10 @@ class Executor:
         clock_ns: Callable[[], int],
         telemetry: Telemetry,
         metrics: WorkerMetrics | None,
+        threads: ComputeThreads,
     ) -> None:
         self._streams = streams
+        self._threads = threads
         self._units = units
         self._scheduler = scheduler
         self._clock_ns = clock_ns
@@ -86,7 +88,7 @@ class Executor:
                     self.inline_batches += 1
                     outputs = runner.run(jobs, alone=True)
                 else:
-                    outputs = await asyncio.to_thread(runner.run, jobs)
+                    outputs = await self._threads.call(runner.run, jobs)
             except Exception as exc:
                 log.warning("batch failed; running its requests one by one", model=key.model)
                 span.record_exception(exc)
@@ -122,9 +124,10 @@ class Executor:
         ok: list[QueuedJob] = []
         outputs: list[JobOutputs] = []
         poison: list[QueuedJob] = []
+        run = self._units.runners[key.model].run
         for q in batch:
             try:
-                outputs.extend(await asyncio.to_thread(self._units.runners[key.model].run, [q.job]))
+                outputs.extend(await self._threads.call(run, [q.job]))
                 ok.append(q)
             except Exception:
                 poison.append(q)

@@ -11,12 +11,16 @@ issue 21). `plan` decides threads and lanes; `Lanes` owns the lane tasks."""
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import enum
+import functools
 import os
+import threading
 from collections import Counter
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import structlog
 
@@ -33,6 +37,8 @@ MAX_AUTO_LANES = 4
 # between the two) and computes in ~1.5-2 ms inline. The loop is held no longer than the
 # bound.
 INLINE_MAX_NS = 5_000_000
+
+T = TypeVar("T")
 
 
 class ComputeMode(enum.Enum):
@@ -158,3 +164,43 @@ class Lanes:
     def _raise_failure(self) -> None:
         if self._failure is not None:
             raise self._failure
+
+
+class ComputeThreads:
+    """The threads lane batches compute on, one per lane, at `nice` below the worker's own
+    CPU priority (Linux keeps a nice value per thread). On cores shared with the request
+    path (gateway, router, Redis, this worker's event loop) the kernel then runs those
+    first and compute takes what is left: a request's hops no longer queue behind a long
+    batch for a core, while compute still gets every core nobody else wants, so throughput
+    on a machine doing nothing else is unchanged. onnxruntime's own intra-op threads (more
+    than one thread per call) keep the priority of the thread that created the session."""
+
+    def __init__(self, count: int, nice: int = 0) -> None:
+        if nice < 0:
+            raise ValueError(f"compute nice must be >= 0, got {nice}")
+        self._pool = ThreadPoolExecutor(
+            max_workers=max(1, count),
+            thread_name_prefix="worker-compute",
+            initializer=_lower_priority,
+            initargs=(nice,),
+        )
+
+    async def call(self, fn: Callable[..., T], *args: Any) -> T:
+        """`fn(*args)` on a compute thread, in the caller's context (as asyncio.to_thread)."""
+        context = contextvars.copy_context()
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._pool, functools.partial(context.run, fn, *args))
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False)
+
+
+def _lower_priority(nice: int) -> None:
+    """Lower the calling thread's CPU priority by `nice` (a pool thread's initializer)."""
+    if not nice:
+        return
+    tid = threading.get_native_id()
+    try:
+        os.setpriority(os.PRIO_PROCESS, tid, os.getpriority(os.PRIO_PROCESS, tid) + nice)
+    except (AttributeError, OSError) as exc:  # not Linux, or not allowed: same priority
+        log.warning("compute threads keep the worker's CPU priority", error=str(exc))

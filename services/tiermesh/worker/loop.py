@@ -21,7 +21,7 @@ from tiermesh.worker.control import ModelControl
 from tiermesh.worker.executor import Executor
 from tiermesh.worker.handoff import Handoff
 from tiermesh.worker.intake import Intake
-from tiermesh.worker.lanes import ComputeMode, Lanes, run_inline
+from tiermesh.worker.lanes import ComputeMode, ComputeThreads, Lanes, run_inline
 from tiermesh.worker.membership import Membership
 from tiermesh.worker.metrics import WorkerMetrics
 from tiermesh.worker.outbox import MAX_HANDOFFS_IN_FLIGHT, BatchOutbox
@@ -67,6 +67,7 @@ class Worker:
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
         lanes: int = 1,
         max_batch_bytes: int = DEFAULT_MAX_BATCH_BYTES,
+        compute_nice: int = 0,
     ) -> None:
         # online False: a batch pool worker (see ServedUnits). background: batch-job work
         # (background streams) is read, computed in the gaps of online work and written
@@ -74,6 +75,7 @@ class Worker:
         # (worker/lanes.py); with one, `step` returns once its batch is computed.
         # max_batch_bytes: what a batch's requests (their stream entries) add up to at most,
         # below the hand-off's message limit (one bigger request computes alone).
+        # compute_nice: lanes compute at this much lower CPU priority (lanes.ComputeThreads).
         self.tier = tier
         self._clock_ns = clock_ns
         self._stopping = asyncio.Event()
@@ -98,6 +100,7 @@ class Worker:
             poll_block_ms=poll_block_ms,
             stopping=self._stopping,
         )
+        self._threads = ComputeThreads(lanes, compute_nice)
         self._executor = Executor(
             streams=streams,
             units=units,
@@ -105,6 +108,7 @@ class Worker:
             clock_ns=clock_ns,
             telemetry=telemetry,
             metrics=metrics,
+            threads=self._threads,
         )
         self._lanes = Lanes(lanes)
         self._outbox = BatchOutbox(
@@ -225,6 +229,7 @@ class Worker:
             for task in owned:
                 task.cancel()
             await asyncio.gather(*owned, return_exceptions=True)
+            self._threads.close()
             await self._membership.deregister()
 
     async def step(self) -> None:
@@ -273,7 +278,8 @@ class Worker:
         if key is None:
             return None
         await self._intake.fill(key)
-        batch = self._intake.take(key, self._scheduler.batch_rows(self._intake.view(key)))
+        rows = self._scheduler.batch_rows(self._intake.view(key), self._clock_ns())
+        batch = self._intake.take(key, rows)
         started = self._clock_ns()
         interval = self._outbox.interval(key, batch, started)
         background = is_background(key)

@@ -21,9 +21,13 @@ Picking a stream (`Scheduler.pick`, called once per batch the worker is about to
    most credit wins (ties: higher priority, i.e. the lower level, then unit name) and pays
    the sum of the competitors' weights. Under sustained load a level with weight 4 against
    one with weight 1 gets exactly 4 of every 5 batches, interleaved, and the lighter level
-   still progresses. Credits of groups without work are kept as they are (not reset):
-   credits always sum to zero, so a level that comes and goes gets its share rather than
-   drifting behind. The credits are the scheduler's only state besides the cost EWMAs.
+   still progresses. A group without work at a pick forgets its credit, and the groups
+   that have work share what it held, so credits always sum to zero. A group that comes
+   and goes therefore starts even each time it returns: a priority-1 trickle beside a
+   priority-2 flood is taken at the next batch boundary (weight 4 against 1, from even), not
+   every fifth time it comes; a level-2 trickle beside a level-1 flood waits at most three
+   batches. Kept credit would be the trickle's debt from its last win, and the flood's
+   matching surplus, carried into every return.
 3. Bucket within the group. The stream whose batch is nearest its wait limit goes first:
    smallest ``max_batch_wait_ms - waited`` with waited counted from ``first_dequeued_ns``
    (ties: lower bucket, then tier). Buckets never merge: a pick is one stream.
@@ -45,6 +49,17 @@ Batch size (`Scheduler.batch_rows`): at most the bucket's ``max_batch_size``; wi
 preferred sizes, the largest preferred size that fits in the rows waiting (Triton's
 convention), else all rows up to the maximum. A target in rows; the caller takes whole
 requests up to it.
+
+Yielding to a higher level (`Scheduler.row_cap`): a lane computing a batch cannot be
+preempted, so higher-priority work that arrives meanwhile waits for the batch to end. While
+a higher level of the same unit has had traffic within ``HIGHER_PRESENT_NS`` (any row
+read), a lower level's batch is cut to the most rows whose estimated compute fits in the
+model's ``scheduling.yield_ms`` (at least one row): a per-bucket batch budget in padded
+tokens (rows x the bucket's length, as TEI's ``--max-batch-tokens``) chosen from the
+measured cost, so the higher level waits for a lane about that long at most. A batch at
+its cut closes at once. Without higher-level traffic, or before the bucket's cost was
+measured, batches are not cut: the full batch is the throughput-optimal one, and a worker
+serving one level loses nothing.
 
 Background work (batch jobs; streams at ``keys.BACKGROUND_PRIORITY``, below every online
 level): never a candidate for aging or the weighted pick. While any online view has rows a
@@ -83,7 +98,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 
 from tiermesh.core.keys import BACKGROUND_PRIORITY, StreamKey
@@ -105,6 +120,9 @@ ONLINE_PRESENT_ROWS = 1.0
 ARRIVAL_TAU_NS = 200 * NS_PER_MS
 # A batch keeps waiting only while at least this many more rows are expected meanwhile.
 ROWS_WORTH_WAITING = 1.0
+# A level counts as having traffic (lower levels' batches are cut) this long after a row
+# of it was last read.
+HIGHER_PRESENT_NS = 2_000 * NS_PER_MS
 
 
 @dataclass(frozen=True, slots=True)
@@ -192,7 +210,9 @@ class Scheduler:
         self._bg_ns = 0.0
         self._all_ns = 0.0
         # (unit, level) -> smooth weighted round-robin credit; sums to zero.
-        self._credits: dict[tuple[str, int], int] = defaultdict(int)
+        self._credits: dict[tuple[str, int], float] = defaultdict(float)
+        # (unit, online level) -> when a row of it was last read (row_cap).
+        self._last_read: dict[tuple[str, int], int] = {}
         self._costs: dict[tuple[str, int], _CostFit] = {}
         self._last_pick_aged = False
         self._arrivals: dict[StreamKey, _Arrivals] = {}
@@ -224,6 +244,7 @@ class Scheduler:
         for v in live:
             groups[(v.key.model, v.key.priority)].append(v)
         weights = {g: self._config(g[0]).scheduling.weight(g[1]) for g in groups}
+        self._forget_absent(groups.keys())
         for group, weight in weights.items():
             self._credits[group] += weight
         winner = min(groups, key=lambda g: (-self._credits[g], g[1], g[0]))
@@ -234,13 +255,23 @@ class Scheduler:
         )
         return chosen.key
 
+    def _forget_absent(self, present: Collection[tuple[str, int]]) -> None:
+        """Groups without work forget their credit; the present ones share it (sum zero)."""
+        absent = [g for g in self._credits if g not in present]
+        if not absent:
+            return
+        held = sum(self._credits.pop(g) for g in absent)
+        share = held / len(present)
+        for group in present:
+            self._credits[group] += share
+
     def wait_ms(self, view: StreamView, now_ns: int) -> float:
         """How much longer to keep filling this stream's batch; <= 0 means close it now.
         Called for the picked stream, again whenever more entries arrive or time passes."""
         if is_background(view.key):
             return 0.0
         spec = self._config(view.key.model).bucket(view.key.bucket)
-        if view.rows >= spec.max_batch_size:
+        if view.rows >= min(spec.max_batch_size, self.row_cap(view.key, now_ns)):
             return 0.0
         if self.max_batch_bytes and view.size >= self.max_batch_bytes:
             return 0.0
@@ -259,7 +290,7 @@ class Scheduler:
         ):
             return 0.0
         if view.earliest_deadline_ns:
-            compute_ns = self.compute_estimate_ns(view.key, self.batch_rows(view))
+            compute_ns = self.compute_estimate_ns(view.key, self.batch_rows(view, now_ns))
             if now_ns + remaining_ns + compute_ns > view.earliest_deadline_ns:
                 return 0.0
         return remaining_ns / NS_PER_MS
@@ -271,17 +302,42 @@ class Scheduler:
             self._arrivals[key] = _Arrivals(float(rows), now_ns)
         else:
             slot.add(rows, now_ns)
+        if rows > 0 and not is_background(key):
+            level = (key.model, key.priority)
+            self._last_read[level] = max(self._last_read.get(level, now_ns), now_ns)
 
-    def batch_rows(self, view: StreamView) -> int:
+    def batch_rows(self, view: StreamView, now_ns: int) -> int:
         """How many rows the batch closed now should take: never more than the bucket's
-        max_batch_size; the largest preferred size that fits when preferred sizes exist
-        and one does, else every row up to that maximum."""
+        max_batch_size, nor the cut while a higher level has traffic (`row_cap`); the
+        largest preferred size that fits when preferred sizes exist and one does, else
+        every row up to that maximum."""
         if is_background(view.key):
             return min(view.rows, self.background_rows(view.key))
         spec = self._config(view.key.model).bucket(view.key.bucket)
-        cap = min(view.rows, spec.max_batch_size)
+        cap = min(view.rows, spec.max_batch_size, self.row_cap(view.key, now_ns))
         fitting = [p for p in spec.preferred_batch_sizes if p <= cap]
         return max(fitting) if fitting else cap
+
+    def row_cap(self, key: StreamKey, now_ns: int) -> int:
+        """The most rows a batch of this online stream may take now: the bucket's
+        max_batch_size, or while a higher level of its unit has had traffic within
+        HIGHER_PRESENT_NS, the most rows estimated to compute within the model's
+        ``scheduling.yield_ms`` (at least 1). Uncut before the bucket's cost is measured."""
+        spec = self._config(key.model).bucket(key.bucket)
+        yield_ns = self._config(key.model).scheduling.yield_ms * NS_PER_MS
+        fit = self._costs.get((key.model, key.bucket))
+        if fit is None or yield_ns <= 0 or not self._higher_present(key, now_ns):
+            return spec.max_batch_size
+        rows = 1
+        while rows < spec.max_batch_size and fit.estimate(rows + 1) <= yield_ns:
+            rows += 1
+        return rows
+
+    def _higher_present(self, key: StreamKey, now_ns: int) -> bool:
+        return any(
+            unit == key.model and level < key.priority and now_ns - at <= HIGHER_PRESENT_NS
+            for (unit, level), at in self._last_read.items()
+        )
 
     def observe(self, key: StreamKey, rows: int, compute_ns: int, inline: bool = False) -> None:
         """Record how long a batch of `rows` rows of this (unit, bucket) took to compute.
