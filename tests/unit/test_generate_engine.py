@@ -163,6 +163,47 @@ def test_short_request_finishes_after_its_own_tokens(session: ort.InferenceSessi
     assert done_at["long1"] == done_at["long2"] == 40
 
 
+def test_a_short_request_starts_within_one_run_while_long_ones_decode(
+    session: ort.InferenceSession,
+) -> None:
+    """Issue 23: four long answers decode; a short request arriving then gets its first
+    token within two steps (one model run each: the run after the one in flight, or the
+    one after that when a prefill was in flight), and while prompts are fed no long answer
+    goes two steps in a row without a token."""
+    limits = Limits(max_sequences=8, max_kv_tokens=1000, prefill_chunk=4, step_tokens=16)
+    engine = Engine(session, stop_ids=(), limits=limits, clock_ns=FakeClock())
+    longs = [f"long{i}" for i in range(4)]
+    for i, rid in enumerate(longs):
+        engine.submit(GenRequest(rid, PROMPTS["p7"], 60, arrived_ns=i))
+    tokens_at: dict[str, list[int]] = defaultdict(list)
+    step = 0
+    for arrival, prompt in enumerate(("p3", "p19", "p12")):
+        while not all(tokens_at[rid] for rid in longs):  # the long ones decode
+            step += 1
+            for e in engine.step():
+                tokens_at[e.request_id].append(step)
+        rid = f"short{arrival}"
+        engine.submit(GenRequest(rid, PROMPTS[prompt], 3, arrived_ns=10 + arrival))
+        submitted = step
+        while not tokens_at[rid]:
+            step += 1
+            for e in engine.step():
+                if e.kind == "token":
+                    tokens_at[e.request_id].append(step)
+        # p19's 19-token prompt needs 5 chunks of 4: 5 prefill runs, a decode run between two
+        runs = 1 if len(PROMPTS[prompt]) <= limits.prefill_chunk else 9
+        assert tokens_at[rid][0] - submitted <= runs + 1, (prompt, tokens_at[rid], submitted)
+        for _ in range(3):  # and the first short one to its end
+            step += 1
+            for e in engine.step():
+                if e.kind == "token":
+                    tokens_at[e.request_id].append(step)
+    for rid in longs:
+        gaps = np.diff(tokens_at[rid])
+        assert gaps.max() <= 2, (rid, tokens_at[rid])
+    assert engine.running == longs
+
+
 def test_cancel_frees_slot_and_cache(session: ort.InferenceSession) -> None:
     limits = Limits(max_sequences=1, max_kv_tokens=1000, prefill_chunk=8, step_tokens=8)
     engine = Engine(session, stop_ids=(), limits=limits, clock_ns=FakeClock())

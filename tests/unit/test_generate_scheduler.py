@@ -9,8 +9,11 @@ from tiermesh.generate.scheduler import (
     Leave,
     Limits,
     Reject,
+    RunKind,
     SeqState,
+    next_run,
     plan_step,
+    prefill_chunks,
 )
 
 WIDE = Limits(max_sequences=8, max_kv_tokens=1000, prefill_chunk=100, step_tokens=1000)
@@ -68,7 +71,7 @@ def test_oversized_request_rejected_others_admitted() -> None:
     assert plan.admit == ("small",)
 
 
-def test_chunked_prefill_within_step_budget() -> None:
+def test_chunked_prefill_within_the_padded_step_budget() -> None:
     limits = Limits(max_sequences=8, max_kv_tokens=1000, prefill_chunk=8, step_tokens=20)
     running = [
         decoding(req("d1")),
@@ -76,18 +79,75 @@ def test_chunked_prefill_within_step_budget() -> None:
         SeqState(req("p-half", prompt_len=30, arrived=0), [], 24, 24),  # 6 prompt tokens left
     ]
     waiting = [req("n1", 30, arrived=1), req("n2", 30, arrived=2), req("n3", 30, arrived=3)]
-    plan = plan_step(running, waiting, 0, limits)
+    plan = plan_step(running, waiting, 0, limits, last_run="decode")
     assert plan.admit == ("n1", "n2", "n3")
-    # decode 1 each (2), p-half its last 6, n1 a full chunk 8, n2 what is left (4), n3 none
-    assert dict(plan.feed) == {"d1": 1, "d2": 1, "p-half": 6, "n1": 8, "n2": 4}
-    assert sum(plan.feed.values()) <= limits.step_tokens
+    # a prefill run, the decoders wait: p-half its last 6; n1 a full chunk of 8 widens the
+    # run to 8 (2 rows x 8 = 16); a third row of 8 would make 24 > 20, so n2 and n3 wait
+    assert plan.run == "prefill"
+    assert dict(plan.feed) == {"p-half": 6, "n1": 8}
 
 
-def test_prefill_budget_goes_by_priority() -> None:
+def test_a_later_chunk_is_cut_to_the_width_so_far_to_fit() -> None:
+    limits = Limits(max_sequences=8, max_kv_tokens=1000, prefill_chunk=8, step_tokens=12)
+    waiting = [req("short", 3, arrived=0), req("long", 30, arrived=1), req("next", 30, arrived=2)]
+    plan = plan_step([], waiting, 0, limits)
+    # 1 x 3, then long's 8 would make 2 x 8 = 16 > 12: cut to 3 (2 x 3 = 6); next too (9)
+    assert dict(plan.feed) == {"short": 3, "long": 3, "next": 3}
+    assert len(plan.feed) * max(plan.feed.values()) <= limits.step_tokens
+
+
+def test_prefill_chunks_go_by_priority() -> None:
     limits = Limits(max_sequences=8, max_kv_tokens=1000, prefill_chunk=8, step_tokens=10)
     running = [SeqState(req("low", 20, priority=3, arrived=0))]
     plan = plan_step(running, [req("high", 20, priority=1, arrived=5)], 0, limits)
-    assert dict(plan.feed) == {"high": 8, "low": 2}
+    assert dict(plan.feed) == {"high": 8}  # a second row of 8 would pad the run to 16
+
+
+def test_first_row_always_gets_a_chunk() -> None:
+    limits = Limits(max_sequences=2, max_kv_tokens=1000, prefill_chunk=64, step_tokens=2)
+    assert prefill_chunks([(req("a", 50), 10)], limits) == {"a": 2}
+
+
+@pytest.mark.parametrize(
+    ("prompts", "decodes", "last", "expected"),
+    [
+        (True, True, "decode", "prefill"),  # a waiting prompt starts at the next run
+        (True, True, None, "prefill"),
+        (True, True, "prefill", "decode"),  # decoders are never skipped twice in a row
+        (True, False, "prefill", "prefill"),  # nobody decodes: prompts go on
+        (False, True, "decode", "decode"),
+        (False, True, "prefill", "decode"),
+        (False, False, "decode", None),
+    ],
+)
+def test_next_run_alternates_while_both_wait(
+    prompts: bool, decodes: bool, last: RunKind | None, expected: RunKind | None
+) -> None:
+    assert next_run(prompts, decodes, last) == expected
+
+
+def test_a_request_arriving_while_others_decode_is_fed_at_the_next_run() -> None:
+    """Eight sequences decode; a short request arrives. Whatever ran last, its prompt is
+    fed within two runs, and no decoding sequence goes two runs without a token."""
+    limits = Limits(max_sequences=16, max_kv_tokens=1000, prefill_chunk=64, step_tokens=256)
+    running = [decoding(req(f"long{i}", 40, 60), [1] * 10) for i in range(8)]
+    short = req("short", 40, 16, arrived=1)
+    lasts: tuple[RunKind, ...] = ("decode", "prefill")
+    for last in lasts:
+        plan = plan_step(running, [short], 0, limits, last_run=last)
+        assert plan.admit == ("short",)
+        if plan.run == "decode":
+            assert dict(plan.feed) == {f"long{i}": 1 for i in range(8)}
+            # the next step: the short request runs; it is running now, nothing fed yet
+            admitted = SeqState(short)
+            plan = plan_step([*running, admitted], [], 0, limits, last_run="decode")
+        assert plan.run == "prefill"
+        assert dict(plan.feed) == {"short": 40}  # its whole prompt: its first token
+
+
+def test_nothing_to_run() -> None:
+    plan = plan_step([], [], 0, WIDE, last_run="decode")
+    assert plan.run is None and not plan.feed
 
 
 def test_leaving_on_stop_length_and_deadline() -> None:

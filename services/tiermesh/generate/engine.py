@@ -1,10 +1,12 @@
 """Continuous batching over the ONNX decoder of `tiermesh.convert.llama`: every `step` applies
-`plan_step` and makes at most two onnxruntime runs: one for the sequences that prefill a
-chunk of their prompt, one for those that decode one token, whatever their cache lengths.
-Two runs, not one: in a single run every decoding row would be padded out to the longest
+`plan_step` and makes at most one onnxruntime run, of the kind the plan names: prompt chunks
+of the sequences prefilling, or one token for each sequence decoding, whatever their cache
+lengths. Never both in one run: every decoding row would be padded out to the longest
 prefill chunk (8 rows x a 40-token chunk cost ~490 ms against ~35 ms for the decode-only
-step), and sustained throughput measured 2.6x one-at-a-time with one run, 3.4x with two
-(benchmarks/generate_continuous.py).
+run). One run per step, not a prefill and a decode run per step: a step's tokens reach the
+caller when the step ends, so a request arriving while others decode gets its first token
+one prefill run after the run in flight, not a prefill plus a decode run later
+(issue 23: SmolLM2, a 16-token answer beside 8 running answers, benchmarks/generate_mesh.py).
 
 Batch layout of a run (P = longest cache, T = most tokens fed by one sequence):
 
@@ -28,7 +30,14 @@ import numpy as np
 import onnxruntime as ort
 
 from tiermesh.generate.sampling import choose, generator
-from tiermesh.generate.scheduler import GenRequest, Limits, SeqState, leave_reason, plan_step
+from tiermesh.generate.scheduler import (
+    GenRequest,
+    Limits,
+    RunKind,
+    SeqState,
+    leave_reason,
+    plan_step,
+)
 
 EventKind = Literal["token", "done", "rejected"]
 
@@ -84,6 +93,7 @@ class Engine:
         # The last decode run's sequences and its present arrays: while the same sequences
         # decode again, those arrays are the next past as they are (no re-stacking).
         self._decoded: tuple[tuple[str, ...], list[np.ndarray]] | None = None
+        self._last_run: RunKind | None = None  # what the previous step ran
 
     # -- intake ---------------------------------------------------------------------------
 
@@ -136,12 +146,13 @@ class Engine:
     # -- one step -------------------------------------------------------------------------
 
     def step(self) -> list[Event]:
-        """Apply one plan and make at most two model runs (prefill chunks, then decodes).
+        """Apply one plan and make at most one model run (prefill chunks or decodes).
         Events come in this order: leaves decided by the plan (deadline), rejections,
         tokens; a sequence that generates its last token (stop or max_new_tokens) gets its
         "done" in the same step, right after the token, and is freed at once."""
         now = self._clock_ns()
-        plan = plan_step(self._running, self._waiting, now, self._limits)
+        plan = plan_step(self._running, self._waiting, now, self._limits, self._last_run)
+        self._last_run = plan.run
         events: list[Event] = []
         for leave in plan.leave:
             self._release(leave.request_id)
@@ -155,18 +166,15 @@ class Engine:
             self._cache[rid] = self._empty_cache()
         self._waiting = [r for r in self._waiting if r.request_id not in admitted | rejected]
         batch = [(s, plan.feed[s.request_id]) for s in self._running if s.request_id in plan.feed]
-        prefill = [(s, n) for s, n in batch if s.prefilling]
-        decode = [(s, n) for s, n in batch if not s.prefilling]
-        for group in (prefill, decode):
-            if not group:
-                continue
-            for seq, token in self._run(group):
-                seq.generated.append(token)
-                events.append(Event(seq.request_id, "token", token))
-                reason = leave_reason(seq, now)
-                if reason in ("stop", "length"):
-                    self._release(seq.request_id)
-                    events.append(Event(seq.request_id, "done", reason))
+        if not batch:
+            return events
+        for seq, token in self._run(batch):
+            seq.generated.append(token)
+            events.append(Event(seq.request_id, "token", token))
+            reason = leave_reason(seq, now)
+            if reason in ("stop", "length"):
+                self._release(seq.request_id)
+                events.append(Event(seq.request_id, "done", reason))
         return events
 
     def _release(self, request_id: str) -> None:

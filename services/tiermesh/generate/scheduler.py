@@ -1,9 +1,24 @@
 """Continuous-batching decisions for generative serving: which sequences leave, which waiting
-requests join, and how many prompt tokens each sequence still prefilling feeds this step.
+requests join, and what the next model run feeds.
 
 Pure and synchronous: `plan_step` reads the running sequences, the waiting requests, the time
-the caller passes in and the limits, and returns a `StepPlan`; it changes nothing. The engine
-applies the plan and runs the model.
+the caller passes in, the kind of the previous run and the limits, and returns a `StepPlan`;
+it changes nothing. The engine applies the plan and makes the one model run it names.
+
+A step is one model run, of one of two kinds (mixing them would pad every decoding row out
+to the longest prompt chunk):
+
+- prefill: prompt chunks of the sequences still prefilling, by priority and arrival, as many
+  as fit `Limits.step_tokens` counted with padding (rows x the longest chunk); a sequence
+  whose prompt is all fed gets its first token from this run.
+- decode: one token for every sequence whose prompt is fed.
+
+A prefill run comes whenever a prompt waits for one, except right after another prefill
+run while sequences decode: then it is decode's turn. So a request that arrives while
+others decode has its first chunk fed at the next run boundary, or the one after (when the
+run in flight is a prefill), and decoding sequences go at most one prefill run (bounded by
+`step_tokens`) without a token: time to first token stays near its solo figure while long
+answers run, and no answer stalls behind a stream of prompts.
 
 Pool-full policy (the KV pool is bounded in tokens, `Limits.max_kv_tokens`; each sequence
 reserves `len(prompt) + max_new_tokens` when admitted and keeps that reservation until it
@@ -29,6 +44,7 @@ from tiermesh.generate.inputs import Sampling
 GREEDY = Sampling()  # what a request gets unless it asks otherwise
 
 LeaveReason = Literal["stop", "length", "deadline"]
+RunKind = Literal["prefill", "decode"]
 RejectReason = Literal["deadline", "too_large"]
 
 
@@ -79,9 +95,10 @@ class SeqState:
 
 @dataclass(frozen=True)
 class Limits:
-    """Bounds of one engine. `step_tokens` is the tokens fed in one model run (decode tokens
-    count 1 each, prefill chunks share the rest); it must be at least `max_sequences`, so
-    every running sequence can always move."""
+    """Bounds of one engine. `step_tokens` bounds the tokens one model run feeds, padding
+    included: a decode run feeds 1 per decoding sequence, a prefill run its rows x its
+    longest chunk. It must be at least `max_sequences`, so every decoding sequence can
+    always move in one run."""
 
     max_sequences: int = 8
     max_kv_tokens: int = 8192
@@ -114,13 +131,14 @@ class Reject:
 @dataclass(frozen=True)
 class StepPlan:
     """What one step does: running sequences that leave, waiting requests rejected, waiting
-    requests admitted (in rank order), and `feed`: every sequence that runs this step mapped
-    to how many tokens it feeds, 1 when decoding, its prefill chunk while prefilling. A
-    sequence still prefilling that got no budget is absent from `feed`."""
+    requests admitted (in rank order), the kind of its model run (None: nothing to run), and
+    `feed`: every sequence in that run mapped to how many tokens it feeds, 1 in a decode
+    run, its prompt chunk in a prefill run. Running sequences absent from `feed` wait."""
 
     leave: tuple[Leave, ...] = ()
     reject: tuple[Reject, ...] = ()
     admit: tuple[str, ...] = ()
+    run: RunKind | None = None
     feed: Mapping[str, int] = field(default_factory=dict)
 
 
@@ -142,10 +160,15 @@ def _rank(req: GenRequest) -> tuple[int, int]:
 
 
 def plan_step(
-    running: Sequence[SeqState], waiting: Sequence[GenRequest], now_ns: int, limits: Limits
+    running: Sequence[SeqState],
+    waiting: Sequence[GenRequest],
+    now_ns: int,
+    limits: Limits,
+    last_run: RunKind | None = None,
 ) -> StepPlan:
-    """The plan of the next step at time `now_ns`. Sequences that leave free their sequence
-    slot and KV reservation for this same step's admissions."""
+    """The plan of the next step at time `now_ns`, after a run of kind `last_run` (None
+    before the first). Sequences that leave free their sequence slot and KV reservation for
+    this same step's admissions."""
     leave: list[Leave] = []
     staying: list[SeqState] = []
     for seq in running:
@@ -174,25 +197,42 @@ def plan_step(
         else:
             blocked = True  # nothing ranked lower goes past it
 
-    feed = _feed(staying, admit, limits)
-    return StepPlan(tuple(leave), tuple(reject), tuple(r.request_id for r in admit), feed)
-
-
-def _feed(staying: list[SeqState], admit: list[GenRequest], limits: Limits) -> dict[str, int]:
-    """Decode tokens first (1 each, always within budget since step_tokens >=
-    max_sequences), then prefill chunks by priority and arrival from what is left."""
-    feed: dict[str, int] = {}
-    prefilling: list[tuple[GenRequest, int]] = []
-    for seq in staying:
-        if seq.prefilling:
-            prefilling.append((seq.request, seq.prefilled))
-        else:
-            feed[seq.request_id] = 1
+    decoding = [s.request_id for s in staying if not s.prefilling]
+    prefilling = [(s.request, s.prefilled) for s in staying if s.prefilling]
     prefilling.extend((req, 0) for req in admit)
-    budget = limits.step_tokens - len(feed)
+    kind = next_run(bool(prefilling), bool(decoding), last_run)
+    feed = (
+        prefill_chunks(prefilling, limits)
+        if kind == "prefill"
+        else dict.fromkeys(decoding, 1)
+        if kind == "decode"
+        else {}
+    )
+    return StepPlan(tuple(leave), tuple(reject), tuple(r.request_id for r in admit), kind, feed)
+
+
+def next_run(prompts: bool, decodes: bool, last_run: RunKind | None) -> RunKind | None:
+    """The kind of the next run: prefill while a prompt waits for one, except right after a
+    prefill run while sequences decode (their turn); decode otherwise; None with neither."""
+    if prompts and not (decodes and last_run == "prefill"):
+        return "prefill"
+    return "decode" if decodes else None
+
+
+def prefill_chunks(prefilling: Sequence[tuple[GenRequest, int]], limits: Limits) -> dict[str, int]:
+    """The prompt chunk of each sequence in a prefill run, given (request, prompt tokens
+    already fed): by priority and arrival, each up to `prefill_chunk`, while rows x the
+    longest chunk stays within `step_tokens`. A later row's chunk is cut to the longest so
+    far when that lets it fit without more padding; the first row always gets a chunk."""
+    feed: dict[str, int] = {}
+    width = 0  # the longest chunk so far: every row is padded to it
     for req, done in sorted(prefilling, key=lambda p: _rank(p[0])):
-        chunk = min(limits.prefill_chunk, len(req.prompt) - done, budget)
-        if chunk > 0:
-            feed[req.request_id] = chunk
-            budget -= chunk
+        chunk = min(limits.prefill_chunk, len(req.prompt) - done, limits.step_tokens)
+        rows = len(feed) + 1
+        if rows * max(width, chunk) > limits.step_tokens:
+            chunk = min(chunk, width)
+            if rows * width > limits.step_tokens:
+                break
+        feed[req.request_id] = chunk
+        width = max(width, chunk)
     return feed
