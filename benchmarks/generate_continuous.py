@@ -18,13 +18,23 @@ is printed too. `--copies K` submits K copies of every request in batch mode (8K
 8 slots): new requests join as others finish, closer to a server under sustained load
 (the solo figures are per distinct request; each copy takes as long alone).
 
+`--probe` measures instead what issue 23's acceptance 4 asks, without the mesh, through
+`GenerationService` (steps in a thread, requests submitted from the event loop at any
+moment, as the worker does): a 16-token answer's time to first token alone, then beside 8
+running 128-token answers (kept running: each one that ends is submitted again), `--probes`
+times each, at instants spread over the runs in flight; medians of `--rounds`.
+
     .venv/bin/python benchmarks/generate_continuous.py [--threads 2] [--lengths 8,16,...]
-        [--copies 1] [--prefill-chunk 64] [--ignore-stop]
+        [--copies 1] [--prefill-chunk 64] [--ignore-stop] [--max-sequences 8]
+    .venv/bin/python benchmarks/generate_continuous.py --probe [--rounds 3] [--probes 8]
+        [--max-sequences 16]
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import statistics
 import sys
 import tempfile
 import time
@@ -44,6 +54,7 @@ from tiermesh.convert.gguf_tokenizer import (
 from tiermesh.convert.llama import convert_gguf
 from tiermesh.generate.engine import Engine
 from tiermesh.generate.scheduler import GenRequest, Limits
+from tiermesh.generate.service import GenerationService
 from tiermesh.worker.runner import session_options
 
 QUESTIONS = [
@@ -76,6 +87,46 @@ def run(engine: Engine, requests: list[GenRequest]) -> tuple[dict[str, float], d
     return done, counts
 
 
+async def probe_ttft(
+    engine: Engine, short: GenRequest, longs: list[GenRequest], probes: int
+) -> tuple[float, float]:
+    """Median TTFT (ms) of `short` alone, then beside `longs` kept running."""
+    service = GenerationService(engine)
+    runner = asyncio.create_task(service.run())
+    stop = asyncio.Event()
+    started = [asyncio.Event() for _ in longs]
+
+    async def once(req: GenRequest, first: asyncio.Event | None = None) -> float:
+        stream = service.submit(req)
+        async for _ in stream:
+            if first is not None:
+                first.set()
+        assert stream.timings is not None
+        return stream.timings.ttft_ms
+
+    async def keep(req: GenRequest, first: asyncio.Event) -> None:
+        for i in range(10**6):
+            if stop.is_set():
+                return
+            await once(replace(req, request_id=f"{req.request_id}.{i}"), first)
+
+    try:
+        alone = [await once(replace(short, request_id=f"a{i}")) for i in range(probes)]
+        kept = [asyncio.create_task(keep(r, e)) for r, e in zip(longs, started, strict=True)]
+        for event in started:
+            await event.wait()
+        beside = []
+        for i in range(probes):
+            await asyncio.sleep(0.013 * i)  # arrive at other points of the run in flight
+            beside.append(await once(replace(short, request_id=f"b{i}")))
+        stop.set()
+        await asyncio.gather(*kept)
+    finally:
+        service.stop()
+        await runner
+    return statistics.median(alone), statistics.median(beside)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--threads", type=int, default=2)
@@ -83,6 +134,10 @@ def main() -> None:
     parser.add_argument("--copies", type=int, default=1)
     parser.add_argument("--prefill-chunk", type=int, default=64)
     parser.add_argument("--ignore-stop", action="store_true", help="always max_new_tokens")
+    parser.add_argument("--max-sequences", type=int, default=8)
+    parser.add_argument("--probe", action="store_true", help="issue 23's TTFT probe")
+    parser.add_argument("--rounds", type=int, default=3, help="--probe: rounds")
+    parser.add_argument("--probes", type=int, default=8, help="--probe: short answers per round")
     args = parser.parse_args()
     lengths = [int(x) for x in args.lengths.split(",")]
 
@@ -112,10 +167,30 @@ def main() -> None:
         session = ort.InferenceSession(str(onnx_path), session_options(args.threads))
 
     limits = Limits(
-        max_sequences=8, max_kv_tokens=8192, prefill_chunk=args.prefill_chunk, step_tokens=256
+        max_sequences=args.max_sequences,
+        max_kv_tokens=8192,
+        prefill_chunk=args.prefill_chunk,
+        step_tokens=256,
     )
     engine = Engine(session, stop, limits)
     run(engine, [GenRequest("warmup", prompts[0], 4)])
+    if args.probe:
+        short = GenRequest("short", prompts[0], 16)
+        longs = [GenRequest(f"long{i}", p, 128) for i, p in enumerate(prompts)]
+        ratios = []
+        for k in range(args.rounds):
+            alone, beside = asyncio.run(probe_ttft(engine, short, longs, args.probes))
+            ratios.append((alone, beside, beside / alone))
+            print(f"round {k + 1}: TTFT alone {alone:.0f} ms, beside 8 {beside:.0f} ms")
+        alone, beside, ratio = (statistics.median(x) for x in zip(*ratios, strict=True))
+        print(
+            f"16-token answer ({len(short.prompt)}-token prompt), max_sequences "
+            f"{args.max_sequences}: TTFT alone {alone:.0f} ms, beside 8 running 128-token "
+            f"answers {beside:.0f} ms: {ratio:.2f}x (rounds: "
+            + " / ".join(f"{x[2]:.2f}" for x in ratios)
+            + ")"
+        )
+        return
 
     solo_time: dict[str, float] = {}
     solo_count: dict[str, int] = {}
