@@ -43,11 +43,15 @@ def script(rng: np.random.Generator, n: int) -> list[dict[str, object]]:
             held[(model, priority)] += 1  # a refused one is released too: harmless
         elif roll < 0.95 and held[(model, priority)] > 0:
             held[(model, priority)] -= 1
-            if rng.random() < 0.15:
+            roll = rng.random()
+            expired = False
+            if roll < 0.15:
                 wait = None
+            elif roll < 0.17:  # expired unanswered: all its time
+                wait, expired = 1_000_000_000, True
             else:
                 wait = int(rng.exponential(2e6)) + (40_000_000 if flood else 0)
-            events.append({"op": "release", **base, "wait_ns": wait})
+            events.append({"op": "release", **base, "wait_ns": wait, "expired": expired})
         else:
             events.append({"op": "limit", **base})
     return events
@@ -63,7 +67,12 @@ def python_answers(events: list[dict[str, object]]) -> list[int]:
             out.append(lim.acquire(key, now))
         elif e["op"] == "release":
             wait = e["wait_ns"]
-            lim.release(key, now, None if wait is None else int(wait))  # type: ignore[call-overload]
+            lim.release(
+                key,
+                now,
+                None if wait is None else int(wait),  # type: ignore[call-overload]
+                bool(e["expired"]),
+            )
             out.append(0)
         else:
             out.append(lim.limit(key))

@@ -208,20 +208,21 @@ class Dispatcher:
                 retry_ms,
             )
         wait_ns: int | None = None
+        expired = False
         try:
             result, placed = await self._await_result(job, on_partial, hops)
             timing = result.timing
             if timing.batch_start_ns and timing.enqueued_ns:
                 wait_ns = queue_wait_ns(timing)
             elif result.code == grpc.StatusCode.DEADLINE_EXCEEDED:  # expired in its queue
-                wait_ns = self._clock_ns() - job.timing.received_ns
+                wait_ns, expired = self._clock_ns() - job.timing.received_ns, True
             return result, placed
         except MeshError as err:
             if err.code == grpc.StatusCode.DEADLINE_EXCEEDED and err.retry_after_ms is None:
-                wait_ns = self._clock_ns() - job.timing.received_ns  # expired unanswered
+                wait_ns, expired = self._clock_ns() - job.timing.received_ns, True  # unanswered
             raise
         finally:
-            limits.release(key, self._clock_ns(), wait_ns)
+            limits.release(key, self._clock_ns(), wait_ns, expired)
 
     async def _await_result(
         self, job: Job, on_partial: PartialCallback | None, hops: Hops | None

@@ -102,9 +102,9 @@ func (d *door) handle(_ interface{}, stream grpc.ServerStream) error {
 				job.Model, job.Priority, d.limits.current(key))
 		}
 	}
-	resp, wait, err := d.infer(ctx, stream, m, job, entry)
+	resp, wait, expired, err := d.infer(ctx, stream, m, job, entry)
 	if d.limits != nil {
-		d.limits.release(key, time.Now().UnixNano(), wait)
+		d.limits.release(key, time.Now().UnixNano(), wait, expired)
 	}
 	d.ended(entry, status.Code(err))
 	if err != nil {
@@ -128,9 +128,9 @@ func (d *door) ended(entry *tiermeshv1.Entry, code codes.Code) {
 
 // infer routes the job and waits for its result; what it learns on the way goes in entry
 // (where the job was placed, its result, whether the caller left while it was queued).
-// wait: its queue wait (queueWaitNs), or all its time when it expired unanswered; -1 when
-// the call says nothing of the queue (limit.go).
-func (d *door) infer(ctx context.Context, stream grpc.ServerStream, m *model, job *tiermeshv1.Job, entry *tiermeshv1.Entry) (resp proto.Message, wait int64, err error) {
+// wait: its queue wait (queueWaitNs), or all its time when it expired unanswered
+// (expired); -1 when the call says nothing of the queue (limit.go).
+func (d *door) infer(ctx context.Context, stream grpc.ServerStream, m *model, job *tiermeshv1.Job, entry *tiermeshv1.Entry) (resp proto.Message, wait int64, expired bool, err error) {
 	wait = -1
 	deadline := time.Unix(0, job.DeadlineNs)
 	results := d.pending.register(job.RequestId)
@@ -153,13 +153,13 @@ func (d *door) infer(ctx context.Context, stream grpc.ServerStream, m *model, jo
 		if ctx.Err() != nil { // the job may be queued already: its workers are told
 			d.callerLeft(entry, deadline)
 		}
-		return nil, wait, err
+		return nil, wait, expired, err
 	}
 	if reply.Code != 0 {
 		if advice, ok := reply.XRetryAfterMs.(*tiermeshv1.RouteReply_RetryAfterMs); ok {
 			stream.SetTrailer(metadata.Pairs(retryAfterKey, strconv.FormatInt(advice.RetryAfterMs, 10)))
 		}
-		return nil, wait, status.Error(codes.Code(reply.Code), reply.Message)
+		return nil, wait, expired, status.Error(codes.Code(reply.Code), reply.Message)
 	}
 	d.metrics.accepted.Add(1)
 	entry.Routed, entry.RoutedVersion, entry.ShadowRequestId = true, reply.Version, reply.ShadowRequestId
@@ -175,20 +175,20 @@ func (d *door) infer(ctx context.Context, stream grpc.ServerStream, m *model, jo
 		if t := result.Timing; t.GetBatchStartNs() > 0 && t.GetEnqueuedNs() > 0 {
 			wait = queueWaitNs(t)
 		} else if codes.Code(result.Code) == codes.DeadlineExceeded { // expired in its queue
-			wait = time.Now().UnixNano() - received
+			wait, expired = time.Now().UnixNano()-received, true
 		}
 		entry.Result = bookedResult(result, reply.ShadowRequestId != "", entry.Job != nil || entry.Trace != nil)
 		if result.Code != 0 {
-			return nil, wait, status.Error(codes.Code(result.Code), result.Message)
+			return nil, wait, expired, status.Error(codes.Code(result.Code), result.Message)
 		}
 		entry.EndedNs = time.Now().UnixNano()
-		return responseOf(result, entry.EndedNs), wait, nil
+		return responseOf(result, entry.EndedNs), wait, expired, nil
 	case <-timer.C:
-		wait = time.Now().UnixNano() - job.Timing.GetReceivedNs()
-		return nil, wait, status.Error(codes.DeadlineExceeded, "deadline exceeded while waiting for the result")
+		wait, expired = time.Now().UnixNano()-job.Timing.GetReceivedNs(), true
+		return nil, wait, expired, status.Error(codes.DeadlineExceeded, "deadline exceeded while waiting for the result")
 	case <-ctx.Done():
 		d.callerLeft(entry, deadline)
-		return nil, wait, contextError(ctx)
+		return nil, wait, expired, contextError(ctx)
 	}
 }
 

@@ -41,6 +41,7 @@ type limitClass struct {
 	minWaitNs int64 // -1: none this interval
 	ratePerS  float64
 	ended     int64
+	expired   int64 // released this interval having expired unanswered
 }
 
 type limits struct {
@@ -74,8 +75,9 @@ func (l *limits) acquire(key limitKey, nowNs int64) int64 {
 	return 0
 }
 
-// release: an admitted request ended; waitNs < 0 when it says nothing of the queue.
-func (l *limits) release(key limitKey, nowNs, waitNs int64) {
+// release: an admitted request ended; waitNs < 0 when it says nothing of the queue;
+// expired: it expired unanswered (waitNs is then all its time).
+func (l *limits) release(key limitKey, nowNs, waitNs int64, expired bool) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	c := l.class(key, nowNs)
@@ -83,6 +85,9 @@ func (l *limits) release(key limitKey, nowNs, waitNs int64) {
 		c.inFlight--
 	}
 	c.ended++
+	if expired {
+		c.expired++
+	}
 	if waitNs < 0 {
 		return
 	}
@@ -127,7 +132,7 @@ func (l *limits) class(key limitKey, nowNs int64) *limitClass {
 
 func (l *limits) adjust(c *limitClass, nowNs int64) {
 	elapsedS := float64(nowNs-c.startNs) / 1e9
-	c.limit = nextLimit(c.limit, c.minWaitNs, c.finished > 0, c.refused > 0 || c.peak >= l.limitOf(c), l.targetWaitNs)
+	c.limit = nextLimit(c.limit, c.minWaitNs, c.finished > 0, c.refused > 0 || c.peak >= l.limitOf(c) || c.expired > 0, c.peak, l.targetWaitNs)
 	c.limit = math.Max(limitMinimum, math.Min(float64(l.maximum), c.limit))
 	if c.ended > 0 {
 		rate := float64(c.ended) / elapsedS
@@ -139,7 +144,7 @@ func (l *limits) adjust(c *limitClass, nowNs int64) {
 	}
 	c.startNs = nowNs
 	c.peak = c.inFlight
-	c.refused, c.finished, c.ended = 0, 0, 0
+	c.refused, c.finished, c.ended, c.expired = 0, 0, 0, 0
 	c.minWaitNs = -1
 }
 
@@ -150,12 +155,20 @@ func queueWaitNs(t *tiermeshv1.Timing) int64 {
 	return maxInt(0, wait-maxInt(0, t.GetBatchEndNs()-t.GetBatchStartNs()))
 }
 
-func nextLimit(limit float64, minWaitNs int64, measured, bound bool, targetNs int64) float64 {
-	if !measured || !bound {
+// nextLimit is one interval's step, as gateway/adaptive_limit.py's next_limit.
+func nextLimit(limit float64, minWaitNs int64, measured, bound bool, peak int64, targetNs int64) float64 {
+	if !measured {
 		return limit
 	}
 	if minWaitNs > targetNs {
-		return limit * math.Max(limitMaxShrink, float64(targetNs)/float64(minWaitNs))
+		shrunk := limit * math.Max(limitMaxShrink, float64(targetNs)/float64(minWaitNs))
+		if bound {
+			return shrunk
+		}
+		return math.Max(shrunk, float64(peak))
+	}
+	if !bound {
+		return limit
 	}
 	return limit + math.Max(math.Max(1, math.Sqrt(limit)), limit*limitGrowth)
 }
@@ -181,6 +194,7 @@ type limitEvent struct {
 	Priority int32  `json:"priority"`
 	NowNs    int64  `json:"now_ns"`
 	WaitNs   *int64 `json:"wait_ns"`
+	Expired  bool   `json:"expired"`
 }
 
 // limitLines runs the limiter over stdin's events and prints one number per event: the
@@ -206,7 +220,7 @@ func limitLines(maximum int64, targetMs float64, fallbackMs int64) int {
 			if e.WaitNs != nil {
 				wait = *e.WaitNs
 			}
-			l.release(key, e.NowNs, wait)
+			l.release(key, e.NowNs, wait, e.Expired)
 		case "limit":
 			answer = l.current(key)
 		default:
