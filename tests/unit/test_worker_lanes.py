@@ -119,16 +119,24 @@ def _nice_of_this_thread() -> tuple[str, int]:
     return threading.current_thread().name, os.getpriority(os.PRIO_PROCESS, tid)
 
 
-@pytest.mark.parametrize("nice", [0, 3])
-async def test_compute_threads_run_below_the_loops_priority(nice: int) -> None:
+@pytest.mark.parametrize(
+    ("nice", "priority", "want"),
+    [(0, 1, 0), (0, 2, 0), (3, 1, 3), (3, 2, 8), (3, 3, 8), (3, 0, 13), (10, 0, 19)],
+)
+async def test_compute_threads_run_below_the_loops_priority_and_lower_levels_lower(
+    nice: int, priority: int, want: int
+) -> None:
     own = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
     threads = ComputeThreads(2, nice)
     try:
-        name, theirs = await threads.call(_nice_of_this_thread)
+        assert threads.nice_for(priority) == want
+        name, theirs = await threads.call(priority, _nice_of_this_thread)
+        # A second call of the level runs on a thread of the same nice.
+        assert (await threads.call(priority, _nice_of_this_thread))[1] == theirs
     finally:
         threads.close()
     assert name.startswith("worker-compute")
-    assert theirs == min(own + nice, 19)
+    assert theirs == min(own + want, 19)
     # The loop's own thread keeps its priority.
     assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == own
 
@@ -138,7 +146,7 @@ async def test_compute_threads_carry_the_callers_context() -> None:
     var.set("the batch's span")
     threads = ComputeThreads(1)
     try:
-        assert await threads.call(var.get) == "the batch's span"
+        assert await threads.call(1, var.get) == "the batch's span"
     finally:
         threads.close()
 

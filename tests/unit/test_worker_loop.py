@@ -35,7 +35,8 @@ from tiermesh.worker.handoff import PostprocessClient
 from tiermesh.worker.lanes import INLINE_MAX_NS
 from tiermesh.worker.loop import Worker
 from tiermesh.worker.runner import JobOutputs, ModelRunner
-from tiermesh.worker.streams import Entry
+from tiermesh.worker.scheduler import HIGHER_PRESENT_NS
+from tiermesh.worker.streams import Entry, StreamRead
 
 UNIT = keys.compute_unit("mlp", "fp32", "1")
 HIGH = StreamKey(UNIT, "center", 1, 0)
@@ -105,12 +106,16 @@ class MemoryStreams:
         return out
 
     async def read_checking(
-        self, streams: Sequence[StreamKey], count: int, block_ms: int | None, check: Sequence[str]
+        self, reads: Sequence[StreamRead], block_ms: int | None, check: Sequence[str]
     ) -> tuple[list[Entry], set[str]]:
-        """`read`, and the flags of `check` in the same round trip (noted as `flags`)."""
+        """`read` of each StreamRead, and the flags of `check` in the same round trip
+        (noted as `flags`)."""
         if check:
             self._note("flags", None, check)
-        return await self.read(streams, count, block_ms), self.cancel_flags & set(check)
+        entries = []
+        for r in reads:
+            entries += await self.read(r.streams, r.count, block_ms)
+        return entries, self.cancel_flags & set(check)
 
     async def done(
         self, stream: StreamKey, entry_ids: Sequence[str], drain_rate: float | None = None
@@ -706,3 +711,29 @@ async def test_a_batch_whose_ack_is_on_its_way_leaves_the_loop_free_to_compute(
     await h.worker.drain()
     assert [ids for _, ids in h.acked()][-2:] == [(h.entry_ids["second"],), (h.entry_ids["third"],)]
     assert h.worker.inline_batches == 2
+
+
+async def test_while_a_higher_level_has_traffic_a_cut_stream_buffers_two_cut_batches(
+    make: Callable[..., Awaitable[Harness]],
+) -> None:
+    """A lower level's batches are cut to what computes within the yield (here 1 row: its
+    measured cost is 8 ms a row); its buffer then takes two cut batches, read apart from the
+    streams read in full (one XREADGROUP counts the same for all its streams), and the rest
+    stays in Redis, where other workers can take it."""
+    h = await make()
+    scheduler = h.worker._scheduler
+    scheduler.observe(LOW, 1, 8 * MS)
+    scheduler.observe(LOW, 4, 32 * MS)
+    h.add("high", HIGH)
+    await h.steps()
+    assert h.runner.runs == [["high"]]
+    low = [h.add(f"low{i}", LOW) for i in range(10)]
+    h.streams.calls.clear()
+    await h.steps()
+    read = [i for _, ids in h.streams.named("read") for i in ids]
+    assert read == low[:2]
+    assert h.runner.runs[1:] == [["low0"]]
+    # Once the higher level is quiet for HIGHER_PRESENT_NS the batches are whole again.
+    h.clock.now += HIGHER_PRESENT_NS + 1
+    await h.steps()
+    assert h.runner.runs[2:] == [[f"low{i}" for i in range(1, 10)]]

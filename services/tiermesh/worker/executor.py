@@ -88,7 +88,7 @@ class Executor:
                     self.inline_batches += 1
                     outputs = runner.run(jobs, alone=True)
                 else:
-                    outputs = await self._threads.call(runner.run, jobs)
+                    outputs = await self._threads.call(key.priority, runner.run, jobs)
             except Exception as exc:
                 log.warning("batch failed; running its requests one by one", model=key.model)
                 span.record_exception(exc)
@@ -127,7 +127,7 @@ class Executor:
         run = self._units.runners[key.model].run
         for q in batch:
             try:
-                outputs.extend(await self._threads.call(run, [q.job]))
+                outputs.extend(await self._threads.call(key.priority, run, [q.job]))
                 ok.append(q)
             except Exception:
                 poison.append(q)

@@ -24,6 +24,8 @@ from typing import Any, TypeVar
 
 import structlog
 
+from tiermesh.core.keys import BACKGROUND_PRIORITY
+
 log = structlog.get_logger("tiermesh.worker")
 # Lanes chosen when neither threads nor lanes are set: one per core, at most this many.
 MAX_AUTO_LANES = 4
@@ -39,6 +41,9 @@ MAX_AUTO_LANES = 4
 INLINE_MAX_NS = 5_000_000
 
 T = TypeVar("T")
+# Compute threads of lower levels run this much further below priority 1's (ComputeThreads).
+LOWER_LEVEL_NICE = 5
+MAX_NICE = 19
 
 
 class ComputeMode(enum.Enum):
@@ -167,32 +172,53 @@ class Lanes:
 
 
 class ComputeThreads:
-    """The threads lane batches compute on, one per lane, at `nice` below the worker's own
-    CPU priority (Linux keeps a nice value per thread). On cores shared with the request
-    path (gateway, router, Redis, this worker's event loop) the kernel then runs those
-    first and compute takes what is left: a request's hops no longer queue behind a long
-    batch for a core, while compute still gets every core nobody else wants, so throughput
-    on a machine doing nothing else is unchanged. onnxruntime's own intra-op threads (more
-    than one thread per call) keep the priority of the thread that created the session."""
+    """The threads lane batches compute on, at `nice` below the worker's own CPU priority
+    (Linux keeps a nice value per thread), and lower still for lower levels: priority 1 at
+    `nice`, lower online levels LOWER_LEVEL_NICE more, batch jobs (background) twice that
+    (at most 19). On cores shared with the request path (gateway, router, Redis, this
+    worker's event loop) the kernel then runs those first and compute takes what is left:
+    a request's hops no longer queue behind a long batch for a core. And a priority-1 batch
+    computing beside a lower one gets most of a core they share, not half (CFS weights: ~3
+    to 1 at five nice levels apart). Compute still gets every core nobody else wants, so
+    throughput on a machine doing nothing else is unchanged. One pool of `count` threads
+    per nice value, made when first used; a thread never changes its nice (raising it again
+    needs a privilege). onnxruntime's own intra-op threads (more than one thread per call)
+    keep the priority of the thread that created the session."""
 
     def __init__(self, count: int, nice: int = 0) -> None:
         if nice < 0:
             raise ValueError(f"compute nice must be >= 0, got {nice}")
-        self._pool = ThreadPoolExecutor(
-            max_workers=max(1, count),
-            thread_name_prefix="worker-compute",
-            initializer=_lower_priority,
-            initargs=(nice,),
-        )
+        self._count = max(1, count)
+        self._nice = nice
+        self._pools: dict[int, ThreadPoolExecutor] = {}
 
-    async def call(self, fn: Callable[..., T], *args: Any) -> T:
-        """`fn(*args)` on a compute thread, in the caller's context (as asyncio.to_thread)."""
+    def nice_for(self, priority: int) -> int:
+        """The nice a batch of this priority level computes at (BACKGROUND_PRIORITY, 0:
+        batch jobs)."""
+        if not self._nice:
+            return 0
+        steps = 2 if priority == BACKGROUND_PRIORITY else min(max(priority - 1, 0), 1)
+        return min(self._nice + steps * LOWER_LEVEL_NICE, MAX_NICE)
+
+    async def call(self, priority: int, fn: Callable[..., T], *args: Any) -> T:
+        """`fn(*args)` on a compute thread of this level, in the caller's context (as
+        asyncio.to_thread)."""
+        nice = self.nice_for(priority)
+        pool = self._pools.get(nice)
+        if pool is None:
+            pool = self._pools[nice] = ThreadPoolExecutor(
+                max_workers=self._count,
+                thread_name_prefix=f"worker-compute-nice{nice}",
+                initializer=_lower_priority,
+                initargs=(nice,),
+            )
         context = contextvars.copy_context()
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._pool, functools.partial(context.run, fn, *args))
+        return await loop.run_in_executor(pool, functools.partial(context.run, fn, *args))
 
     def close(self) -> None:
-        self._pool.shutdown(wait=False)
+        for pool in self._pools.values():
+            pool.shutdown(wait=False)
 
 
 def _lower_priority(nice: int) -> None:

@@ -39,6 +39,14 @@ DEAD_LETTER_MAX_PAYLOAD_BYTES = 16 * 1024
 
 
 @dataclass(frozen=True, slots=True)
+class StreamRead:
+    """Streams read together, up to `count` new entries each."""
+
+    streams: Sequence[StreamKey]
+    count: int
+
+
+@dataclass(frozen=True, slots=True)
 class Entry:
     stream: StreamKey
     entry_id: str
@@ -64,8 +72,7 @@ class WorkStreams(Protocol):
 
     async def read_checking(
         self,
-        streams: Sequence[StreamKey],
-        count: int,
+        reads: Sequence[StreamRead],
         block_ms: int | None,
         check: Sequence[str],
     ) -> tuple[list[Entry], set[str]]: ...
@@ -171,36 +178,49 @@ class StreamClient:
 
     async def read_checking(
         self,
-        streams: Sequence[StreamKey],
-        count: int,
+        reads: Sequence[StreamRead],
         block_ms: int | None,
         check: Sequence[str],
     ) -> tuple[list[Entry], set[str]]:
-        """`read` of new entries and, in the same round trip (the flags first, so a read
-        that blocks does not hold them back), the cancel flags of the request ids in
-        `check`: (entries, the ids among `check` whose callers have given up)."""
-        if not check:
-            return await self.read(streams, count, block_ms), set()
-        if not streams:
+        """`read` of new entries, one XREADGROUP per `StreamRead` (its streams, its count per
+        stream), and, in the same round trip (the flags first, so a read that blocks does
+        not hold them back), the cancel flags of the request ids in `check`: (entries, the
+        ids among `check` whose callers have given up). Reads that may block are merged
+        into one (Redis blocks on each XREADGROUP in turn), with the largest count."""
+        reads = [r for r in reads if r.streams]
+        if block_ms is not None and len(reads) > 1:
+            reads = [StreamRead([k for r in reads for k in r.streams], max(r.count for r in reads))]
+        if not check and len(reads) == 1:
+            return await self.read(reads[0].streams, reads[0].count, block_ms), set()
+        if not reads:
             return [], await self.cancelled(check)
         async with self._redis.pipeline(transaction=False) as pipe:
-            pipe.mget(_cancel_keys(check))
-            pipe.xreadgroup(
-                keys.GROUP,
-                self.consumer,
-                {k.name: ">" for k in streams},
-                count=count,
-                block=block_ms,
-            )
-            flags, reply = await pipe.execute(raise_on_error=False)
-        if isinstance(flags, Exception):
-            raise flags
-        gone = _flagged(check, flags)
-        if isinstance(reply, ResponseError) and "NOGROUP" in str(reply):
-            return await self.read(streams, count, block_ms), gone  # as `read` recovers
-        if isinstance(reply, Exception):
-            raise reply
-        return self._entries(streams, reply), gone
+            if check:
+                pipe.mget(_cancel_keys(check))
+            for r in reads:
+                pipe.xreadgroup(
+                    keys.GROUP,
+                    self.consumer,
+                    {k.name: ">" for k in r.streams},
+                    count=r.count,
+                    block=block_ms,
+                )
+            replies = await pipe.execute(raise_on_error=False)
+        gone: set[str] = set()
+        if check:
+            flags, *replies = replies
+            if isinstance(flags, Exception):
+                raise flags
+            gone = _flagged(check, flags)
+        entries: list[Entry] = []
+        for r, reply in zip(reads, replies, strict=True):
+            if isinstance(reply, ResponseError) and "NOGROUP" in str(reply):
+                entries += await self.read(r.streams, r.count, block_ms)  # as `read` recovers
+            elif isinstance(reply, Exception):
+                raise reply
+            else:
+                entries += self._entries(r.streams, reply)
+        return entries, gone
 
     def _entries(self, streams: Sequence[StreamKey], reply: object) -> list[Entry]:
         """The entries of an XREADGROUP reply, held from now on."""
