@@ -45,14 +45,15 @@ CAPACITY_S = 4.0
 CAPACITY_CONCURRENCY = 16
 FLOOD_DEADLINE_MS = 2000.0
 TRICKLE_DEADLINE_MS = 10_000.0
+EXPIRED_AT = 0.9  # a DEADLINE_EXCEEDED this late (share of the deadline) expired in a queue
 # Issue 23's target: a p99 beside the flood <= 2.0x the p99 alone. Measured on the 2-core
-# reference machine (mesh and generators sharing both cores), six runs (the last three
-# with the final reads): short 1.0-2.5x (median of the last three 1.6), medium 1.6-2.4x
-# (1.7); p99s of 80-100 requests each; at most 1 of ~1,000 flood requests expired. Before
-# it (weighted credits kept across absences, uncut batches, compute at the request path's
-# priority, limits that never shrank below their start for a slow model) the medium
-# trickle's was 2.7-4.9x, the flood's accepted requests waited up to 2 s and a third of
-# them expired. Bound with its noise margin:
+# reference machine (mesh and generators sharing both cores), five runs of the committed
+# design: short 0.9-1.6x (median 1.05), medium 1.5-2.3x (median 1.95); p99s of 80-100
+# requests each; no flood request expired (34-73 were refused up front for their deadline
+# by admission, ~640 for room). Before it (weighted credits kept across absences, uncut
+# batches, compute at the request path's priority, limits that never shrank for a slow
+# model) the medium trickle's was 2.7-4.9x, and the flood's accepted requests waited up to
+# 2 s. Bound with its noise margin:
 P99_RATIO_MAX = {"short": 3.5, "medium": 3.5}
 
 
@@ -141,10 +142,14 @@ def test_priority_one_trickle_beside_a_2x_priority_two_flood(
     }
     flood = runs["flood"]
     refused = [r for r in flood if r.outcome.code == "RESOURCE_EXHAUSTED"]
+    late = [r.outcome.latency_ms for r in flood if r.outcome.code == "DEADLINE_EXCEEDED"]
+    expired = [ms for ms in late if ms >= EXPIRED_AT * FLOOD_DEADLINE_MS]
     figures: dict[str, Any] = {
         "p99_ratio": {name: round(ratio, 2) for name, ratio in ratios.items()},
         "flood_offered_rps": round(len(flood) / (FLOOD_LEAD_S + TRICKLE_S + 0.5), 1),
         "codes": {k: dict(v) for k, v in codes.items()},
+        "flood_expired": len(expired),
+        "flood_refused_for_deadline": len(late) - len(expired),
     }
     for name, records in runs.items():
         ok = _ok_ms(records)
@@ -167,9 +172,9 @@ def test_priority_one_trickle_beside_a_2x_priority_two_flood(
     # come back.
     assert set(codes["flood"]) <= {OK, "RESOURCE_EXHAUSTED", "DEADLINE_EXCEEDED"}
     assert codes["flood"][OK] < len(flood), codes["flood"]
-    # What the mesh took it answered: at most 1% of the flood expired in a queue (or was
-    # refused for its deadline by admission, which the codes alone do not tell apart).
-    assert codes["flood"]["DEADLINE_EXCEEDED"] <= 0.01 * len(flood), codes["flood"]
+    # What the mesh took it answered: at most 1% of the flood expired in a queue (a
+    # DEADLINE_EXCEEDED near the deadline; admission's refusals for the deadline come early).
+    assert len(expired) <= 0.01 * len(flood), figures
     assert all(r.outcome.retry_after_ms is not None for r in refused)
     for name, ratio in ratios.items():
         assert ratio <= P99_RATIO_MAX[name], (name, figures)

@@ -15,7 +15,7 @@ import pytest
 
 from tests.go_toolchain import needs_go
 from tiermesh.frontdoor.build import build
-from tiermesh.gateway.adaptive_limit import INTERVAL_NS, AdaptiveLimits, LimitKey
+from tiermesh.gateway.adaptive_limit import INTERVAL_NS, AdaptiveLimits, LimitKey, is_late
 
 pytestmark = [
     pytest.mark.slow,
@@ -51,7 +51,10 @@ def script(rng: np.random.Generator, n: int) -> list[dict[str, object]]:
                 wait, expired = 1_000_000_000, True
             else:
                 wait = int(rng.exponential(2e6)) + (40_000_000 if flood else 0)
-            events.append({"op": "release", **base, "wait_ns": wait, "expired": expired})
+            budget = 0 if rng.random() < 0.3 else int(rng.exponential(100e6))
+            events.append(
+                {"op": "release", **base, "wait_ns": wait, "expired": expired, "budget_ns": budget}
+            )
         else:
             events.append({"op": "limit", **base})
     return events
@@ -67,12 +70,9 @@ def python_answers(events: list[dict[str, object]]) -> list[int]:
             out.append(lim.acquire(key, now))
         elif e["op"] == "release":
             wait = e["wait_ns"]
-            lim.release(
-                key,
-                now,
-                None if wait is None else int(wait),  # type: ignore[call-overload]
-                bool(e["expired"]),
-            )
+            wait_ns = None if wait is None else int(wait)  # type: ignore[call-overload]
+            budget = int(e["budget_ns"])  # type: ignore[call-overload]
+            lim.release(key, now, wait_ns, is_late(wait_ns, budget, bool(e["expired"])))
             out.append(0)
         else:
             out.append(lim.limit(key))

@@ -12,6 +12,7 @@ from tiermesh.gateway.adaptive_limit import (
     MAX_RETRY_MS,
     MINIMUM,
     AdaptiveLimits,
+    is_late,
     next_limit,
     queue_wait_ns,
 )
@@ -111,8 +112,8 @@ def test_the_limit_stays_within_its_minimum_and_the_cap() -> None:
         now = interval(lim, KEY, now, [1000.0])
     lim.acquire(KEY, now)
     assert lim.limit(KEY) == MINIMUM
-    assert next_limit(290.0, MS, bound=True, peak=290, target_ns=10 * MS) == 319.0
-    assert next_limit(4.0, MS, bound=True, peak=4, target_ns=10 * MS) == 6.0  # the root
+    assert next_limit(290.0, MS, bound=True, target_ns=10 * MS) == 319.0
+    assert next_limit(4.0, MS, bound=True, target_ns=10 * MS) == 6.0  # the root
     lim2 = limits(maximum=300)
     now = 0
     for _ in range(10):
@@ -174,29 +175,22 @@ def test_the_signal_is_the_queue_wait_beyond_one_batchs_compute() -> None:
     assert queue_wait_ns(timing) == 58 * MS
 
 
-def test_a_standing_queue_below_the_limit_shrinks_it_to_what_the_callers_reach() -> None:
-    """Four callers whose requests wait long (a standing queue, nothing refused): the limit
-    comes down to the four in flight, never below, so none of them is refused for it; with
-    short waits a limit nobody reaches stays where it is."""
+def test_a_limit_its_callers_do_not_reach_is_left_alone() -> None:
+    """Four callers whose requests wait long (closed-loop callers of a saturated mesh wait
+    behind each other's batches), nothing refused, nothing expired: shrinking toward them
+    would refuse them and starve the workers."""
     lim = limits()
     now = 0
-    for _ in range(3):
-        now = interval(lim, KEY, now, [5.0] * 4, bound=False)
-    lim.acquire(KEY, now)
-    lim.release(KEY, now, None)
-    assert lim.limit(KEY) == INITIAL
-    for _ in range(12):
+    for _ in range(10):
         now = interval(lim, KEY, now, [90.0] * 4, bound=False)
     lim.acquire(KEY, now)
-    lim.release(KEY, now, None)
-    assert lim.limit(KEY) == 4
-    assert fill(lim, KEY, now) == 4
+    assert lim.limit(KEY) == INITIAL
 
 
-def test_a_request_that_expired_shrinks_a_limit_its_callers_do_not_reach() -> None:
+def test_a_late_request_shrinks_a_limit_its_callers_do_not_reach() -> None:
     """A slow model's queue can hold a deadline's worth of work with fewer in flight than
-    the limit: the callers never reach it, and requests it let in expire. Each expiry lets
-    the limit shrink; the same long waits without one leave it alone (test above)."""
+    the limit: the callers never reach it, and the requests it let in wait most of their
+    deadline. Each late one lets the limit shrink; the same waits on time leave it alone."""
     lim = limits()
     now = 0
     expected = float(INITIAL)
@@ -204,9 +198,24 @@ def test_a_request_that_expired_shrinks_a_limit_its_callers_do_not_reach() -> No
         for _ in range(20):  # in flight at once: well under the limit
             assert lim.acquire(KEY, now) == 0
         for i in range(20):
-            lim.release(KEY, now + 1, 2000 * MS, expired=i == 0)
+            lim.release(KEY, now + 1, 900 * MS, late=i == 0)
         now += INTERVAL_NS
         lim.acquire(KEY, now)
         lim.release(KEY, now, None)
-        expected *= 0.5  # the wait (2 s) is far above the target: at most halved
+        expected *= 0.5  # the wait is far above the target: at most halved
         assert lim.limit(KEY) == int(expected)
+
+
+@pytest.mark.parametrize(
+    ("wait_ms", "budget_ms", "expired", "late"),
+    [
+        (None, 1000, True, True),  # expired unanswered
+        (250, 1000, False, False),  # a quarter of its deadline: on time
+        (251, 1000, False, True),
+        (900, 0, False, False),  # no deadline: never late by its wait
+        (None, 1000, False, False),  # says nothing of the queue
+    ],
+)
+def test_late(wait_ms: int | None, budget_ms: int, expired: bool, late: bool) -> None:
+    wait = None if wait_ms is None else wait_ms * MS
+    assert is_late(wait, budget_ms * MS, expired) is late

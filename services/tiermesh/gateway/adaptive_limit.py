@@ -7,20 +7,22 @@ finished in an interval (100 ms): the wait in the work queue, from its enqueuein
 batch's start, less the compute of one batch (`queue_wait_ns`), which is what admitting
 fewer shortens. (The time before it, the gateway's and the router's CPU, grows too while a
 flood is refused; shrinking the limit for it starved the workers: measured on the mlp, one
-core, 5x: goodput 0.4x against 0.7x.) Above the target the limit shrinks in proportion, at
-most by half an interval (shrinking sooner, on a flood's first answers, collapsed it: the
-workers' wake-ups are late too while a core is busy refusing), but never below the most
-calls that were in flight at once in the interval unless the limit held calls back (some
-were refused, or as many were in flight as it allows) or let in too many (a request it let
-in expired unanswered). So a slow model's queue, which can hold its whole deadline's worth
-of work with fewer calls in flight than the initial limit, is cut as soon as it stands
-(measured on MiniLM-L6, long texts at 2x: waits of 1.8 s before), while callers who wait
-behind each other's batches are never refused for it (four callers of a model whose batches
-take 90 ms). At or below the target, and only while it held calls back, it grows by its
-square root or a tenth, whichever is more (from the floor back to 32 in 0.8 s). A request
-that reached its deadline unanswered counts as a wait of all its time. Priorities are
-separate classes: a low-priority flood waits behind the workers' weighting of the levels,
-and its limit shrinks while the urgent class's does not, so the flood is what is refused.
+core, 5x: goodput 0.4x against 0.7x.) The limit changes only while it held calls back (some
+were refused, or as many were in flight as it allows) or let in too many: a request it let
+in was late (`is_late`: it waited more than a quarter of its deadline in the queue, or
+expired unanswered). A slow model's queue can hold its whole deadline's worth of work with
+fewer calls in flight than the initial limit, and nothing else would shrink it (measured on
+MiniLM-L6, long texts at 2x with 2 s deadlines: accepted requests waited 1.4-1.8 s). Above
+the target it shrinks in proportion, at most by half an interval (shrinking sooner, on a
+flood's first answers, collapsed it: the workers' wake-ups are late too while a core is busy
+refusing); at or below it, it grows by its square root or a tenth, whichever is more (from
+the floor back to 32 in 0.8 s). A limit its callers do not reach, and whose requests are not
+late, is left alone: closed-loop callers of a saturated mesh wait behind each other's
+batches, and shrinking toward them refused them and starved the workers (mesh_vs_raw, 64
+callers: 0.77 -> 0.4 of the raw limit). A request that reached its deadline unanswered
+counts as a wait of all its time. Priorities are separate classes: a low-priority flood
+waits behind the workers' weighting of the levels, and its limit shrinks while the urgent
+class's does not, so the flood is what is refused.
 
 A refusal says when to come back from the measured drain rate: the time the class's
 excess takes to finish at the rate its requests finished lately.
@@ -44,6 +46,9 @@ INITIAL = 256
 MINIMUM = 4
 GROWTH = 0.1
 MAX_SHRINK = 0.5
+# A request that waited in the queue more than this share of its deadline budget (or expired
+# unanswered) is late: the limit let in too many, whether or not its callers reached it.
+LATE_SHARE = 0.25
 # Retry-after bounds (ms) and the rate's smoothing.
 MIN_RETRY_MS = 1
 MAX_RETRY_MS = 1000
@@ -61,7 +66,7 @@ class _Class:
     min_wait_ns: int = -1
     rate_per_s: float = 0.0  # requests finished a second, smoothed over intervals
     ended: int = 0  # every release this interval (with or without a wait)
-    expired: int = 0  # released this interval having expired unanswered
+    late: int = 0  # released this interval having waited past LATE_SHARE of its deadline
 
 
 @dataclass(slots=True)
@@ -83,16 +88,15 @@ class AdaptiveLimits:
         c.peak = max(c.peak, c.in_flight)
         return 0
 
-    def release(
-        self, key: LimitKey, now_ns: int, wait_ns: int | None, expired: bool = False
-    ) -> None:
+    def release(self, key: LimitKey, now_ns: int, wait_ns: int | None, late: bool = False) -> None:
         """An admitted request ended: `wait_ns` its queue wait (`queue_wait_ns`; all its
-        time when it `expired` unanswered); None when it says nothing of the queue
-        (refused further in, its caller left, failed before a worker took it)."""
+        time when it expired unanswered); None when it says nothing of the queue
+        (refused further in, its caller left, failed before a worker took it). `late`:
+        it expired, or waited past LATE_SHARE of its deadline (`is_late`)."""
         c = self._class(key, now_ns)
         c.in_flight = max(0, c.in_flight - 1)
         c.ended += 1
-        c.expired += int(expired)
+        c.late += int(late)
         if wait_ns is None:
             return
         c.finished += 1
@@ -127,8 +131,7 @@ class AdaptiveLimits:
         c.limit = next_limit(
             c.limit,
             c.min_wait_ns if c.finished else None,
-            bound=c.refused > 0 or c.peak >= self.limit_of(c) or c.expired > 0,
-            peak=c.peak,
+            bound=c.refused > 0 or c.peak >= self.limit_of(c) or c.late > 0,
             target_ns=int(self.target_wait_ms * 1_000_000),
         )
         c.limit = max(float(MINIMUM), min(float(self.maximum), c.limit))
@@ -142,8 +145,17 @@ class AdaptiveLimits:
             )
         c.start_ns = now_ns
         c.peak = c.in_flight
-        c.refused = c.finished = c.ended = c.expired = 0
+        c.refused = c.finished = c.ended = c.late = 0
         c.min_wait_ns = -1
+
+
+def is_late(wait_ns: int | None, budget_ns: int, expired: bool) -> bool:
+    """Whether a request's wait says the limit let in too many: it expired unanswered, or
+    its queue wait took more than LATE_SHARE of its deadline budget (`budget_ns`, received
+    -> deadline; 0: none)."""
+    if expired:
+        return True
+    return wait_ns is not None and budget_ns > 0 and wait_ns > LATE_SHARE * budget_ns
 
 
 def queue_wait_ns(timing: Timing) -> int:
@@ -156,18 +168,15 @@ def queue_wait_ns(timing: Timing) -> int:
     return max(0, wait - compute)
 
 
-def next_limit(
-    limit: float, min_wait_ns: int | None, *, bound: bool, peak: int, target_ns: int
-) -> float:
-    """One interval's step. Even the shortest wait above the target: shrink toward it, at
-    most by half, and, unless the limit held calls back or let in a request that expired
-    (`bound`), to no fewer than the `peak` in flight. Otherwise grow by the root or a tenth,
-    only while `bound` (a limit nobody reaches needs no room)."""
-    if min_wait_ns is None:
+def next_limit(limit: float, min_wait_ns: int | None, *, bound: bool, target_ns: int) -> float:
+    """One interval's step, only while the limit held calls back or let in a request that
+    was late (`bound`): shrink toward the target when even the shortest wait exceeded it,
+    else grow by the root or a tenth. A limit the callers did not reach is otherwise left
+    alone: 64 closed-loop callers of a saturated mesh wait behind each other's batches, and
+    shrinking for that refused them and starved the workers (mesh_vs_raw: 0.77 -> 0.4 of
+    the raw limit)."""
+    if min_wait_ns is None or not bound:
         return limit
     if min_wait_ns > target_ns:
-        shrunk = limit * max(MAX_SHRINK, target_ns / min_wait_ns)
-        return shrunk if bound else max(shrunk, float(peak))
-    if not bound:
-        return limit
+        return limit * max(MAX_SHRINK, target_ns / min_wait_ns)
     return limit + max(1.0, math.sqrt(limit), limit * GROWTH)

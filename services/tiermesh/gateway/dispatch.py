@@ -16,7 +16,7 @@ from opentelemetry import trace
 from tiermesh.core.errors import MeshError, deadline_exceeded, exhausted, unavailable
 from tiermesh.core.jobs import Job, JobResult
 from tiermesh.core.repository import ModelConfig
-from tiermesh.gateway.adaptive_limit import AdaptiveLimits, queue_wait_ns
+from tiermesh.gateway.adaptive_limit import AdaptiveLimits, is_late, queue_wait_ns
 from tiermesh.gateway.cache import cache_digest
 from tiermesh.gateway.capture import Observed
 from tiermesh.gateway.facts import response_facts
@@ -222,7 +222,8 @@ class Dispatcher:
                 wait_ns, expired = self._clock_ns() - job.timing.received_ns, True  # unanswered
             raise
         finally:
-            limits.release(key, self._clock_ns(), wait_ns, expired)
+            budget_ns = job.deadline_ns - job.timing.received_ns if job.deadline_ns else 0
+            limits.release(key, self._clock_ns(), wait_ns, is_late(wait_ns, budget_ns, expired))
 
     async def _await_result(
         self, job: Job, on_partial: PartialCallback | None, hops: Hops | None

@@ -104,7 +104,11 @@ func (d *door) handle(_ interface{}, stream grpc.ServerStream) error {
 	}
 	resp, wait, expired, err := d.infer(ctx, stream, m, job, entry)
 	if d.limits != nil {
-		d.limits.release(key, time.Now().UnixNano(), wait, expired)
+		budget := int64(0)
+		if job.DeadlineNs > 0 {
+			budget = job.DeadlineNs - job.Timing.GetReceivedNs()
+		}
+		d.limits.release(key, time.Now().UnixNano(), wait, isLate(wait, budget, expired))
 	}
 	d.ended(entry, status.Code(err))
 	if err != nil {

@@ -21,6 +21,7 @@ const (
 	limitMinimum    = 4
 	limitGrowth     = 0.1
 	limitMaxShrink  = 0.5
+	lateShare       = 0.25 // a queue wait past this share of the deadline budget is late
 	minRetryMs      = 1
 	maxRetryMs      = 1000
 	rateSmoothing   = 0.5
@@ -41,7 +42,7 @@ type limitClass struct {
 	minWaitNs int64 // -1: none this interval
 	ratePerS  float64
 	ended     int64
-	expired   int64 // released this interval having expired unanswered
+	late      int64 // released this interval late (isLate)
 }
 
 type limits struct {
@@ -76,8 +77,8 @@ func (l *limits) acquire(key limitKey, nowNs int64) int64 {
 }
 
 // release: an admitted request ended; waitNs < 0 when it says nothing of the queue;
-// expired: it expired unanswered (waitNs is then all its time).
-func (l *limits) release(key limitKey, nowNs, waitNs int64, expired bool) {
+// late: it expired unanswered (waitNs is then all its time) or waited long (isLate).
+func (l *limits) release(key limitKey, nowNs, waitNs int64, late bool) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	c := l.class(key, nowNs)
@@ -85,8 +86,8 @@ func (l *limits) release(key limitKey, nowNs, waitNs int64, expired bool) {
 		c.inFlight--
 	}
 	c.ended++
-	if expired {
-		c.expired++
+	if late {
+		c.late++
 	}
 	if waitNs < 0 {
 		return
@@ -132,7 +133,7 @@ func (l *limits) class(key limitKey, nowNs int64) *limitClass {
 
 func (l *limits) adjust(c *limitClass, nowNs int64) {
 	elapsedS := float64(nowNs-c.startNs) / 1e9
-	c.limit = nextLimit(c.limit, c.minWaitNs, c.finished > 0, c.refused > 0 || c.peak >= l.limitOf(c) || c.expired > 0, c.peak, l.targetWaitNs)
+	c.limit = nextLimit(c.limit, c.minWaitNs, c.finished > 0, c.refused > 0 || c.peak >= l.limitOf(c) || c.late > 0, l.targetWaitNs)
 	c.limit = math.Max(limitMinimum, math.Min(float64(l.maximum), c.limit))
 	if c.ended > 0 {
 		rate := float64(c.ended) / elapsedS
@@ -144,8 +145,14 @@ func (l *limits) adjust(c *limitClass, nowNs int64) {
 	}
 	c.startNs = nowNs
 	c.peak = c.inFlight
-	c.refused, c.finished, c.ended, c.expired = 0, 0, 0, 0
+	c.refused, c.finished, c.ended, c.late = 0, 0, 0, 0
 	c.minWaitNs = -1
+}
+
+// isLate is gateway/adaptive_limit.py's is_late: it expired, or its queue wait took more
+// than lateShare of its deadline budget (received -> deadline; 0: none).
+func isLate(waitNs, budgetNs int64, expired bool) bool {
+	return expired || (waitNs >= 0 && budgetNs > 0 && float64(waitNs) > lateShare*float64(budgetNs))
 }
 
 // queueWaitNs is an answered request's signal, as gateway/adaptive_limit.py's
@@ -156,19 +163,12 @@ func queueWaitNs(t *tiermeshv1.Timing) int64 {
 }
 
 // nextLimit is one interval's step, as gateway/adaptive_limit.py's next_limit.
-func nextLimit(limit float64, minWaitNs int64, measured, bound bool, peak int64, targetNs int64) float64 {
-	if !measured {
+func nextLimit(limit float64, minWaitNs int64, measured, bound bool, targetNs int64) float64 {
+	if !measured || !bound {
 		return limit
 	}
 	if minWaitNs > targetNs {
-		shrunk := limit * math.Max(limitMaxShrink, float64(targetNs)/float64(minWaitNs))
-		if bound {
-			return shrunk
-		}
-		return math.Max(shrunk, float64(peak))
-	}
-	if !bound {
-		return limit
+		return limit * math.Max(limitMaxShrink, float64(targetNs)/float64(minWaitNs))
 	}
 	return limit + math.Max(math.Max(1, math.Sqrt(limit)), limit*limitGrowth)
 }
@@ -194,6 +194,7 @@ type limitEvent struct {
 	Priority int32  `json:"priority"`
 	NowNs    int64  `json:"now_ns"`
 	WaitNs   *int64 `json:"wait_ns"`
+	BudgetNs int64  `json:"budget_ns"`
 	Expired  bool   `json:"expired"`
 }
 
@@ -220,7 +221,7 @@ func limitLines(maximum int64, targetMs float64, fallbackMs int64) int {
 			if e.WaitNs != nil {
 				wait = *e.WaitNs
 			}
-			l.release(key, e.NowNs, wait, e.Expired)
+			l.release(key, e.NowNs, wait, isLate(wait, e.BudgetNs, e.Expired))
 		case "limit":
 			answer = l.current(key)
 		default:
