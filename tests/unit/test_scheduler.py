@@ -140,7 +140,7 @@ def test_intermittent_level_keeps_its_share() -> None:
             now += MS
             if key == _key(2):
                 break
-        assert picks_until_served <= 5
+        assert picks_until_served <= 3  # from even: 4 against 1 wins twice, then level 2
 
 
 @pytest.mark.parametrize("flood_batches_between", [1, 3, 7])

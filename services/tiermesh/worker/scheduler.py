@@ -25,8 +25,8 @@ Picking a stream (`Scheduler.pick`, called once per batch the worker is about to
    that have work share what it held, so credits always sum to zero. A group that comes
    and goes therefore starts even each time it returns: a priority-1 trickle beside a
    priority-2 flood is taken at the next batch boundary (weight 4 against 1, from even), not
-   every fifth time it comes; a level-2 trickle beside a level-1 flood waits at most three
-   batches. Kept credit would be the trickle's debt from its last win, and the flood's
+   every fifth time it comes; a level-2 trickle beside a level-1 flood is served at the
+   third pick at the latest. Kept credit would be the trickle's debt from its last win, and the flood's
    matching surplus, carried into every return.
 3. Bucket within the group. The stream whose batch is nearest its wait limit goes first:
    smallest ``max_batch_wait_ms - waited`` with waited counted from ``first_dequeued_ns``
