@@ -14,8 +14,10 @@ same weights. Starts a private mesh on each (own redis-server, own data dir), th
    per round, then the median.
 2. Priority on the bucketed mesh, its capacity taken from step 1: a priority-1 trickle of
    short texts at a fixed inter-arrival (5% of capacity), alone and then beside a
-   priority-2 flood of the mixed texts offered open loop at 2x capacity (from a separate
-   process, so the trickle's clock is not delayed by the flood's client; each flood request
+   priority-2 flood of the mixed texts offered open loop at 2x capacity (by the compiled
+   load generator, tiermesh.bench.goload, which takes ~0.05 of a core where a Python
+   client took ~0.3 of the two; `--flood-client python`: a separate Python process, so the
+   trickle's clock is not delayed by the flood's client; each flood request
    has a 2 s timeout, and refusals are expected and counted). p99 of the trickle loaded /
    unloaded per round, then the median; where its latency goes (queue vs compute).
 
@@ -55,7 +57,10 @@ from tritonclient.utils import InferenceServerException
 
 from tiermesh.bench.calls import values_of
 from tiermesh.bench.cpu import process_cpu_s
-from tiermesh.bench.workload import TokenText, mixed_texts
+from tiermesh.bench.goload import LoadConfig, LoadUnavailable, infer_request, run_load
+from tiermesh.bench.goload import binary as goload_binary
+from tiermesh.bench.workload import RequestSpec, Tensor, TokenText, mixed_texts
+from tiermesh.convert.fetch import default_cache_dir
 from tiermesh.core.model_config import parse_config
 from tiermesh.core.model_files import mirror_files
 from tiermesh.up.processes import free_port
@@ -370,6 +375,49 @@ async def _flood(
     }
 
 
+async def go_flood(
+    port: int, model: str, texts: Sequence[bytes], rate: float, duration_s: float, timeout_s: float
+) -> dict[str, Any]:
+    """The flood of `flood`, sent by the compiled load generator (Poisson arrivals at
+    `rate`); the same figures, without refusal messages (the generator keeps codes only),
+    and the generator's own CPU as `client_cores`."""
+    requests = [
+        infer_request(
+            model,
+            RequestSpec(i, "flood", 2, (Tensor("text", "BYTES", np.array([[t]], np.object_)),)),
+            timeout_us=int(timeout_s * 1e6),
+        )
+        for i, t in enumerate(texts)
+    ]
+    config = LoadConfig(
+        f"127.0.0.1:{port}",
+        requests,
+        duration_s,
+        (timeout_s + 1.0) * 1000,
+        mode="open",
+        rate_rps=rate,
+        seed=int(rate),
+        connections=8,
+    )
+    run = await run_load(default_cache_dir(), config)
+    outcomes = Counter(r.outcome.code for r in run.records)
+    ok = [r.outcome for r in run.records if r.ok]
+    stages: dict[str, list[float]] = {s: [] for s in STAGES}
+    for outcome in ok:
+        for name, ms in (outcome.reply.stages_ms if outcome.reply else {}).items():
+            if f"{name}_us" in stages:
+                stages[f"{name}_us"].append(ms * 1000)
+    return {
+        "offered": len(run.records),
+        "offered_rps": len(run.records) / duration_s,
+        "outcomes": dict(outcomes),
+        "messages": {},
+        "ok_p50_ms": float(np.percentile([o.latency_ms for o in ok], 50)) if ok else None,
+        "ok_stages_p50_ms": {s: pct_ms(v, 50) for s, v in stages.items()},
+        "client_cores": run.cpu_s / run.wall_s if run.wall_s > 0 else math.nan,
+    }
+
+
 def _noop() -> int:
     """Run once in the flood process so its imports happen before any timing."""
     return os.getpid()
@@ -499,8 +547,9 @@ async def priority_rounds(
     rounds = []
     with ProcessPoolExecutor(max_workers=1, mp_context=ctx) as pool:
         loop = asyncio.get_running_loop()
-        flood_pid = await loop.run_in_executor(pool, _noop)
-        pids = {**target.pids, "flood client": flood_pid}
+        pids = dict(target.pids)
+        if args.flood_client == "python":
+            pids["flood client"] = await loop.run_in_executor(pool, _noop)
         for r in range(args.repeats):
             order = ["unloaded", "loaded"] if r % 2 == 0 else ["loaded", "unloaded"]
             rnd: dict[str, Any] = {}
@@ -511,23 +560,38 @@ async def priority_rounds(
                     cores = cores_used(before, cpu_seconds(pids), time.perf_counter() - t0)
                     rnd["unloaded"] = {**trickle_figures(run, age_limit), "cpu_cores": cores}
                     continue
-                flooding = loop.run_in_executor(
-                    pool,
-                    flood,
-                    target.port,
-                    model,
-                    flood_texts,
-                    flood_rate,
-                    flood_s,
-                    args.flood_timeout_s,
-                    args.flood_max_in_flight,
-                )
+                flooding: asyncio.Future[dict[str, Any]]
+                if args.flood_client == "go":
+                    flooding = asyncio.ensure_future(
+                        go_flood(
+                            target.port,
+                            model,
+                            flood_texts,
+                            flood_rate,
+                            flood_s,
+                            args.flood_timeout_s,
+                        )
+                    )
+                else:
+                    flooding = loop.run_in_executor(
+                        pool,
+                        flood,
+                        target.port,
+                        model,
+                        flood_texts,
+                        flood_rate,
+                        flood_s,
+                        args.flood_timeout_s,
+                        args.flood_max_in_flight,
+                    )
                 await asyncio.sleep(args.flood_lead_s)
                 run = await open_loop(client, model, trickle, rate, priority=1)
                 # The CPU figures cover the flood's lead and the trickle, not its drain.
                 cores = cores_used(before, cpu_seconds(pids), time.perf_counter() - t0)
                 rnd["loaded"] = {**trickle_figures(run, age_limit), "cpu_cores": cores}
                 rnd["flood"] = await flooding
+                if "client_cores" in rnd["flood"]:  # the generator's, not a process of `pids`
+                    rnd["loaded"]["cpu_cores"]["flood client"] = rnd["flood"]["client_cores"]
                 await asyncio.sleep(SETTLE_S)
             rnd["p99_ratio"] = ratio(rnd["loaded"]["p99_ms"], rnd["unloaded"]["p99_ms"])
             rounds.append(rnd)
@@ -643,7 +707,8 @@ def render(summary: dict[str, Any], config: dict[str, Any]) -> str:
             f"  trickle: priority 1, short texts, {config['trickle_requests']} requests at"
             f" {config['trickle_rps']:.1f} req/s (open loop), alone and beside the flood",
             f"  flood:   priority 2, mixed texts, offered {config['flood_rps']:.1f} req/s"
-            f" (achieved {prio['flood_offered_rps']:.1f}), timeout {config['flood_timeout_s']} s",
+            f" (achieved {prio['flood_offered_rps']:.1f}), timeout {config['flood_timeout_s']} s,"
+            f" from {config.get('flood_client', 'python')} client",
             f"  {'trickle, ms':<26}{'alone p50':>11}{'alone p99':>11}{'flood p50':>11}"
             f"{'flood p99':>11}",
             f"  {'client latency':<26}{un['p50_ms']:>11.1f}{un['p99_ms']:>11.1f}"
@@ -719,6 +784,12 @@ async def run(args: argparse.Namespace) -> int:
     flood_pool = [t.text for t in make_texts(tok, rng, args.flood_pool, long_tokens)]
     short = make_texts(tok, rng, args.trickle_requests, long_tokens, kinds=(("short", 1.0),))
     log(f"texts ready in {time.perf_counter() - t0:.1f}s")
+    if args.flood_client == "go" and not args.skip_priority:
+        try:
+            goload_binary(default_cache_dir())
+        except LoadUnavailable as exc:
+            log(f"no compiled load generator ({exc}); the flood comes from a Python process")
+            args.flood_client = "python"
     meshes: dict[str, Mesh] = {}
     targets: dict[str, Target] = {}
     mixed: list[dict[str, Any]] = []
@@ -765,6 +836,7 @@ async def run(args: argparse.Namespace) -> int:
                 "trickle_rps": trickle_rate,
                 "trickle_requests": len(short),
                 "flood_rps": args.flood_factor * capacity,
+                "flood_client": args.flood_client,
                 "flood_timeout_s": args.flood_timeout_s,
                 "age_limit_ms": age_limit,
             }
@@ -826,7 +898,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--flood-factor", type=float, default=2.0, help="flood rate / capacity")
     p.add_argument("--flood-timeout-s", type=float, default=2.0)
     p.add_argument("--flood-lead-s", type=float, default=1.5, help="flood alone before trickle")
-    p.add_argument("--flood-max-in-flight", type=int, default=2000)
+    p.add_argument("--flood-max-in-flight", type=int, default=2000, help="python client only")
+    p.add_argument(
+        "--flood-client",
+        choices=("go", "python"),
+        default="go",
+        help="the compiled generator (default; python when Go is missing) or a Python process",
+    )
     p.add_argument("--flood-pool", type=int, default=1000, help="distinct flood texts")
     p.add_argument("--skip-priority", action="store_true", help="only the mixed workload")
     args = p.parse_args(argv)
