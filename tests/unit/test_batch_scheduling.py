@@ -4,10 +4,15 @@ from __future__ import annotations
 
 import asyncio
 import math
+from collections.abc import Awaitable, Callable
 
+import numpy as np
 import pytest
 
+from tests.integration.conftest import Downstream, downstream  # noqa: F401 (a fixture)
+from tests.unit import test_worker_loop as loop_test
 from tests.unit.test_scheduler import MS, T0, UNIT, _cfg, _key, _view
+from tests.unit.test_worker_loop import Harness, make  # noqa: F401 (a fixture)
 from tiermesh.batch.plan import (
     CANCELLED,
     QUEUED,
@@ -22,8 +27,11 @@ from tiermesh.batch.plan import (
     request_id,
     summary,
 )
+from tiermesh.core import keys
+from tiermesh.core.jobs import Job, Timing
 from tiermesh.core.keys import BACKGROUND_PRIORITY
 from tiermesh.core.settings import WorkerSettings
+from tiermesh.core.tensors import from_numpy
 from tiermesh.worker.__main__ import serve
 from tiermesh.worker.scheduler import Scheduler
 
@@ -77,50 +85,122 @@ def _online_traffic(s: Scheduler, until: int) -> None:
         s.arrived(_key(1, 0), 1, until - i * 10 * MS)
 
 
-def test_paced_background_while_online_requests_keep_arriving() -> None:
-    s = Scheduler({UNIT: _cfg()}, background_duty=0.25)
+def test_unpaced_without_online_traffic() -> None:
     bg = _view(BG, 0, rows=64)
-    _online_traffic(s, T0)
-    assert s.online_present(T0)
-    assert s.pick([bg], T0) == bg.key
-    s.background_started()
-    # In flight: no second background batch, whatever the time.
-    assert math.isinf(s.background_wait_ms(T0 + 1 * MS))
-    assert s.pick([bg], T0 + 1 * MS) is None
-    # Done after 10 ms: at duty 0.25 it pauses 30 ms before the next.
-    s.background_done(T0, T0 + 10 * MS)
-    assert s.background_wait_ms(T0 + 10 * MS) == 30.0
-    assert s.pick([bg], T0 + 39 * MS) is None
-    assert s.pick([bg], T0 + 40 * MS) == bg.key
-    # Online work is never held back by the pause.
-    online = _view(1, 0, rows=1, now=T0 + 20 * MS)
-    assert s.pick([bg, online], T0 + 20 * MS) == online.key
-
-
-def test_unpaced_without_online_traffic_or_at_full_duty() -> None:
-    bg = _view(BG, 0, rows=64)
-    quiet = Scheduler({UNIT: _cfg()}, background_duty=0.25)
-    quiet.background_started()
-    quiet.background_done(T0, T0 + 10 * MS)
-    assert not quiet.online_present(T0 + 10 * MS)
-    assert quiet.pick([bg], T0 + 10 * MS) == bg.key  # nobody online to protect
-    full = Scheduler({UNIT: _cfg()}, background_duty=1.0)
-    _online_traffic(full, T0)
-    full.background_started()
-    assert full.background_wait_ms(T0) == 0.0
+    # Every lane, and however long online entries last waited.
+    s = Scheduler({UNIT: _cfg()}, lanes=2)
+    s.online_waited(50 * MS)
+    for _ in range(3):
+        assert s.pick([bg], T0) == bg.key
+        s.background_started()
     # Online traffic that stopped a while ago no longer paces.
-    paced = Scheduler({UNIT: _cfg()}, background_duty=0.5)
-    _online_traffic(paced, T0)
-    paced.background_done(T0, T0 + 10 * MS)
+    _online_traffic(s, T0)
+    assert s.pick([bg], T0) is None
     later = T0 + 3000 * MS
-    assert not paced.online_present(later)
-    assert paced.pick([bg], later) == bg.key
+    assert not s.online_present(later)
+    assert s.pick([bg], later) == bg.key
 
 
-@pytest.mark.parametrize("bad", [0.0, -0.1, 1.5])
-def test_background_duty_must_be_a_share(bad: float) -> None:
-    with pytest.raises(ValueError, match="background_duty"):
-        Scheduler({UNIT: _cfg()}, background_duty=bad)
+def test_background_leaves_a_lane_to_online_traffic() -> None:
+    bg = _view(BG, 0, rows=64)
+    s = Scheduler({UNIT: _cfg()}, lanes=3)
+    _online_traffic(s, T0)
+    for _ in range(2):
+        assert s.background_wait_ms(T0) == 0.0
+        s.background_started()
+    assert math.isinf(s.background_wait_ms(T0))
+    assert s.pick([bg], T0) is None
+    s.background_done()  # no pause follows
+    assert s.pick([bg], T0) == bg.key
+    # Online work is never held back by background work.
+    online = _view(1, 0, rows=1)
+    assert s.pick([bg, online], T0) == online.key
+    # One lane: background takes it, one batch at a time.
+    one = Scheduler({UNIT: _cfg()}, lanes=1)
+    _online_traffic(one, T0)
+    assert one.pick([bg], T0) == bg.key
+    one.background_started()
+    assert one.pick([bg], T0) is None
+
+
+def test_background_pauses_while_online_entries_wait_beyond_the_target() -> None:
+    bg = _view(BG, 0, rows=64)
+    s = Scheduler({UNIT: _cfg()}, lanes=2, background_target_wait_ms=2.0)
+    _online_traffic(s, T0)
+    s.online_waited(2 * MS)  # at the target: goes on
+    assert s.pick([bg], T0) == bg.key
+    s.online_waited(2 * MS + 1)  # beyond it: paused, nothing in flight or not
+    assert math.isinf(s.background_wait_ms(T0))
+    assert s.pick([bg], T0) is None
+    # Paused until a read finds online entries that waited within the target again.
+    s.online_waited(1 * MS)
+    assert s.pick([bg], T0) == bg.key
+    # Or until online traffic stops.
+    s.online_waited(30 * MS)
+    assert s.pick([bg], T0) is None
+    assert s.pick([bg], T0 + 3000 * MS) == bg.key
+
+
+def test_background_batches_fit_the_yield_while_online_traffic_needs_the_one_lane() -> None:
+    s = _sched()  # yield_ms 10 by default, one lane
+    key = _key(BG, 1)
+    for rows in [1, 2, 4, 8, 3, 6] * 3:  # 1 ms + 2 ms per row: 4 rows take 9 ms, 5 take 11
+        s.observe(key, rows, round((1 + 2 * rows) * MS))
+    assert s.background_rows(key) == 5  # throughput-optimal: ~90% of the best per row
+    view = _view(BG, 1, rows=16)
+    assert s.batch_rows(view, T0) == 5
+    _online_traffic(s, T0)
+    assert s.batch_rows(view, T0) == 4  # the lane held no longer than the yield
+    # With two lanes online work has one of its own: no cut.
+    two = Scheduler({UNIT: _cfg()}, lanes=2)
+    for rows in [1, 2, 4, 8, 3, 6] * 3:
+        two.observe(key, rows, round((1 + 2 * rows) * MS))
+    _online_traffic(two, T0)
+    assert two.batch_rows(view, T0) == 5
+
+
+def test_background_batches_keep_a_cost_fit_of_their_own() -> None:
+    s = _sched()
+    s.observe(_key(2, 0), 1, 4 * MS)
+    for rows in (4, 8, 2):
+        s.observe(_key(BG, 0), rows, 30 * MS)  # on idle threads, beside other work
+    assert s.compute_estimate_ns(_key(2, 0), 1) == 4 * MS
+    assert s.compute_estimate_ns(_key(BG, 0), 4) >= 20 * MS
+
+
+async def test_the_worker_paces_background_from_the_online_queue_wait_it_reads(
+    make: Callable[..., Awaitable[Harness]],  # noqa: F811
+) -> None:
+    h = await make(lanes=2)
+    scheduler = h.worker._scheduler
+
+    def route(request_id: str, waited_ms: int) -> None:
+        """An online request of two rows, enqueued `waited_ms` before the worker's now."""
+        h.streams.add(
+            loop_test.HIGH,
+            Job(
+                request_id=request_id,
+                model=keys.split_unit(loop_test.UNIT)[0],
+                inputs=(from_numpy("INPUT0", np.ones((2, 4), np.float32), "FP32"),),
+                gateway="127.0.0.1:1",
+                priority=1,
+                tier="center",
+                timing=Timing(routed_ns=h.clock.now, enqueued_ns=h.clock.now - waited_ms * MS),
+            ),
+        )
+
+    route("late", 5)  # read 5 ms after it was queued: beyond the 2 ms target
+    await h.steps()
+    assert math.isinf(scheduler.background_wait_ms(h.clock.now))
+    route("prompt", 1)
+    await h.steps()
+    assert scheduler.background_wait_ms(h.clock.now) == 0.0
+
+
+@pytest.mark.parametrize(("lanes", "target"), [(0, 2.0), (1, -1.0)])
+def test_lanes_and_target_wait_must_make_sense(lanes: int, target: float) -> None:
+    with pytest.raises(ValueError, match="lanes"):
+        Scheduler({UNIT: _cfg()}, lanes=lanes, background_target_wait_ms=target)
 
 
 def test_background_batches_are_large() -> None:

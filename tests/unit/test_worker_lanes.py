@@ -9,6 +9,7 @@ import threading
 
 import pytest
 
+from tiermesh.core.keys import BACKGROUND_PRIORITY
 from tiermesh.worker.lanes import (
     INLINE_MAX_NS,
     MAX_AUTO_LANES,
@@ -139,6 +140,20 @@ async def test_compute_threads_run_below_the_loops_priority_and_lower_levels_low
     assert theirs == min(own + want, 19)
     # The loop's own thread keeps its priority.
     assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == own
+
+
+def _policy_of_this_thread() -> int:
+    return os.sched_getscheduler(threading.get_native_id())
+
+
+async def test_batch_jobs_compute_on_idle_threads_and_online_levels_do_not() -> None:
+    threads = ComputeThreads(1, 10)
+    try:
+        assert await threads.call(BACKGROUND_PRIORITY, _policy_of_this_thread) == os.SCHED_IDLE
+        assert await threads.call(2, _policy_of_this_thread) == os.SCHED_OTHER
+    finally:
+        threads.close()
+    assert _policy_of_this_thread() == os.SCHED_OTHER  # the loop's own thread
 
 
 async def test_compute_threads_carry_the_callers_context() -> None:

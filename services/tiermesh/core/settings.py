@@ -216,10 +216,10 @@ class WorkerSettings(ServiceSettings):
     # waits (0: only in the gaps of online work).
     batch_jobs: bool = True
     batch_background_share: float = Field(default=0.0, ge=0, le=1)
-    # While online requests keep arriving, the share of wall time background batches may
-    # take (each is followed by a pause in proportion), so that their CPU does not slow
-    # online requests on the same cores; 1: no pacing. Without online traffic: full speed.
-    batch_background_duty: float = Field(default=0.5, gt=0, le=1)
+    # While online requests keep arriving, background batches leave a compute lane to them
+    # and pause whenever online entries were read after waiting longer than this in their
+    # queue (worker/scheduler.py). Without online traffic: full speed.
+    batch_target_wait_ms: float = Field(default=2.0, ge=0)
     # false: a batch pool worker - it reads only batch-job (background) streams and never
     # registers for online admission. With worker_nice > 0 the process lowers its CPU
     # priority by that much at start (os.nice), so on shared cores online work goes first.

@@ -157,7 +157,7 @@ async def serve(
         if settings.batch_jobs
         else None,
         background_share=settings.batch_background_share,
-        background_duty=settings.batch_background_duty,
+        background_target_wait_ms=settings.batch_target_wait_ms,
         online=settings.worker_online,
         lanes=compute.lanes,
         max_batch_bytes=settings.max_batch_bytes,

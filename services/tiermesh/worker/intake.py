@@ -74,6 +74,10 @@ class Intake:
     def buffered(self) -> bool:
         return any(self.buffer.values())
 
+    def online_buffered(self) -> bool:
+        """Whether online (not batch-job) entries are buffered."""
+        return any(q for k, q in self.buffer.items() if not is_background(k))
+
     def buffered_for(self, unit: str) -> bool:
         return any(q for k, q in self.buffer.items() if k.model == unit)
 
@@ -170,7 +174,7 @@ class Intake:
         paced background work is (scheduler.background_wait_ms), until its pause ends."""
         if not self.buffered():
             return self._poll_block_ms
-        if any(q for k, q in self.buffer.items() if not is_background(k)):
+        if self.online_buffered():
             return None
         wait = self._scheduler.background_wait_ms(self._clock_ns())
         if wait <= 0:
@@ -217,8 +221,11 @@ class Intake:
                 await self._sleep(min(wait, FILL_POLL_MS) / 1000)
 
     async def collect(self, entries: Sequence[Entry]) -> None:
-        """Buffer what was read, stamped as dequeued now (reclaimed entries come here too)."""
+        """Buffer what was read, stamped as dequeued now (reclaimed entries come here too).
+        The longest queue wait among the online ones goes to the scheduler: background work
+        paces itself from it (Scheduler.background_wait_ms)."""
         now = self._clock_ns()
+        online_wait = -1
         for e in entries:
             try:
                 raw = e.fields[JOB_FIELD]
@@ -231,6 +238,10 @@ class Intake:
             job = job.with_(timing=job.timing.with_(dequeued_ns=now))
             self.buffer[e.stream].append(QueuedJob(e.stream, e.entry_id, job, now, len(raw)))
             self._scheduler.arrived(e.stream, job.rows, now)
+            if not is_background(e.stream) and job.timing.enqueued_ns:
+                online_wait = max(online_wait, now - job.timing.enqueued_ns)
+        if online_wait >= 0:
+            self._scheduler.online_waited(online_wait)
 
     # -- dropping --------------------------------------------------------------------------
 

@@ -175,15 +175,16 @@ class ComputeThreads:
     """The threads lane batches compute on, at `nice` below the worker's own CPU priority
     (Linux keeps a nice value per thread), and lower still for lower levels: priority 1 at
     `nice`, lower online levels LOWER_LEVEL_NICE more, batch jobs (background) twice that
-    (at most 19). On cores shared with the request path (gateway, router, Redis, this
-    worker's event loop) the kernel then runs those first and compute takes what is left:
-    a request's hops no longer queue behind a long batch for a core. And a priority-1 batch
-    computing beside a lower one gets most of a core they share, not half (CFS weights: ~3
-    to 1 at five nice levels apart). Compute still gets every core nobody else wants, so
-    throughput on a machine doing nothing else is unchanged. One pool of `count` threads
-    per nice value, made when first used; a thread never changes its nice (raising it again
-    needs a privilege). onnxruntime's own intra-op threads (more than one thread per call)
-    keep the priority of the thread that created the session."""
+    (at most 19) and SCHED_IDLE (`_lower_priority`). On cores shared with the request path
+    (gateway, router, Redis, this worker's event loop) the kernel then runs those first and
+    compute takes what is left: a request's hops no longer queue behind a long batch for a
+    core. And a priority-1 batch computing beside a lower one gets most of a core they
+    share, not half (CFS weights: ~3 to 1 at five nice levels apart). Compute still gets
+    every core nobody else wants, so throughput on a machine doing nothing else is
+    unchanged. One pool of `count` threads per nice value (and one SCHED_IDLE), made when
+    first used; a thread never changes its nice (raising it again needs a privilege).
+    onnxruntime's own intra-op threads (more than one thread per call) keep the priority
+    of the thread that created the session."""
 
     def __init__(self, count: int, nice: int = 0) -> None:
         if nice < 0:
@@ -204,13 +205,14 @@ class ComputeThreads:
         """`fn(*args)` on a compute thread of this level, in the caller's context (as
         asyncio.to_thread)."""
         nice = self.nice_for(priority)
-        pool = self._pools.get(nice)
+        idle = priority == BACKGROUND_PRIORITY and nice > 0
+        pool = self._pools.get(-1 if idle else nice)
         if pool is None:
-            pool = self._pools[nice] = ThreadPoolExecutor(
+            pool = self._pools[-1 if idle else nice] = ThreadPoolExecutor(
                 max_workers=self._count,
                 thread_name_prefix=f"worker-compute-nice{nice}",
                 initializer=_lower_priority,
-                initargs=(nice,),
+                initargs=(nice, idle),
             )
         context = contextvars.copy_context()
         loop = asyncio.get_running_loop()
@@ -221,11 +223,19 @@ class ComputeThreads:
             pool.shutdown(wait=False)
 
 
-def _lower_priority(nice: int) -> None:
-    """Lower the calling thread's CPU priority by `nice` (a pool thread's initializer)."""
+def _lower_priority(nice: int, idle: bool = False) -> None:
+    """Lower the calling thread's CPU priority by `nice` (a pool thread's initializer);
+    `idle`: batch jobs' threads, also SCHED_IDLE, so the kernel counts their core as free
+    when it places a waking thread of the request path (it would queue it behind online
+    compute on the other core instead of preempting a nice-19 thread)."""
     if not nice:
         return
     tid = threading.get_native_id()
+    if idle:
+        try:
+            os.sched_setscheduler(tid, os.SCHED_IDLE, os.sched_param(0))
+        except (AttributeError, OSError) as exc:
+            log.warning("batch-job compute threads are not SCHED_IDLE", error=str(exc))
     try:
         os.setpriority(os.PRIO_PROCESS, tid, os.getpriority(os.PRIO_PROCESS, tid) + nice)
     except (AttributeError, OSError) as exc:  # not Linux, or not allowed: same priority

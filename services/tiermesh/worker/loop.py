@@ -26,7 +26,11 @@ from tiermesh.worker.membership import Membership
 from tiermesh.worker.metrics import WorkerMetrics
 from tiermesh.worker.outbox import MAX_HANDOFFS_IN_FLIGHT, BatchOutbox
 from tiermesh.worker.runner import ModelRunner
-from tiermesh.worker.scheduler import Scheduler, is_background
+from tiermesh.worker.scheduler import (
+    DEFAULT_BACKGROUND_TARGET_WAIT_MS,
+    Scheduler,
+    is_background,
+)
 from tiermesh.worker.served import ServedUnits
 from tiermesh.worker.streams import WorkStreams
 from tiermesh.worker.units import UnitControl
@@ -62,7 +66,7 @@ class Worker:
         control: UnitControl | None = None,
         background: BackgroundResults | None = None,
         background_share: float = 0.0,
-        background_duty: float = 1.0,
+        background_target_wait_ms: float = DEFAULT_BACKGROUND_TARGET_WAIT_MS,
         online: bool = True,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
         lanes: int = 1,
@@ -86,7 +90,11 @@ class Worker:
             tier, configs, runners, online=online, background=background is not None
         )
         self._scheduler = scheduler = Scheduler(
-            configs, background_share, background_duty, max_batch_bytes
+            configs,
+            background_share,
+            max_batch_bytes,
+            lanes=lanes,
+            background_target_wait_ms=background_target_wait_ms,
         )
         self._intake = Intake(
             streams=streams,
@@ -111,6 +119,7 @@ class Worker:
             threads=self._threads,
         )
         self._lanes = Lanes(lanes)
+        self._background_computing = 0  # batch-job batches in `_compute`
         self._outbox = BatchOutbox(
             streams=streams,
             handoff=handoff,
@@ -290,17 +299,19 @@ class Worker:
         try:
             live = await self._intake.skip(key, batch, cancelled_too=first)
         except BaseException:
-            self._outbox.release(background, started)
+            self._outbox.release(background)
             raise
         if not live:
-            self._outbox.release(background, started)
+            self._outbox.release(background)
             return None
         if first:
             mode = ComputeMode.CHECKED
         elif run_inline(
-            self._lanes.computing,
+            # Batch jobs count for neither: their threads yield the cores (SCHED_IDLE), and
+            # their hand-off can wait the few ms; online work computes as if alone.
+            self._lanes.computing - self._background_computing,
             self._outbox.unsent,
-            self._intake.buffered(),
+            self._intake.online_buffered(),
             self._scheduler.compute_estimate_ns(key, sum(q.job.rows for q in live)),
         ):
             # No cancel read at all: a caller that left within those few ms gets its answer
@@ -325,6 +336,7 @@ class Worker:
         check = None
         if mode is ComputeMode.BESIDE:
             check = asyncio.create_task(self._intake.left_meanwhile(key, live))
+        self._background_computing += background
         try:
             live, done = await self._executor.run(key, live, mode is ComputeMode.INLINE)
             if check is not None:
@@ -334,10 +346,12 @@ class Worker:
         except BaseException:
             if check is not None:
                 check.cancel()
-            self._outbox.release(background, started)
+            self._outbox.release(background)
             raise
+        finally:
+            self._background_computing -= background
         if not live and not done:
-            self._outbox.release(background, started)
+            self._outbox.release(background)
             return
         self._outbox.send(key, live, done, started, interval)
 

@@ -86,12 +86,12 @@ class BatchOutbox:
         if background:
             self._scheduler.background_started()
 
-    def release(self, background: bool, started: int) -> None:
+    def release(self, background: bool) -> None:
         """A dispatched batch is done with: its hand-off slot is free, and a background
-        batch's span counts for pacing."""
+        batch no longer counts as in flight for pacing."""
         self._slots.release()
         if background:
-            self._scheduler.background_done(started, self._clock_ns())
+            self._scheduler.background_done()
 
     def send(
         self,
@@ -110,17 +110,17 @@ class BatchOutbox:
         )
         self._finishing.add(task)
         self._unstarted.add(task)
-        task.add_done_callback(lambda t: self._finished(t, background, started))
+        task.add_done_callback(lambda t: self._finished(t, background))
 
     async def drain(self) -> None:
         """Returns once every hand-off sent so far is finished (handed off and acknowledged,
         or given up)."""
         await asyncio.gather(*self._finishing, return_exceptions=True)
 
-    def _finished(self, task: asyncio.Task[None], background: bool, started: int) -> None:
+    def _finished(self, task: asyncio.Task[None], background: bool) -> None:
         self._finishing.discard(task)
         self._unstarted.discard(task)
-        self.release(background, started)
+        self.release(background)
         if not task.cancelled() and task.exception() is not None:
             log.error("hand-off task failed", error=repr(task.exception()))
 

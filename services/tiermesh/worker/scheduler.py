@@ -26,8 +26,8 @@ Picking a stream (`Scheduler.pick`, called once per batch the worker is about to
    and goes therefore starts even each time it returns: a priority-1 trickle beside a
    priority-2 flood is taken at the next batch boundary (weight 4 against 1, from even), not
    every fifth time it comes; a level-2 trickle beside a level-1 flood is served at the
-   third pick at the latest. Kept credit would be the trickle's debt from its last win, and the flood's
-   matching surplus, carried into every return.
+   third pick at the latest. Kept credit would be the trickle's debt from its last win, and
+   the flood's matching surplus, carried into every return.
 3. Bucket within the group. The stream whose batch is nearest its wait limit goes first:
    smallest ``max_batch_wait_ms - waited`` with waited counted from ``first_dequeued_ns``
    (ties: lower bucket, then tier). Buckets never merge: a pick is one stream.
@@ -65,33 +65,46 @@ Background work (batch jobs; streams at ``keys.BACKGROUND_PRIORITY``, below ever
 level): never a candidate for aging or the weighted pick. While any online view has rows a
 background view is picked only when background batches took less than ``background_share``
 of the recent compute time (0, the default: never). With no online rows it is picked at
-once, unless paced: while online rows keep arriving (their decayed count over the online
-streams is at least ``ONLINE_PRESENT_ROWS``), background batches take at most
-``background_duty`` of the wall time. One is in flight at a time (`background_started`,
-`background_done`), and each is followed by a pause of its own span (pick to results
-written) times ``(1 - duty) / duty`` (`background_wait_ms`). On a small machine the
-background batch's CPU (results written, the feeder's inputs queued) competes with online
-requests for the same cores even when the worker itself is idle; pacing bounds that.
+once, on every lane, unless paced (`background_wait_ms`). Pacing holds while online rows
+keep arriving (their decayed count over the online streams is at least
+``ONLINE_PRESENT_ROWS``), and follows the online queue delay this worker measures:
+
+1. A lane for online work. At most ``lanes - 1`` background batches are in flight at once
+   (one with a single lane; `background_started`, `background_done`), so an online request
+   that arrives finds a lane free and does not wait for a batch it cannot preempt.
+2. Online queue delay. The intake reports, for every read that brought online entries,
+   the longest wait among them from enqueued (the router's XADD) to read here
+   (`online_waited`): a request read late waited for this worker (its lanes, its loop) or
+   for cores the background work took. While the latest such wait exceeds
+   ``background_target_wait_ms``, no background batch starts; the first read within it
+   lets them go again (at full rate: they pause only while online work is delayed).
+
 A background batch closes at once (the feeder keeps enough queued) and takes
 ``background_rows``: the throughput-optimal size, i.e. the smallest batch whose per-row
 cost under the fitted ``fixed + per_row * rows`` is within ``1 / (1 - BG_EFFICIENCY)`` of
 the marginal cost (rows >= fixed / per_row * BG_EFFICIENCY / (1 - BG_EFFICIENCY)), capped
-by the bucket's max_batch_size; the maximum itself before anything was measured. Larger
-batches gain little throughput and only lengthen the one batch that online work arriving
-meanwhile waits for: a background batch is never preempted, so online work yields to at
-most one of them.
+by the bucket's max_batch_size; the maximum itself before anything was measured. On a
+one-lane worker, while online traffic is present, it is cut further to the rows estimated
+to compute within the model's ``scheduling.yield_ms``, as `row_cap` cuts lower levels: a
+background batch is never preempted, so it holds the lane no longer than that. With more
+lanes online work has one of its own, and a cut would only add per-batch costs (a read of
+the job's status, a write of its results, an ack) to every row of the job.
+Its compute runs on threads the kernel treats as idle (worker/lanes.py ComputeThreads), and
+it does not keep online batches off the loop's own thread (lanes.run_inline).
 
 Compute estimate (`observe`, `compute_estimate_ns`), per (compute unit, bucket), shared by
-tiers and priorities: an exponentially weighted least-squares fit of batch time against
-rows, ``t = fixed + per_row * rows``, with the per-row slope clamped between 0 (all fixed
-cost) and ``mean_t / mean_rows`` (no fixed cost) so neither part goes negative. While all
-observed batches had the same size the split is unknown and the estimate takes the larger
-of the two readings (conservative, as deadlines want). No observation yet: 0. It is the
-cost of a batch on a compute lane, hand-over included: a batch computed on the loop's own
-thread (`inline`, faster: no hand-over, and the wide session) counts in the background
-share only. Were it fitted too, it would lower the estimate that decides what computes
-inline (lanes.run_inline) and the choice would keep itself: a worker that started on lanes
-stayed there, one that started inline stayed inline, by the luck of its first batches.
+tiers and online priorities (batch jobs have their own: they compute on idle threads, so
+their times are stretched by whatever else runs): an exponentially weighted least-squares
+fit of batch time against rows, ``t = fixed + per_row * rows``, with the per-row slope
+clamped between 0 (all fixed cost) and ``mean_t / mean_rows`` (no fixed cost) so neither
+part goes negative. While all observed batches had the same size the split is unknown and
+the estimate takes the larger of the two readings (conservative, as deadlines want). No
+observation yet: 0. It is the cost of a batch on a compute lane, hand-over included: a
+batch computed on the loop's own thread (`inline`, faster: no hand-over, and the wide
+session) counts in the background share only. Were it fitted too, it would lower the
+estimate that decides what computes inline (lanes.run_inline) and the choice would keep
+itself: a worker that started on lanes stayed there, one that started inline stayed
+inline, by the luck of its first batches.
 """
 
 from __future__ import annotations
@@ -120,6 +133,8 @@ ONLINE_PRESENT_ROWS = 1.0
 ARRIVAL_TAU_NS = 200 * NS_PER_MS
 # A batch keeps waiting only while at least this many more rows are expected meanwhile.
 ROWS_WORTH_WAITING = 1.0
+# Online entries read after waiting longer than this in their queue pause background work.
+DEFAULT_BACKGROUND_TARGET_WAIT_MS = 2.0
 # A level counts as having traffic (lower levels' batches are cut) this long after a row
 # of it was last read.
 HIGHER_PRESENT_NS = 2_000 * NS_PER_MS
@@ -192,20 +207,31 @@ class Scheduler:
         self,
         configs: Mapping[str, ModelConfig],
         background_share: float = 0.0,
-        background_duty: float = 1.0,
         max_batch_bytes: int = 0,
+        *,
+        lanes: int = 1,
+        background_target_wait_ms: float = DEFAULT_BACKGROUND_TARGET_WAIT_MS,
     ) -> None:
         # max_batch_bytes: a batch's budget in bytes (0: none); the intake takes within it,
-        # and a stream holding that much buffered closes its batch at once.
-        if not 0 < background_duty <= 1:
-            raise ValueError(f"background_duty must be in (0, 1], got {background_duty}")
+        # and a stream holding that much buffered closes its batch at once. lanes: the
+        # worker's compute lanes (background work leaves one to online traffic).
+        # background_target_wait_ms: the online queue wait above which it pauses.
+        if lanes < 1 or background_target_wait_ms < 0:
+            raise ValueError(
+                f"lanes must be >= 1 and background_target_wait_ms >= 0, "
+                f"got {lanes}, {background_target_wait_ms}"
+            )
         self._configs = dict(configs)
         self.max_batch_bytes = max_batch_bytes
         self._background_share = background_share
-        self._background_duty = background_duty
-        # Background batches picked and not yet done; when paused background may go again.
+        # Background batches picked and not yet done.
         self._bg_in_flight = 0
-        self._bg_resume_ns = 0
+        # Background batches in flight at once while online traffic is present.
+        self._bg_lanes = max(1, lanes - 1)
+        self._lanes = lanes
+        self._bg_target_wait_ns = round(background_target_wait_ms * NS_PER_MS)
+        # The longest queue wait among the online entries of the latest read that had any.
+        self._online_wait_ns = 0
         # EWMAs of compute ns per batch: background batches only, and all batches.
         self._bg_ns = 0.0
         self._all_ns = 0.0
@@ -213,7 +239,9 @@ class Scheduler:
         self._credits: dict[tuple[str, int], float] = defaultdict(float)
         # (unit, online level) -> when a row of it was last read (row_cap).
         self._last_read: dict[tuple[str, int], int] = {}
-        self._costs: dict[tuple[str, int], _CostFit] = {}
+        # (unit, bucket, background) -> cost fit: batch jobs' batches compute on idle
+        # threads (worker/lanes.py), so their times say nothing of an online batch's.
+        self._costs: dict[tuple[str, int, bool], _CostFit] = {}
         self._last_pick_aged = False
         self._arrivals: dict[StreamKey, _Arrivals] = {}
 
@@ -312,7 +340,10 @@ class Scheduler:
         largest preferred size that fits when preferred sizes exist and one does, else
         every row up to that maximum."""
         if is_background(view.key):
-            return min(view.rows, self.background_rows(view.key))
+            rows = min(view.rows, self.background_rows(view.key))
+            if self._lanes == 1 and self.online_present(now_ns):
+                return min(rows, self._yield_rows(view.key))
+            return rows
         spec = self._config(view.key.model).bucket(view.key.bucket)
         cap = min(view.rows, spec.max_batch_size, self.row_cap(view.key, now_ns))
         fitting = [p for p in spec.preferred_batch_sizes if p <= cap]
@@ -323,10 +354,18 @@ class Scheduler:
         max_batch_size, or while a higher level of its unit has had traffic within
         HIGHER_PRESENT_NS, the most rows estimated to compute within the model's
         ``scheduling.yield_ms`` (at least 1). Uncut before the bucket's cost is measured."""
+        if not self._higher_present(key, now_ns):
+            return self._config(key.model).bucket(key.bucket).max_batch_size
+        return self._yield_rows(key)
+
+    def _yield_rows(self, key: StreamKey) -> int:
+        """The most rows of this (unit, bucket) estimated to compute within the model's
+        ``scheduling.yield_ms`` (at least 1); the bucket's max_batch_size before its cost
+        is measured, or with yield_ms 0."""
         spec = self._config(key.model).bucket(key.bucket)
         yield_ns = self._config(key.model).scheduling.yield_ms * NS_PER_MS
-        fit = self._costs.get((key.model, key.bucket))
-        if fit is None or yield_ns <= 0 or not self._higher_present(key, now_ns):
+        fit = self._costs.get(_cost_slot(key))
+        if fit is None or yield_ns <= 0:
             return spec.max_batch_size
         rows = 1
         while rows < spec.max_batch_size and fit.estimate(rows + 1) <= yield_ns:
@@ -341,8 +380,9 @@ class Scheduler:
 
     def observe(self, key: StreamKey, rows: int, compute_ns: int, inline: bool = False) -> None:
         """Record how long a batch of `rows` rows of this (unit, bucket) took to compute.
-        Called after each batch; tier and priority of `key` do not matter. A batch computed
-        `inline` counts in the background share, not in the compute estimate."""
+        Called after each batch; tier and online priority of `key` do not matter, batch-job
+        batches have a fit of their own. A batch computed `inline` counts in the background
+        share, not in the compute estimate."""
         if rows < 1 or compute_ns < 0:
             raise ValueError(
                 f"observe needs rows >= 1 and compute_ns >= 0, got {rows}, {compute_ns}"
@@ -352,7 +392,7 @@ class Scheduler:
         self._all_ns += SHARE_ALPHA * (compute_ns - self._all_ns)
         if inline:
             return
-        slot = (key.model, key.bucket)
+        slot = _cost_slot(key)
         fit = self._costs.get(slot)
         if fit is None:
             self._costs[slot] = _CostFit(rows, compute_ns, rows * rows, rows * compute_ns)
@@ -364,26 +404,31 @@ class Scheduler:
         rows = sum(a.decayed(now_ns) for k, a in self._arrivals.items() if not is_background(k))
         return rows >= ONLINE_PRESENT_ROWS
 
+    def online_waited(self, wait_ns: int) -> None:
+        """Record the longest queue wait (enqueued -> read by this worker) among the online
+        entries of one read; called for every read that brought online entries. The latest
+        decides whether background work pauses (`background_wait_ms`)."""
+        self._online_wait_ns = max(0, wait_ns)
+
     def background_wait_ms(self, now_ns: int) -> float:
         """How long background work must still wait before its next batch (0: it may go
-        now; inf: until the batch in flight is done). Always 0 without online traffic."""
-        if self._background_duty >= 1 or not self.online_present(now_ns):
+        now; inf: until a batch in flight is done, or an online read waited within the
+        target). Always 0 without online traffic."""
+        if not self.online_present(now_ns):
             return 0.0
-        if self._bg_in_flight:
+        if self._online_wait_ns > self._bg_target_wait_ns:
             return math.inf
-        return max(0.0, (self._bg_resume_ns - now_ns) / NS_PER_MS)
+        if self._bg_in_flight >= self._bg_lanes:
+            return math.inf
+        return 0.0
 
     def background_started(self) -> None:
         """A background batch was picked (its rows go to compute)."""
         self._bg_in_flight += 1
 
-    def background_done(self, started_ns: int, ended_ns: int) -> None:
-        """The background batch picked at `started_ns` is done (results written, or given
-        up); the next one may start after a pause in proportion to its span."""
+    def background_done(self) -> None:
+        """A background batch picked is done (results written, or given up)."""
         self._bg_in_flight = max(0, self._bg_in_flight - 1)
-        span = max(0, ended_ns - started_ns)
-        pause = span * (1 - self._background_duty) / self._background_duty
-        self._bg_resume_ns = max(self._bg_resume_ns, ended_ns + round(pause))
 
     @property
     def background_time_share(self) -> float:
@@ -394,7 +439,7 @@ class Scheduler:
         """The throughput-optimal batch of this (unit, bucket) for background work: see the
         module docstring. The bucket's max_batch_size until a cost fit with a slope exists."""
         cap = self._config(key.model).bucket(key.bucket).max_batch_size
-        fit = self._costs.get((key.model, key.bucket))
+        fit = self._costs.get(_cost_slot(key))
         if fit is None:
             return cap
         fixed = fit.estimate(0)
@@ -407,7 +452,7 @@ class Scheduler:
     def compute_estimate_ns(self, key: StreamKey, rows: int) -> int:
         """Expected compute time of a batch of `rows` rows of this (unit, bucket), rounded
         up; 0 before any batch of it was observed or for no rows."""
-        fit = self._costs.get((key.model, key.bucket))
+        fit = self._costs.get(_cost_slot(key))
         if fit is None or rows < 1:
             return 0
         return max(0, math.ceil(fit.estimate(rows)))
@@ -431,6 +476,11 @@ class Scheduler:
 def is_background(key: StreamKey) -> bool:
     """Whether a stream carries batch-job work (below every online level)."""
     return key.priority == BACKGROUND_PRIORITY
+
+
+def _cost_slot(key: StreamKey) -> tuple[str, int, bool]:
+    """Whose cost fit a batch of this stream feeds and reads: (unit, bucket, background)."""
+    return (key.model, key.bucket, is_background(key))
 
 
 def _order(key: StreamKey) -> tuple[int, int, str, str]:
