@@ -560,30 +560,12 @@ async def priority_rounds(
                     cores = cores_used(before, cpu_seconds(pids), time.perf_counter() - t0)
                     rnd["unloaded"] = {**trickle_figures(run, age_limit), "cpu_cores": cores}
                     continue
+                load = (target.port, model, flood_texts, flood_rate, flood_s, args.flood_timeout_s)
                 flooding: asyncio.Future[dict[str, Any]]
                 if args.flood_client == "go":
-                    flooding = asyncio.ensure_future(
-                        go_flood(
-                            target.port,
-                            model,
-                            flood_texts,
-                            flood_rate,
-                            flood_s,
-                            args.flood_timeout_s,
-                        )
-                    )
+                    flooding = asyncio.ensure_future(go_flood(*load))
                 else:
-                    flooding = loop.run_in_executor(
-                        pool,
-                        flood,
-                        target.port,
-                        model,
-                        flood_texts,
-                        flood_rate,
-                        flood_s,
-                        args.flood_timeout_s,
-                        args.flood_max_in_flight,
-                    )
+                    flooding = loop.run_in_executor(pool, flood, *load, args.flood_max_in_flight)
                 await asyncio.sleep(args.flood_lead_s)
                 run = await open_loop(client, model, trickle, rate, priority=1)
                 # The CPU figures cover the flood's lead and the trickle, not its drain.

@@ -29,7 +29,7 @@ from tests.e2e.conftest import UpProcess, report_figures
 from tests.go_toolchain import needs_go
 from tiermesh.bench.goload import LoadConfig, LoadRequest, infer_request, run_load
 from tiermesh.bench.records import OK, Record
-from tiermesh.bench.stats import percentile
+from tiermesh.bench.stats import percentile, server_figures
 from tiermesh.bench.workload import RequestSpec, Tensor, text_with_tokens
 from tiermesh.convert.fetch import default_cache_dir
 
@@ -71,7 +71,7 @@ def text_requests(
 
 
 def ok_p99(records: Sequence[Record]) -> float:
-    return percentile([r.outcome.latency_ms for r in records if r.ok], 99)
+    return percentile(_ok_ms(records), 99)
 
 
 async def drive(up: UpProcess) -> dict[str, list[Record]]:
@@ -156,7 +156,7 @@ def test_priority_one_trickle_beside_a_2x_priority_two_flood(
         figures[name] = {
             "p50_ms": round(percentile(ok, 50), 1),
             "p99_ms": round(percentile(ok, 99), 1),
-            **served_by(records),
+            **server_figures(records),
             "stage_p99_ms": stage_p99s(records),
         }
     line = report_figures("priority", figures, tmp_path / "priority.json", record_property)
@@ -178,16 +178,6 @@ def test_priority_one_trickle_beside_a_2x_priority_two_flood(
     assert all(r.outcome.retry_after_ms is not None for r in refused)
     for name, ratio in ratios.items():
         assert ratio <= P99_RATIO_MAX[name], (name, figures)
-
-
-def served_by(records: Sequence[Record]) -> dict[str, Any]:
-    """Where the OK answers were computed: tiers, median tokens and batch size."""
-    replies = [r.outcome.reply for r in records if r.ok and r.outcome.reply is not None]
-    return {
-        "tiers": dict(Counter(r.tier for r in replies)),
-        "tokens_p50": percentile([float(r.tokens or 0) for r in replies], 50),
-        "batch_p50": percentile([float(r.batch_size or 0) for r in replies], 50),
-    }
 
 
 def stage_p99s(records: Sequence[Record]) -> dict[str, float]:

@@ -201,13 +201,11 @@ def plan_step(
     prefilling = [(s.request, s.prefilled) for s in staying if s.prefilling]
     prefilling.extend((req, 0) for req in admit)
     kind = next_run(bool(prefilling), bool(decoding), last_run)
-    feed = (
-        prefill_chunks(prefilling, limits)
-        if kind == "prefill"
-        else dict.fromkeys(decoding, 1)
-        if kind == "decode"
-        else {}
-    )
+    feed: dict[str, int] = {}
+    if kind == "prefill":
+        feed = prefill_chunks(prefilling, limits)
+    elif kind == "decode":
+        feed = dict.fromkeys(decoding, 1)
     return StepPlan(tuple(leave), tuple(reject), tuple(r.request_id for r in admit), kind, feed)
 
 

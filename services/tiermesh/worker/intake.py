@@ -8,7 +8,7 @@ import asyncio
 import contextlib
 import math
 from collections import defaultdict
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 
 import structlog
 
@@ -95,11 +95,15 @@ class Intake:
         queue the gateways' limits read); a batch cut while a higher level has traffic
         (Scheduler.row_cap) counts at its cut size. None once it holds two batches' byte
         budgets (a read may still bring that much again: it counts entries)."""
+        return self._room(key, self._batch_rows(key))
+
+    def _room(self, key: StreamKey, batch_rows: int) -> int:
+        """`room`, for a batch of `batch_rows` rows (`_batch_rows`, worked out once a read)."""
         queued = self.buffer[key]
         budget = self._scheduler.max_batch_bytes
         if budget and sum(q.size for q in queued) >= 2 * budget:
             return 0
-        return 2 * self._batch_rows(key) - sum(q.job.rows for q in queued)
+        return 2 * batch_rows - sum(q.job.rows for q in queued)
 
     def _batch_rows(self, key: StreamKey) -> int:
         """The most rows a batch of this stream takes now (cut or not)."""
@@ -108,20 +112,24 @@ class Intake:
             return rows
         return min(rows, self._scheduler.row_cap(key, self._clock_ns()))
 
-    def _reads(self, rooms: Mapping[StreamKey, int]) -> list[StreamRead]:
-        """The XREADGROUPs of one read. One counts the same for every stream it reads: the
-        streams whose batches are cut read apart (in the same round trip), by their room,
-        or they would take the uncut streams' count, and their buffers would hold many
-        cut batches' wait (measured: 1.4-1.8 s at p99 beside a priority-1 trickle)."""
+    def _reads(self) -> list[StreamRead]:
+        """The XREADGROUPs of one read, over every stream with room. One counts the same for
+        every stream it reads: the streams whose batches are cut read apart (in the same
+        round trip), by their room, or they would take the uncut streams' count, and their
+        buffers would hold many cut batches' wait (measured: 1.4-1.8 s at p99 beside a
+        priority-1 trickle)."""
         cut: dict[int, list[StreamKey]] = defaultdict(list)
-        uncut = []
-        for key, room in rooms.items():
-            full = self._units.configs[key.model].bucket(key.bucket).max_batch_size
-            if self._batch_rows(key) < full:
+        uncut: dict[StreamKey, int] = {}
+        for key in self._units.keys:
+            rows = self._batch_rows(key)
+            room = self._room(key, rows)
+            if room <= 0:
+                continue
+            if rows < self._units.configs[key.model].bucket(key.bucket).max_batch_size:
                 cut[room].append(key)
             else:
-                uncut.append(key)
-        reads = [StreamRead(uncut, max(rooms[k] for k in uncut))] if uncut else []
+                uncut[key] = room
+        reads = [StreamRead(list(uncut), max(uncut.values()))] if uncut else []
         return reads + [StreamRead(keys_, room) for room, keys_ in sorted(cut.items())]
 
     def take(self, key: StreamKey, rows: int) -> list[QueuedJob]:
@@ -186,14 +194,14 @@ class Intake:
         self, block_ms: int | None, check: Sequence[str]
     ) -> tuple[list[Entry], set[str]]:
         """(entries read, the ids among `check` whose callers left)."""
-        rooms = {k: room for k in self._units.keys if (room := self.room(k)) > 0}
-        if not rooms and not check:
+        reads = self._reads()
+        if not reads and not check:
             if block_ms:  # nothing to read (every unit unloaded, or paced): idle, not spinning
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._stopping.wait(), block_ms / 1000)
             return [], set()
         try:
-            return await self._streams.read_checking(self._reads(rooms), block_ms, check)
+            return await self._streams.read_checking(reads, block_ms, check)
         except STREAM_ERRORS as exc:
             log.warning("redis read failed; retrying", error=str(exc))
             with contextlib.suppress(TimeoutError):

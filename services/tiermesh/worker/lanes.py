@@ -105,6 +105,7 @@ class Lanes:
         self.count = count
         self._free = asyncio.Semaphore(count)
         self._tasks: set[asyncio.Task[None]] = set()
+        self._background: set[asyncio.Task[None]] = set()  # of `_tasks`: batch-job batches
         self._units: Counter[str] = Counter()
         self._failure: BaseException | None = None
 
@@ -125,17 +126,25 @@ class Lanes:
     def computing(self) -> int:
         return len(self._tasks)
 
+    @property
+    def online_computing(self) -> int:
+        """Lane tasks computing online (not batch-job) batches."""
+        return len(self._tasks) - len(self._background)
+
     async def run(self, unit: str, work: Coroutine[Any, Any, None]) -> None:
         """Run `work` on the lane acquired, here; the lane is free again after it."""
         self._units[unit] += 1
         await self._finish(unit, work)
 
-    def start(self, unit: str, work: Coroutine[Any, Any, None]) -> None:
+    def start(self, unit: str, work: Coroutine[Any, Any, None], background: bool = False) -> None:
         """Run `work` on the lane acquired, in a task owned here (see `drain`); the unit is
-        busy from now on, not only once the task runs."""
+        busy from now on, not only once the task runs. `background`: a batch-job batch
+        (it does not count in `online_computing`)."""
         self._units[unit] += 1
         task = asyncio.create_task(self._finish(unit, work), name="worker-lane")
         self._tasks.add(task)
+        if background:
+            self._background.add(task)
         task.add_done_callback(self._done)
 
     async def _finish(self, unit: str, work: Coroutine[Any, Any, None]) -> None:
@@ -159,6 +168,7 @@ class Lanes:
 
     def _done(self, task: asyncio.Task[None]) -> None:
         self._tasks.discard(task)
+        self._background.discard(task)
         if task.cancelled():
             return
         exc = task.exception()
@@ -206,9 +216,10 @@ class ComputeThreads:
         asyncio.to_thread)."""
         nice = self.nice_for(priority)
         idle = priority == BACKGROUND_PRIORITY and nice > 0
-        pool = self._pools.get(-1 if idle else nice)
+        slot = -1 if idle else nice  # the SCHED_IDLE pool apart from any nice value
+        pool = self._pools.get(slot)
         if pool is None:
-            pool = self._pools[-1 if idle else nice] = ThreadPoolExecutor(
+            pool = self._pools[slot] = ThreadPoolExecutor(
                 max_workers=self._count,
                 thread_name_prefix=f"worker-compute-nice{nice}",
                 initializer=_lower_priority,

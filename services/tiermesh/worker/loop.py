@@ -119,7 +119,6 @@ class Worker:
             threads=self._threads,
         )
         self._lanes = Lanes(lanes)
-        self._background_computing = 0  # batch-job batches in `_compute`
         self._outbox = BatchOutbox(
             streams=streams,
             handoff=handoff,
@@ -270,7 +269,7 @@ class Worker:
         elif self._lanes.count == 1:
             await self._lanes.run(key.model, work)
         else:
-            self._lanes.start(key.model, work)
+            self._lanes.start(key.model, work, is_background(key))
             # The batch's task runs up to its compute (and its cancel read is sent) before
             # this loop reads again: the read would otherwise delay a lone request.
             await asyncio.sleep(0)
@@ -309,7 +308,7 @@ class Worker:
         elif run_inline(
             # Batch jobs count for neither: their threads yield the cores (SCHED_IDLE), and
             # their hand-off can wait the few ms; online work computes as if alone.
-            self._lanes.computing - self._background_computing,
+            self._lanes.online_computing,
             self._outbox.unsent,
             self._intake.online_buffered(),
             self._scheduler.compute_estimate_ns(key, sum(q.job.rows for q in live)),
@@ -336,7 +335,6 @@ class Worker:
         check = None
         if mode is ComputeMode.BESIDE:
             check = asyncio.create_task(self._intake.left_meanwhile(key, live))
-        self._background_computing += background
         try:
             live, done = await self._executor.run(key, live, mode is ComputeMode.INLINE)
             if check is not None:
@@ -348,8 +346,6 @@ class Worker:
                 check.cancel()
             self._outbox.release(background)
             raise
-        finally:
-            self._background_computing -= background
         if not live and not done:
             self._outbox.release(background)
             return

@@ -226,8 +226,6 @@ class Scheduler:
         self._background_share = background_share
         # Background batches picked and not yet done.
         self._bg_in_flight = 0
-        # Background batches in flight at once while online traffic is present.
-        self._bg_lanes = max(1, lanes - 1)
         self._lanes = lanes
         self._bg_target_wait_ns = round(background_target_wait_ms * NS_PER_MS)
         # The longest queue wait among the online entries of the latest read that had any.
@@ -418,7 +416,8 @@ class Scheduler:
             return 0.0
         if self._online_wait_ns > self._bg_target_wait_ns:
             return math.inf
-        if self._bg_in_flight >= self._bg_lanes:
+        # At most one lane fewer than the worker has (one, on a one-lane worker).
+        if self._bg_in_flight >= max(1, self._lanes - 1):
             return math.inf
         return 0.0
 
