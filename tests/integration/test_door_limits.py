@@ -1,7 +1,7 @@
 """The Go front door's adaptive limits (frontdoor/go/limit.go) against the gateway's
 (gateway/adaptive_limit.py): one random script of acquires, releases (with waits short and
-long, and without one) and limit reads over several classes and many intervals, through
-both; every answer the same."""
+long, and without one), limit reads and idle stretches over several classes and many
+intervals, through both; every answer the same."""
 
 from __future__ import annotations
 
@@ -35,6 +35,14 @@ def script(rng: np.random.Generator, n: int) -> list[dict[str, object]]:
     for _ in range(n):
         now += int(rng.integers(0, 30_000_000 // 40))
         model, priority = classes[int(rng.integers(len(classes)))]
+        if rng.random() < 0.001:  # the class drains and stays idle past an interval
+            for _ in range(held[(model, priority)]):
+                events.append(
+                    {"op": "release", "model": model, "priority": priority, "now_ns": now}
+                    | {"wait_ns": 1_000_000, "expired": False, "budget_ns": 0}
+                )
+            held[(model, priority)] = 0
+            now += int(rng.integers(2 * INTERVAL_NS, 5 * INTERVAL_NS))
         base = {"model": model, "priority": priority, "now_ns": now}
         flood = (now // (20 * INTERVAL_NS)) % 2 == 1
         roll = rng.random()

@@ -206,6 +206,51 @@ def test_a_late_request_shrinks_a_limit_its_callers_do_not_reach() -> None:
         assert lim.limit(KEY) == int(expected)
 
 
+def test_a_class_idle_for_an_interval_starts_slowly_and_doubles_until_it_shrinks() -> None:
+    """A flood shrank the limit and ended; its last answers waited long. Once nothing was in
+    flight for a whole interval the queue is empty: those waits are not applied, and the
+    callers that come next (32 closed-loop callers at capacity) see it double each interval
+    they are refused with a short queue, not grow by its root; the first shrink ends that."""
+    lim = limits()
+    now = 0
+    for _ in range(5):
+        now = interval(lim, KEY, now, [80.0])
+    low = lim.limit(KEY)
+    assert low == INITIAL // 16
+    lim.acquire(KEY, now)
+    lim.release(KEY, now + 1, 80 * MS)  # the flood's last answer, waited long
+    shrunk = lim.limit(KEY)
+    assert shrunk < low
+    # Idle: nothing in flight since the flood's last answer, for more than an interval.
+    now += 3 * INTERVAL_NS
+    assert lim.acquire(KEY, now) == 0
+    lim.release(KEY, now, None)
+    assert lim.limit(KEY) == shrunk  # the last answer's wait is not applied after idle
+    for _ in range(3):
+        now = interval(lim, KEY, now, [1.0])
+        lim.acquire(KEY, now)
+        lim.release(KEY, now, None)
+        shrunk *= 2
+        assert lim.limit(KEY) == shrunk
+    now = interval(lim, KEY, now, [20.0])  # a standing queue again: halves, ends it
+    lim.acquire(KEY, now)
+    lim.release(KEY, now, None)
+    assert lim.limit(KEY) == shrunk // 2
+    grown = lim.limit(KEY)
+    now = interval(lim, KEY, now, [1.0])
+    lim.acquire(KEY, now)
+    assert lim.limit(KEY) == int(grown + max(1.0, grown**0.5, grown * 0.1))
+    # A request in flight across the quiet stretch: not idle, the interval's waits count.
+    busy = limits()
+    t = interval(busy, KEY, 0, [80.0])
+    assert busy.acquire(KEY, t) == 0
+    busy.acquire(KEY, t + 3 * INTERVAL_NS)
+    assert busy.limit(KEY) == INITIAL // 2
+    assert next_limit(10.0, MS, bound=True, target_ns=10 * MS, slow_start=True) == 20.0
+    assert next_limit(10.0, 20 * MS, bound=True, target_ns=10 * MS, slow_start=True) == 5.0
+    assert next_limit(10.0, MS, bound=False, target_ns=10 * MS, slow_start=True) == 10.0
+
+
 @pytest.mark.parametrize(
     ("wait_ms", "budget_ms", "expired", "late"),
     [

@@ -43,6 +43,7 @@ type limitClass struct {
 	ratePerS  float64
 	ended     int64
 	late      int64 // released this interval late (isLate)
+	slowStart bool  // idle since it last shrank: it doubles where it would grow
 }
 
 type limits struct {
@@ -133,7 +134,14 @@ func (l *limits) class(key limitKey, nowNs int64) *limitClass {
 
 func (l *limits) adjust(c *limitClass, nowNs int64) {
 	elapsedS := float64(nowNs-c.startNs) / 1e9
-	c.limit = nextLimit(c.limit, c.minWaitNs, c.finished > 0, c.refused > 0 || c.peak >= l.limitOf(c) || c.late > 0, l.targetWaitNs)
+	if c.inFlight == 0 && nowNs-c.startNs >= 2*limitIntervalNs {
+		// Nothing in flight since at least an interval ago: idle, its queue drained.
+		c.slowStart = true
+	} else {
+		limit := nextLimit(c.limit, c.minWaitNs, c.finished > 0, c.refused > 0 || c.peak >= l.limitOf(c) || c.late > 0, l.targetWaitNs, c.slowStart)
+		c.slowStart = c.slowStart && limit >= c.limit
+		c.limit = limit
+	}
 	c.limit = math.Max(limitMinimum, math.Min(float64(l.maximum), c.limit))
 	if c.ended > 0 {
 		rate := float64(c.ended) / elapsedS
@@ -163,12 +171,15 @@ func queueWaitNs(t *tiermeshv1.Timing) int64 {
 }
 
 // nextLimit is one interval's step, as gateway/adaptive_limit.py's next_limit.
-func nextLimit(limit float64, minWaitNs int64, measured, bound bool, targetNs int64) float64 {
+func nextLimit(limit float64, minWaitNs int64, measured, bound bool, targetNs int64, slowStart bool) float64 {
 	if !measured || !bound {
 		return limit
 	}
 	if minWaitNs > targetNs {
 		return limit * math.Max(limitMaxShrink, float64(targetNs)/float64(minWaitNs))
+	}
+	if slowStart {
+		return 2 * limit
 	}
 	return limit + math.Max(math.Max(1, math.Sqrt(limit)), limit*limitGrowth)
 }
