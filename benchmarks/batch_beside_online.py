@@ -36,7 +36,7 @@ from tiermesh.bench.calls import read_reply
 from tiermesh.bench.records import STAGES
 from tiermesh.bench.workload import text_with_tokens
 from tiermesh.core.model_config import parse_config
-from tiermesh.core.model_files import mirror_files
+from tiermesh.core.model_files import mirror_model
 from tiermesh.up.processes import free_port
 from tiermesh.up.supervisor import Mesh, UpOptions
 from tiermesh.v1 import batch_pb2, batch_pb2_grpc
@@ -69,18 +69,6 @@ class Round:
     beside: Online
     job_beside: float  # sequences/hour
     job_alone: float
-
-
-def build_repo(root: Path, model: str) -> Path:
-    """A repository with only `model`: its config and a mirror of each version folder."""
-    src = REPO_ROOT / "models" / model
-    dest = root / model
-    dest.mkdir(parents=True)
-    (dest / "config.yaml").write_bytes((src / "config.yaml").read_bytes())
-    for version in src.iterdir():
-        if version.is_dir():
-            mirror_files(version, dest / version.name)
-    return root
 
 
 def make_target(model: str, job: int, tokens: tuple[int, int]) -> Target:
@@ -271,7 +259,7 @@ def main() -> None:
         opts = UpOptions(
             port=free_port(),
             data_dir=Path(tmp) / "data",
-            model_repository=build_repo(Path(tmp) / "models", args.model),
+            model_repository=mirror_model(REPO_ROOT / "models" / args.model, Path(tmp) / "models"),
             metrics_port=0,
             http_port=-1,
             tiers=("center",),

@@ -40,10 +40,9 @@ from typing import Any
 
 import numpy as np
 import tritonclient.grpc.aio as grpcaio
-import yaml
 from tritonclient.grpc import InferInput
 
-from tiermesh.core.model_files import mirror_files
+from tiermesh.core.model_files import mirror_model
 from tiermesh.up.processes import free_port
 from tiermesh.up.supervisor import Mesh, UpOptions
 
@@ -212,12 +211,11 @@ async def one_round(
 
 async def bench(args: argparse.Namespace) -> None:
     with tempfile.TemporaryDirectory(prefix="tiermesh-gen-") as tmp:
-        repo = Path(tmp) / "models"
-        (repo / MODEL).mkdir(parents=True)
-        raw = yaml.safe_load((ROOT / "models" / MODEL / "config.yaml").read_text())
-        raw["generation"].update(args.set)
-        (repo / MODEL / "config.yaml").write_text(yaml.safe_dump(raw))
-        mirror_files(ROOT / "models" / MODEL / "1", repo / MODEL / "1")
+        repo = mirror_model(
+            ROOT / "models" / MODEL,
+            Path(tmp) / "models",
+            lambda raw: raw["generation"].update(args.set),
+        )
         port = free_port()
         mesh = Mesh(
             UpOptions(

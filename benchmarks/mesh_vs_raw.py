@@ -49,7 +49,6 @@ import numpy as np
 import numpy.typing as npt
 import onnxruntime as ort
 import tritonclient.grpc.aio as grpcaio
-import yaml
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
 from tokenizers import Tokenizer
 
@@ -58,7 +57,7 @@ from tiermesh.bench.calls import Sender
 from tiermesh.bench.cpu import process_cpu_s
 from tiermesh.bench.records import Record
 from tiermesh.bench.workload import RequestSpec, Tensor, text_with_tokens
-from tiermesh.core.model_files import mirror_files
+from tiermesh.core.model_files import mirror_model
 from tiermesh.core.settings import WorkerSettings
 from tiermesh.up.processes import free_port
 from tiermesh.up.supervisor import Mesh, UpOptions
@@ -231,21 +230,13 @@ class Raw:
 # --- the mesh ------------------------------------------------------------------------
 
 
-def build_repo(root: Path) -> Path:
+def fp32_up_to_256(raw: dict[str, Any]) -> None:
     """minilm-l3 alone: FP32 for everything (no tiers), tokenizer up to 256 tokens and a
     256-token bucket (batch 2: raw onnxruntime gains nothing past it there)."""
-    src = REPO_ROOT / "models" / MODEL
-    raw = yaml.safe_load((src / "config.yaml").read_text())
     raw.pop("tiers", None)
     raw.pop("cascade", None)
     raw["tokenize"]["max_length"] = 256
     raw["length_buckets"].append({"max_length": 256, "max_batch_size": 2, "max_batch_wait_ms": 4})
-    dest = root / MODEL
-    dest.mkdir(parents=True)
-    (dest / "config.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
-    for version in raw["versions"]:
-        mirror_files(src / str(version), dest / str(version))
-    return root
 
 
 def proc_cpu(pid: int) -> float:
@@ -537,7 +528,7 @@ async def run(args: argparse.Namespace) -> int:
             for k, _, v in (kv.partition("=") for kv in pairs.split(",") if kv)
         }
     with tempfile.TemporaryDirectory(prefix="tiermesh-raw-") as tmp:
-        repo = build_repo(Path(tmp) / "models")
+        repo = mirror_model(REPO_ROOT / "models" / MODEL, Path(tmp) / "models", fp32_up_to_256)
         meshes: dict[str, MeshRun] = {}
         started: list[Mesh] = []
         clients: list[grpcaio.InferenceServerClient] = []

@@ -35,6 +35,7 @@ import mesh_vs_raw as mvr
 from tiermesh.bench import runner
 from tiermesh.bench.calls import Sender
 from tiermesh.bench.workload import RequestSpec
+from tiermesh.core.model_files import mirror_model
 from tiermesh.up.processes import free_port
 from tiermesh.up.supervisor import Mesh, UpOptions
 
@@ -131,7 +132,9 @@ async def run(args: argparse.Namespace) -> int:
     sink = await mvr.OtlpSink.start() if args.traced else None
     env = {"OTEL_EXPORTER_OTLP_ENDPOINT": sink.endpoint} if sink is not None else {}
     with tempfile.TemporaryDirectory(prefix="tiermesh-profile-") as tmp:
-        repo = mvr.build_repo(Path(tmp) / "models")
+        repo = mirror_model(
+            mvr.REPO_ROOT / "models" / mvr.MODEL, Path(tmp) / "models", mvr.fp32_up_to_256
+        )
         port = free_port()
         mesh = Mesh(
             UpOptions(

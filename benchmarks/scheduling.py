@@ -37,7 +37,6 @@ import math
 import multiprocessing
 import os
 import re
-import shutil
 import statistics
 import sys
 import tempfile
@@ -62,7 +61,7 @@ from tiermesh.bench.goload import binary as goload_binary
 from tiermesh.bench.workload import RequestSpec, Tensor, TokenText, mixed_texts
 from tiermesh.convert.fetch import default_cache_dir
 from tiermesh.core.model_config import parse_config
-from tiermesh.core.model_files import mirror_files
+from tiermesh.core.model_files import mirror_model
 from tiermesh.up.processes import free_port
 from tiermesh.up.supervisor import Mesh, UpOptions
 
@@ -119,30 +118,20 @@ def infer_input(text: bytes) -> grpcaio.InferInput:
 # --- model repositories and meshes ---------------------------------------------------
 
 
-def build_repo(root: Path, model_dir: Path, fifo: bool) -> Path:
-    """A repository with only this model: its config (FIFO: one bucket) and a mirror
-    of each version folder of the committed one."""
-    raw = yaml.safe_load((model_dir / "config.yaml").read_text())
-    dest = root / model_dir.name
-    dest.mkdir(parents=True)
-    if fifo:
-        buckets = raw.pop("length_buckets", None) or []
-        b16 = next(
-            (b for b in buckets if isinstance(b, dict) and b.get("max_length") == 16),
-            buckets[0] if buckets and isinstance(buckets[0], dict) else {},
-        )
-        raw["max_batch_size"] = 32
-        batching = raw.setdefault("batching", {}) or {}
-        batching["max_batch_wait_ms"] = b16.get(
-            "max_batch_wait_ms", batching.get("max_batch_wait_ms", 2)
-        )
-        raw["batching"] = batching
-        (dest / "config.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
-    else:
-        shutil.copyfile(model_dir / "config.yaml", dest / "config.yaml")
-    for version in raw["versions"]:
-        mirror_files(model_dir / str(version), dest / str(version))
-    return root
+def one_bucket(raw: dict[str, Any]) -> None:
+    """The FIFO baseline's config: one queue (no length buckets), batches of up to 32 with
+    the 16-token bucket's wait."""
+    buckets = raw.pop("length_buckets", None) or []
+    b16 = next(
+        (b for b in buckets if isinstance(b, dict) and b.get("max_length") == 16),
+        buckets[0] if buckets and isinstance(buckets[0], dict) else {},
+    )
+    raw["max_batch_size"] = 32
+    batching = raw.setdefault("batching", {}) or {}
+    batching["max_batch_wait_ms"] = b16.get(
+        "max_batch_wait_ms", batching.get("max_batch_wait_ms", 2)
+    )
+    raw["batching"] = batching
 
 
 @dataclass
@@ -781,7 +770,9 @@ async def run(args: argparse.Namespace) -> int:
         try:
             for name in ("bucketed", "fifo"):
                 base = Path(tmp) / name
-                repo = build_repo(base / "models", model_dir, fifo=name == "fifo")
+                repo = mirror_model(
+                    model_dir, base / "models", one_bucket if name == "fifo" else None
+                )
                 port = free_port()
                 mesh = Mesh(
                     UpOptions(

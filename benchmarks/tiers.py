@@ -53,7 +53,7 @@ from tritonclient.utils import InferenceServerException
 
 from tiermesh.bench.calls import values_of
 from tiermesh.bench.workload import TokenText, mixed_texts
-from tiermesh.core.model_files import mirror_files
+from tiermesh.core.model_files import mirror_model
 from tiermesh.up.processes import free_port
 from tiermesh.up.supervisor import Mesh, UpOptions
 
@@ -111,19 +111,10 @@ def infer_input(text: bytes) -> grpcaio.InferInput:
 # --- meshes --------------------------------------------------------------------------
 
 
-def build_repo(root: Path, model_dir: Path, all_edge: bool) -> Path:
-    """A repository with only this model: the committed config (all-edge: with the edge
-    tier taking every request) and a mirror of each committed version folder."""
-    raw = yaml.safe_load((model_dir / "config.yaml").read_text())
-    if all_edge:
-        edge = (raw.get("tiers") or {}).get("edge") or {}
-        raw["tiers"] = {"edge": {"variant": edge.get("variant", ""), "max_cost": 0}}
-    dest = root / model_dir.name
-    dest.mkdir(parents=True)
-    (dest / "config.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
-    for version in raw["versions"]:
-        mirror_files(model_dir / str(version), dest / str(version))
-    return root
+def edge_takes_all(raw: dict[str, Any]) -> None:
+    """The all-edge placement's config: the edge tier takes every request."""
+    edge = (raw.get("tiers") or {}).get("edge") or {}
+    raw["tiers"] = {"edge": {"variant": edge.get("variant", ""), "max_cost": 0}}
 
 
 def plan_cases(
@@ -131,7 +122,9 @@ def plan_cases(
 ) -> list[Case]:
     cases: list[Case] = []
     repos = {
-        name: build_repo(tmp / "repos" / name, model_dir, all_edge=name == "all-edge")
+        name: mirror_model(
+            model_dir, tmp / "repos" / name, edge_takes_all if name == "all-edge" else None
+        )
         for name in ("tiered", "all-edge")
     }
     for placement in PLACEMENTS:

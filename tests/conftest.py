@@ -21,7 +21,7 @@ from tiermesh.convert.fetch import default_cache_dir
 from tiermesh.convert.llama import convert_gguf
 from tiermesh.convert.minilm import fetch_minilm
 from tiermesh.core.builtin_models import BUILDERS, IR_VERSION, OPSET, build_into, build_mlp
-from tiermesh.core.model_files import mirror_files
+from tiermesh.core.model_files import mirror_model
 from tiermesh.up.certs import DevCerts, write_dev_certs
 from tiermesh.up.processes import free_port
 from tiermesh.worker.runner import session_options
@@ -102,9 +102,7 @@ def copy_repository(
         shutil.copy(MODELS / name / "config.yaml", dest / name / "config.yaml")
     build_into(dest)
     for name in fetched:
-        (dest / name).mkdir(parents=True, exist_ok=True)
-        shutil.copy(MODELS / name / "config.yaml", dest / name / "config.yaml")
-        mirror_files(MODELS / name / "1", dest / name / "1")
+        mirror_model(MODELS / name, dest)
     _mlp_variation(
         dest, "mlp_bounded", replace=("queue_bound: 1024", f"queue_bound: {bounded_queue}")
     )

@@ -18,11 +18,13 @@ from __future__ import annotations
 
 import hashlib
 import shutil
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
+from typing import Any
 
 import onnx
+import yaml
 
 from tiermesh.core.model_config import RepositoryError
 
@@ -182,3 +184,24 @@ def mirror_files(src: Path, dest: Path) -> None:
             except OSError:  # another filesystem: copy instead
                 pass
         shutil.copy(path, dest / path.name)
+
+
+def mirror_model(
+    model_dir: Path, root: Path, edit: Callable[[dict[str, Any]], None] | None = None
+) -> Path:
+    """Put the model of folder `model_dir` into the repository at `root` (created as needed):
+    its config.yaml, byte for byte or as `edit` changes the parsed mapping in place, and a
+    mirror (`mirror_files`) of each version folder. Returns `root`. For benchmarks and
+    tests that serve one committed model with a setting changed."""
+    dest = root / model_dir.name
+    dest.mkdir(parents=True, exist_ok=True)
+    text = (model_dir / "config.yaml").read_text()
+    if edit is not None:
+        raw = yaml.safe_load(text)
+        edit(raw)
+        text = yaml.safe_dump(raw, sort_keys=False)
+    (dest / "config.yaml").write_text(text)
+    for version in model_dir.iterdir():
+        if version.is_dir() and version.name.isdigit():
+            mirror_files(version, dest / version.name)
+    return root
