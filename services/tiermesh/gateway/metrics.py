@@ -4,8 +4,14 @@ and quota refusals, lost audit entries."""
 
 from __future__ import annotations
 
+from bisect import bisect_left
+from collections.abc import Iterator
+from itertools import accumulate
+
 import grpc
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge
+from prometheus_client.metrics_core import HistogramMetricFamily, Metric
+from prometheus_client.registry import Collector
 
 from tiermesh.core.jobs import JobResult
 from tiermesh.core.metrics import LATENCY_BUCKETS, REQUEST_LABELS
@@ -27,34 +33,8 @@ class GatewayMetrics:
             "Requests this gateway is waiting on",
             registry=registry,
         )
-        self.total = Histogram(
-            "tiermesh_request_duration_seconds",
-            "Received to answered, per request",
-            REQUEST_LABELS,
-            buckets=LATENCY_BUCKETS,
-            registry=registry,
-        )
-        self.queue = Histogram(
-            "tiermesh_queue_duration_seconds",
-            "Time in the work stream, per request",
-            REQUEST_LABELS,
-            buckets=LATENCY_BUCKETS,
-            registry=registry,
-        )
-        self.compute = Histogram(
-            "tiermesh_compute_duration_seconds",
-            "Compute time of the request's batch",
-            REQUEST_LABELS,
-            buckets=LATENCY_BUCKETS,
-            registry=registry,
-        )
-        self.stages = Histogram(
-            "tiermesh_stage_duration_seconds",
-            "Every stage of the per-request timeline",
-            [*REQUEST_LABELS, "stage"],
-            buckets=LATENCY_BUCKETS,
-            registry=registry,
-        )
+        # total, queue, compute and every stage of each answer's timeline (Timeline).
+        self._timeline = Timeline(registry)
         self.cache = Counter(
             "tiermesh_cache_lookups",
             "Response-cache lookups, by model and result",
@@ -88,7 +68,6 @@ class GatewayMetrics:
         # repository's models, the status codes, the tiers, buckets and variants).
         self._answered: dict[tuple[str, grpc.StatusCode], Counter] = {}
         self._lookups: dict[tuple[str, bool], Counter] = {}
-        self._series: dict[SeriesKey, _Series] = {}
 
     def answered(self, model: str, code: grpc.StatusCode) -> None:
         """Called once as each ModelInfer ends (`model` is a known name or "unknown")."""
@@ -107,35 +86,76 @@ class GatewayMetrics:
     def timeline(self, result: JobResult, priority: int, breakdown_ms: dict[str, float]) -> None:
         """Called once per computed answer with its breakdown (milliseconds)."""
         key = (result.model, result.tier, priority, result.bucket, result.variant)
-        series = self._series.get(key)
-        if series is None:
-            series = self._series[key] = _Series(self, key)
-        series.observe(breakdown_ms)
+        self._timeline.observe(key, breakdown_ms)
 
 
-class _Series:
-    """The histograms of one label set (model, tier, priority, bucket, variant), their
-    children looked up once: `labels()` checks and hashes its arguments on every call, which
-    cost more than the observations themselves."""
+# The histograms of Timeline: name, help, the breakdown's stage it reads ("" = every stage,
+# with a `stage` label).
+TIMELINE_HISTOGRAMS = (
+    ("tiermesh_request_duration_seconds", "Received to answered, per request", "total_ms"),
+    ("tiermesh_queue_duration_seconds", "Time in the work stream, per request", "queue_ms"),
+    ("tiermesh_compute_duration_seconds", "Compute time of the request's batch", "compute_ms"),
+    ("tiermesh_stage_duration_seconds", "Every stage of the per-request timeline", ""),
+)
 
-    def __init__(self, metrics: GatewayMetrics, key: SeriesKey) -> None:
-        model, tier, priority, bucket, variant = key
-        self._labels = (model, tier, str(priority), str(bucket), variant)
-        self._stages_metric = metrics.stages
-        self._stages: dict[str, Histogram] = {}
-        self._main = {
-            "total_ms": metrics.total.labels(*self._labels),
-            "queue_ms": metrics.queue.labels(*self._labels),
-            "compute_ms": metrics.compute.labels(*self._labels),
-        }
 
-    def observe(self, breakdown_ms: dict[str, float]) -> None:
+class Timeline(Collector):
+    """The latency histograms of every answer (TIMELINE_HISTOGRAMS), by REQUEST_LABELS, as
+    plain counts per bucket. An answer makes ten observations; prometheus_client's Histogram
+    takes a lock for each bucket increment and sum, which made them an eighth of the
+    gateway's CPU under load (py-spy, the mlp at capacity: the door's answers are booked
+    here in batches). Only the event loop's thread observes; a scrape (the metrics server's
+    thread) reads the counts as they are, so a series may be one answer behind its sum.
+    Same names, labels and buckets as the Histograms before it."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self._bounds = LATENCY_BUCKETS
+        # (labels, stage) -> [per-bucket counts (the last: +Inf), sum]; stage "" = main
+        self._series: dict[tuple[SeriesKey, str], _Counts] = {}
+        registry.register(self)
+
+    def observe(self, key: SeriesKey, breakdown_ms: dict[str, float]) -> None:
+        series = self._series
+        bounds = self._bounds
         for stage, ms in breakdown_ms.items():
-            child = self._stages.get(stage)
-            if child is None:
-                name = stage.removesuffix("_ms")
-                child = self._stages[stage] = self._stages_metric.labels(*self._labels, name)
-            child.observe(ms / 1000)
-        for stage, child in self._main.items():
-            if stage in breakdown_ms:
-                child.observe(breakdown_ms[stage] / 1000)
+            counts = series.get((key, stage))
+            if counts is None:
+                counts = series[(key, stage)] = _Counts(len(bounds) + 1)
+            seconds = ms / 1000
+            counts.buckets[bisect_left(bounds, seconds)] += 1
+            counts.sum += seconds
+
+    def describe(self) -> Iterator[Metric]:
+        for name, doc, stage in TIMELINE_HISTOGRAMS:
+            yield HistogramMetricFamily(name, doc, labels=_labels(stage))
+
+    def collect(self) -> Iterator[Metric]:
+        families = {
+            stage: HistogramMetricFamily(name, doc, labels=_labels(stage))
+            for name, doc, stage in TIMELINE_HISTOGRAMS
+        }
+        every = families[""]
+        edges = [repr(float(b)) for b in self._bounds] + ["+Inf"]  # as prometheus_client
+        for (key, stage), counts in list(self._series.items()):
+            model, tier, priority, bucket, variant = key
+            labels = [model, tier, str(priority), str(bucket), variant]
+            buckets = list(zip(edges, accumulate(counts.buckets), strict=True))
+            every.add_metric([*labels, stage.removesuffix("_ms")], buckets, counts.sum)
+            main = families.get(stage)
+            if main is not None:
+                main.add_metric(labels, buckets, counts.sum)
+        yield from families.values()
+
+
+class _Counts:
+    """One series: observations per bucket (not cumulative; the last: above every bound)."""
+
+    __slots__ = ("buckets", "sum")
+
+    def __init__(self, n: int) -> None:
+        self.buckets = [0] * n
+        self.sum = 0.0
+
+
+def _labels(stage: str) -> list[str]:
+    return [*REQUEST_LABELS, "stage"] if stage == "" else list(REQUEST_LABELS)
