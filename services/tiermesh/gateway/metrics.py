@@ -106,11 +106,11 @@ class Timeline(Collector):
     gateway's CPU under load (py-spy, the mlp at capacity: the door's answers are booked
     here in batches). Only the event loop's thread observes; a scrape (the metrics server's
     thread) reads the counts as they are, so a series may be one answer behind its sum.
-    Same names, labels and buckets as the Histograms before it."""
+    Same names, labels and buckets as the Histograms before it (no `_created` series)."""
 
     def __init__(self, registry: CollectorRegistry) -> None:
         self._bounds = LATENCY_BUCKETS
-        # (labels, stage) -> [per-bucket counts (the last: +Inf), sum]; stage "" = main
+        # (labels, the breakdown's stage) -> its observations per bucket and their sum
         self._series: dict[tuple[SeriesKey, str], _Counts] = {}
         registry.register(self)
 
