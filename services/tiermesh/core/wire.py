@@ -5,6 +5,8 @@ Only servicers, gRPC clients and stream codecs call these; domain code never see
 
 from __future__ import annotations
 
+from collections.abc import Collection, Mapping
+
 from tiermesh.core.errors import code_from_int, code_to_int
 from tiermesh.core.jobs import Generation, Job, JobResult, Timing
 from tiermesh.core.tensors import TensorData
@@ -17,6 +19,19 @@ def tensor_to_proto(t: TensorData) -> tensor_pb2.Tensor:
 
 def tensor_from_proto(t: tensor_pb2.Tensor) -> TensorData:
     return TensorData(t.name, t.datatype, tuple(t.shape), t.raw)
+
+
+# Decoding runs once per request on several hops: an empty field (no trace context, no
+# annotations, no aux tensors, as most requests carry) costs a test, not a conversion
+# (result_from_proto 13.6 -> 10.9 us with these, timeit).
+
+
+def _tensors(field: Collection[tensor_pb2.Tensor]) -> tuple[TensorData, ...]:
+    return tuple(map(tensor_from_proto, field)) if field else ()
+
+
+def _mapping(field: Mapping[str, str]) -> dict[str, str]:
+    return dict(field) if field else {}
 
 
 def timing_to_proto(t: Timing) -> job_pb2.Timing:
@@ -102,11 +117,11 @@ def job_from_proto(msg: job_pb2.Job) -> Job:
         tier=msg.tier,
         deadline_ns=msg.deadline_ns,
         gateway=msg.gateway,
-        inputs=tuple(tensor_from_proto(t) for t in msg.inputs),
-        requested_outputs=tuple(msg.requested_outputs),
+        inputs=tuple(map(tensor_from_proto, msg.inputs)),
+        requested_outputs=tuple(msg.requested_outputs) if msg.requested_outputs else (),
         timing=timing_from_proto(msg.timing),
-        trace_context=dict(msg.trace_context),
-        annotations=dict(msg.annotations),
+        trace_context=_mapping(msg.trace_context),
+        annotations=_mapping(msg.annotations),
         generation=generation_from_proto(msg.generation) if msg.HasField("generation") else None,
     )
 
@@ -169,15 +184,15 @@ def result_from_proto(msg: job_pb2.Result) -> JobResult:
         gateway=msg.gateway,
         code=code_from_int(msg.code),
         message=msg.message,
-        outputs=tuple(tensor_from_proto(t) for t in msg.outputs),
+        outputs=_tensors(msg.outputs),
         timing=timing_from_proto(msg.timing),
-        trace_context=dict(msg.trace_context),
+        trace_context=_mapping(msg.trace_context),
         tier=msg.tier,
         priority=msg.priority,
         bucket=msg.bucket,
         batch_size=msg.batch_size,
-        annotations=dict(msg.annotations),
-        aux=tuple(tensor_from_proto(t) for t in msg.aux),
+        annotations=_mapping(msg.annotations),
+        aux=_tensors(msg.aux),
         variant=msg.variant,
         worker=msg.worker,
         partial=msg.partial,
