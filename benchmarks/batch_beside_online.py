@@ -30,11 +30,10 @@ import grpc
 import numpy as np
 import tritonclient.grpc as grpcclient
 import yaml
-from tokenizers import Tokenizer
 
 from tiermesh.bench.calls import read_reply
 from tiermesh.bench.records import STAGES
-from tiermesh.bench.workload import text_with_tokens
+from tiermesh.bench.workload import counting_tokenizer, text_with_tokens
 from tiermesh.core.model_config import parse_config
 from tiermesh.core.model_files import mirror_model
 from tiermesh.up.processes import free_port
@@ -80,10 +79,7 @@ def make_target(model: str, job: int, tokens: tuple[int, int]) -> Target:
     if config.tokenize is None:
         online = [b"an online request"]
         return Target(model, name, online, [f"batch document {i}" for i in range(job)])
-    version = sorted(p for p in folder.iterdir() if p.is_dir())[-1]
-    tokenizer = Tokenizer.from_file(str(version / config.tokenize.tokenizer_file))
-    tokenizer.no_truncation()
-    tokenizer.no_padding()
+    tokenizer = counting_tokenizer(folder)
     rng = np.random.default_rng(23)
 
     def texts(n: int) -> list[str]:

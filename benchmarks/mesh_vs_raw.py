@@ -56,7 +56,7 @@ from tiermesh.bench import runner
 from tiermesh.bench.calls import Sender
 from tiermesh.bench.cpu import process_cpu_s
 from tiermesh.bench.records import Record
-from tiermesh.bench.workload import RequestSpec, Tensor, text_with_tokens
+from tiermesh.bench.workload import RequestSpec, Tensor, counting_tokenizer, text_with_tokens
 from tiermesh.core.model_files import mirror_model
 from tiermesh.core.settings import WorkerSettings
 from tiermesh.up.processes import free_port
@@ -94,9 +94,7 @@ def exact_text(tok: Tokenizer, rng: np.random.Generator, n: int) -> tuple[str, l
 def make_inputs(seed: int, count: int, shares: Shares) -> list[tuple[int, str, list[int]]]:
     """`count` requests (length, text, ids): the mix in exact proportions per block of 20,
     shuffled; the same every round and for both workloads."""
-    tok = Tokenizer.from_file(str(REPO_ROOT / "models" / MODEL / "1" / "tokenizer.json"))
-    tok.no_truncation()
-    tok.no_padding()
+    tok = counting_tokenizer(REPO_ROOT / "models" / MODEL)
     rng = np.random.default_rng(seed)
     pool = {n: [exact_text(tok, rng, n) for _ in range(16)] for n in shares}
     block = [n for n, k in shares.items() for _ in range(k)]

@@ -58,7 +58,7 @@ from tiermesh.bench.calls import values_of
 from tiermesh.bench.cpu import process_cpu_s
 from tiermesh.bench.goload import LoadConfig, LoadUnavailable, infer_request, run_load
 from tiermesh.bench.goload import binary as goload_binary
-from tiermesh.bench.workload import RequestSpec, Tensor, TokenText, mixed_texts
+from tiermesh.bench.workload import RequestSpec, Tensor, TokenText, counting_tokenizer, mixed_texts
 from tiermesh.convert.fetch import default_cache_dir
 from tiermesh.core.model_config import parse_config
 from tiermesh.core.model_files import mirror_model
@@ -745,9 +745,7 @@ async def run(args: argparse.Namespace) -> int:
     max_length = int(raw["tokenize"]["max_length"])
     age_limit = parse_config(raw, str(model_dir)).scheduling.age_limit(1)
     long_tokens = (200, 250) if max_length >= 250 else (110, min(128, max_length))
-    tok = Tokenizer.from_file(str(model_dir / "1" / raw["tokenize"]["tokenizer"]))
-    tok.no_truncation()
-    tok.no_padding()
+    tok = counting_tokenizer(model_dir)
     rng = np.random.default_rng(args.seed)
     t0 = time.perf_counter()
     texts = make_texts(tok, rng, args.requests, long_tokens)

@@ -52,7 +52,7 @@ from tokenizers import Tokenizer
 from tritonclient.utils import InferenceServerException
 
 from tiermesh.bench.calls import values_of
-from tiermesh.bench.workload import TokenText, mixed_texts
+from tiermesh.bench.workload import TokenText, counting_tokenizer, mixed_texts
 from tiermesh.core.model_files import mirror_model
 from tiermesh.up.processes import free_port
 from tiermesh.up.supervisor import Mesh, UpOptions
@@ -312,9 +312,7 @@ async def run(args: argparse.Namespace) -> int:
     raw = yaml.safe_load((model_dir / "config.yaml").read_text())
     max_length = int(raw["tokenize"]["max_length"])
     long = (200, 250) if max_length >= 250 else (110, min(125, max_length))
-    tok = Tokenizer.from_file(str(model_dir / "1" / raw["tokenize"]["tokenizer"]))
-    tok.no_truncation()
-    tok.no_padding()
+    tok = counting_tokenizer(model_dir)
     rng = np.random.default_rng(args.seed)
     texts = make_texts(tok, rng, args.requests, long)
     warmup = make_texts(tok, rng, args.warmup, long)

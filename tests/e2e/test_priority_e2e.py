@@ -30,7 +30,7 @@ from tests.go_toolchain import needs_go
 from tiermesh.bench.goload import LoadConfig, LoadRequest, infer_request, run_load
 from tiermesh.bench.records import OK, Record
 from tiermesh.bench.stats import percentile, server_figures
-from tiermesh.bench.workload import RequestSpec, Tensor, text_with_tokens
+from tiermesh.bench.workload import RequestSpec, Tensor, counting_tokenizer, text_with_tokens
 from tiermesh.convert.fetch import default_cache_dir
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, needs_go]
@@ -75,9 +75,7 @@ def ok_p99(records: Sequence[Record]) -> float:
 
 
 async def drive(up: UpProcess) -> dict[str, list[Record]]:
-    tok = Tokenizer.from_file(str(MODELS / MODEL / "1" / "tokenizer.json"))
-    tok.no_padding()  # the shipped file pads to 128: every text would count 128 tokens
-    tok.no_truncation()
+    tok = counting_tokenizer(MODELS / MODEL)
     trickles = {
         name: text_requests(tok, seed, 32, tokens, priority=1)
         for seed, (name, tokens) in enumerate(TRICKLES.items(), start=10)

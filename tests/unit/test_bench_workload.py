@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import itertools
 from collections import Counter
+from pathlib import Path
 
 import numpy as np
 import pytest
+import yaml
 from tokenizers import Tokenizer
 from tokenizers.models import WordLevel
 from tokenizers.pre_tokenizers import Whitespace
@@ -20,6 +22,7 @@ from tiermesh.bench.workload import (
     InputSpec,
     Workload,
     block_counts,
+    counting_tokenizer,
     mixed_texts,
     parse_lengths,
     parse_mix,
@@ -198,3 +201,53 @@ def test_mixed_texts_hold_the_exact_mix_at_the_right_lengths() -> None:
     assert Counter(t.kind for t in texts) == {"short": 28, "medium": 10, "long": 2}
     spans = {k: span for k, _, span in classes}
     assert all(spans[t.kind][0] <= t.tokens <= spans[t.kind][1] for t in texts)
+
+
+def _text_model(root: Path, stable: str) -> Path:
+    """A text model folder with versions 1 and 2, each with its own tokenizer (version 2's
+    knows no word: every one is [UNK]); the shipped kind pads to 8 and truncates at 4."""
+    folder = root / "texty"
+    config = {
+        "name": "texty",
+        "max_batch_size": 8,
+        "inputs": [{"name": "text", "datatype": "BYTES", "dims": [1]}],
+        "outputs": [{"name": "out", "datatype": "FP32", "dims": [2]}],
+        "compute": {
+            "inputs": [{"name": "input_ids", "datatype": "INT64", "dims": [-1]}],
+            "outputs": [{"name": "out", "datatype": "FP32", "dims": [2]}],
+        },
+        "tokenize": {"tokenizer": "tok.json", "max_length": 16},
+        "versions": {"1": {"model.onnx": "0" * 64}, "2": {"model.onnx": "0" * 64}},
+        "stable_version": stable,
+    }
+    for version, words in (("1", WORDS), ("2", ())):
+        (folder / version).mkdir(parents=True)
+        vocab = {w: i for i, w in enumerate(("[UNK]", "[CLS]", "[SEP]", "[PAD]", *words))}
+        tok = Tokenizer(WordLevel(vocab, unk_token="[UNK]"))
+        tok.pre_tokenizer = Whitespace()
+        tok.enable_padding(pad_id=3, pad_token="[PAD]", length=8)
+        tok.enable_truncation(max_length=4)
+        tok.save(str(folder / version / "tok.json"))
+    (folder / "config.yaml").write_text(yaml.safe_dump(config))
+    return folder
+
+
+def test_the_counting_tokenizer_is_the_stable_versions_and_counts_every_token(
+    tmp_path: Path,
+) -> None:
+    text = " ".join(WORDS[:6])
+    stable_one = counting_tokenizer(_text_model(tmp_path / "a", stable="1"))
+    ids = stable_one.encode(text).ids
+    assert len(ids) == 6  # neither padded to 8 nor cut at 4
+    assert 0 not in ids  # version 1's vocabulary
+    stable_two = counting_tokenizer(_text_model(tmp_path / "b", stable="2"))
+    assert stable_two.encode(text).ids == [0] * 6
+
+
+def test_a_model_without_text_has_no_counting_tokenizer(tmp_path: Path) -> None:
+    folder = _text_model(tmp_path, stable="1")
+    raw = yaml.safe_load((folder / "config.yaml").read_text())
+    del raw["tokenize"], raw["compute"]
+    (folder / "config.yaml").write_text(yaml.safe_dump(raw))
+    with pytest.raises(ValueError, match="no tokenize section"):
+        counting_tokenizer(folder)

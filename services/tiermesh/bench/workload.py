@@ -9,10 +9,12 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 import numpy.typing as npt
+import yaml
 
 if TYPE_CHECKING:
     from tokenizers import Tokenizer
@@ -188,6 +190,24 @@ def labels(
 
 def make_text(rng: np.random.Generator, n_words: int) -> str:
     return " ".join(WORDS[int(i)] for i in rng.integers(0, len(WORDS), size=n_words))
+
+
+def counting_tokenizer(model_dir: Path) -> Tokenizer:
+    """The text tokenizer of a committed model folder (its stable version's), with padding
+    and truncation off, so `encode` counts a text's own tokens (the shipped MiniLM file
+    pads every text to 128). For workloads whose texts are made to a token count."""
+    from tokenizers import Tokenizer  # not at import: most workloads carry tensors
+
+    from tiermesh.core.model_config import parse_config
+
+    config = parse_config(yaml.safe_load((model_dir / "config.yaml").read_text()), str(model_dir))
+    if config.tokenize is None:
+        raise ValueError(f"model {model_dir.name!r} takes no text: no tokenize section")
+    path = model_dir / config.stable.version / config.tokenize.tokenizer_file
+    tokenizer = Tokenizer.from_file(str(path))
+    tokenizer.no_truncation()
+    tokenizer.no_padding()
+    return tokenizer
 
 
 def text_with_tokens(
