@@ -159,6 +159,8 @@ def test_a_bad_request_gets_the_python_gateway_s_own_answer(door_up: UpProcess, 
     after = answered_calls(door_up)
     key = (MALFORMED[case][0].model_name, "INVALID_ARGUMENT")
     assert after.get(key, 0) - before.get(key, 0) == 1
+    # Admitted from its head, passed on for its body: its slot came back.
+    assert door_in_flight(door_up) == 0
 
 
 def test_every_other_call_passes_through(door_up: UpProcess) -> None:
@@ -219,6 +221,10 @@ def test_deadlines_and_refusals_at_the_door(door_up: UpProcess) -> None:
             with pytest.raises(grpc.RpcError) as over:
                 stub.ModelInfer(request, timeout=5)
             refused = over.value
+            # Refused from its head: tensors the gateway would reject are never read.
+            with pytest.raises(grpc.RpcError) as over:
+                stub.ModelInfer(MALFORMED["byte size"][0], timeout=5)
+            assert over.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
     assert refused.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
     assert "too many requests in flight" in (refused.details() or "")
     assert answered_calls(door_up, "frontdoor")[("mlp", "RESOURCE_EXHAUSTED")] >= 1

@@ -1,7 +1,8 @@
 """The Go front door's adaptive limits (frontdoor/go/limit.go) against the gateway's
 (gateway/adaptive_limit.py): one random script of acquires, releases (with waits short and
 long, and without one), limit reads and idle stretches over several classes and many
-intervals, through both; every answer the same."""
+intervals, through both; every answer the same. And the door's own `forget`: a slot taken
+for a call it then passed on comes back."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ import pytest
 
 from tests.go_toolchain import needs_go
 from tiermesh.frontdoor.build import build
-from tiermesh.gateway.adaptive_limit import INTERVAL_NS, AdaptiveLimits, LimitKey, is_late
+from tiermesh.gateway.adaptive_limit import INITIAL, INTERVAL_NS, AdaptiveLimits, LimitKey, is_late
 
 pytestmark = [
     pytest.mark.slow,
@@ -23,6 +24,31 @@ pytestmark = [
 ]
 
 MAXIMUM, TARGET_MS, FALLBACK_MS = 300, 7.5, 100
+
+
+@pytest.fixture(scope="module")
+def door(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build(tmp_path_factory.mktemp("cache"))
+
+
+def go_answers(door: Path, events: list[dict[str, object]]) -> list[int]:
+    """`frontdoor limits` over the events: one answer each."""
+    env = {
+        **os.environ,
+        "TIERMESH_MAX_IN_FLIGHT": str(MAXIMUM),
+        "TIERMESH_TARGET_WAIT_MS": str(TARGET_MS),
+        "TIERMESH_RETRY_AFTER_MS": str(FALLBACK_MS),
+    }
+    done = subprocess.run(
+        [str(door), "limits"],
+        input="\n".join(json.dumps(e) for e in events) + "\n",
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+        check=True,
+    )
+    return [int(line) for line in done.stdout.split()]
 
 
 def script(rng: np.random.Generator, n: int) -> list[dict[str, object]]:
@@ -87,7 +113,7 @@ def python_answers(events: list[dict[str, object]]) -> list[int]:
     return out
 
 
-def test_the_door_limits_as_the_gateway_does(tmp_path: Path) -> None:
+def test_the_door_limits_as_the_gateway_does(door: Path) -> None:
     events = script(np.random.default_rng(23), 40_000)
     expected = python_answers(events)
     # The script reaches every state: refusals with and without a measured rate, limits
@@ -95,22 +121,7 @@ def test_the_door_limits_as_the_gateway_does(tmp_path: Path) -> None:
     assert sum(1 for a, e in zip(expected, events, strict=True) if e["op"] == "acquire" and a)
     limits = {a for a, e in zip(expected, events, strict=True) if e["op"] == "limit"}
     assert min(limits) <= 8 and max(limits) > 256, sorted(limits)
-    env = {
-        **os.environ,
-        "TIERMESH_MAX_IN_FLIGHT": str(MAXIMUM),
-        "TIERMESH_TARGET_WAIT_MS": str(TARGET_MS),
-        "TIERMESH_RETRY_AFTER_MS": str(FALLBACK_MS),
-    }
-    done = subprocess.run(
-        [str(build(tmp_path / "cache")), "limits"],
-        input="\n".join(json.dumps(e) for e in events) + "\n",
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=120,
-        check=True,
-    )
-    got = [int(line) for line in done.stdout.split()]
+    got = go_answers(door, events)
     assert len(got) == len(expected)
     first = next((i for i, (a, b) in enumerate(zip(got, expected, strict=True)) if a != b), None)
     assert first is None, (
@@ -119,3 +130,24 @@ def test_the_door_limits_as_the_gateway_does(tmp_path: Path) -> None:
         got[first],
         expected[first],
     )
+
+
+def test_a_forgotten_slot_comes_back_and_is_no_end(door: Path) -> None:
+    """The door admits a call from its head, then may find its body is not one it takes
+    and pass it on: the slot comes back, and no end is counted (no drain rate is learnt)."""
+    base = {"model": "mlp", "priority": 1, "now_ns": 0}
+    events = [
+        *[{"op": "acquire", **base}] * INITIAL,
+        {"op": "acquire", **base},  # full: refused, the fallback retry (no rate yet)
+        {"op": "forget", **base},
+        {"op": "acquire", **base},  # the forgotten slot
+        {"op": "acquire", **base},  # full again
+        *[{"op": "forget", **base}] * (INITIAL + 5),  # more than held: never below zero
+        {"op": "limit", **base, "now_ns": INTERVAL_NS},  # an interval on: nothing measured
+        *[{"op": "acquire", **base, "now_ns": INTERVAL_NS}] * INITIAL,
+        {"op": "acquire", **base, "now_ns": INTERVAL_NS},
+    ]
+    got = go_answers(door, events)
+    assert got[:INITIAL] == [0] * INITIAL
+    assert got[INITIAL : INITIAL + 4] == [FALLBACK_MS, 0, 0, FALLBACK_MS]
+    assert got[-(INITIAL + 2) :] == [INITIAL, *[0] * INITIAL, FALLBACK_MS]

@@ -67,42 +67,47 @@ func (d *door) handle(_ interface{}, stream grpc.ServerStream) error {
 	if err := stream.RecvMsg(f); err != nil {
 		return err
 	}
-	req := &inference.ModelInferRequest{}
-	if err := proto.Unmarshal(f.data, req); err != nil {
-		d.metrics.passed.Add(1)
-		return d.proxy.pass(stream, method, f)
-	}
 	ctx := stream.Context()
-	m := d.models.get(req.ModelName)
-	job, traced := d.jobOf(ctx, m, req)
-	if job == nil { // not one the door takes: the Python gateway answers (and says what is wrong)
+	now := time.Now()
+	c, ok := d.classOf(ctx, f.data)
+	if !ok { // not one the door takes: the Python gateway answers (and says what is wrong)
 		d.metrics.passed.Add(1)
 		return d.proxy.pass(stream, method, f)
 	}
-	entry := &tiermeshv1.Entry{
-		RequestId: job.RequestId, Model: job.Model, Version: job.Version, ReceivedNs: job.Timing.ReceivedNs,
-		Trace: traced,
-	}
-	if d.books != nil && d.books.sampled() { // captured at the gateway, job and all
-		entry.Job = job
-	}
-	if d.inFlight.Add(1) > d.cfg.maxInFlight {
-		d.inFlight.Add(-1)
-		d.ended(entry, codes.ResourceExhausted)
-		stream.SetTrailer(metadata.Pairs(retryAfterKey, strconv.FormatInt(d.cfg.retryAfterMs, 10)))
-		return status.Errorf(codes.ResourceExhausted, "too many requests in flight at this gateway (%d)", d.cfg.maxInFlight)
-	}
-	defer d.inFlight.Add(-1)
-	key := limitKey{job.Model, int32(job.Priority)}
-	if d.limits != nil {
-		if retry := d.limits.acquire(key, time.Now().UnixNano()); retry > 0 {
-			d.ended(entry, codes.ResourceExhausted)
-			stream.SetTrailer(metadata.Pairs(retryAfterKey, strconv.FormatInt(retry, 10)))
-			return status.Errorf(codes.ResourceExhausted, "model '%s' has as many priority %d requests in flight as it drains in time (%d); retry later",
-				job.Model, job.Priority, d.limits.current(key))
+	// A call captured at the gateway is booked with its job, refused or not, so its job
+	// is built first; any other is admitted or refused from its head alone, its tensors
+	// unread.
+	var job *tiermeshv1.Job
+	sampled := d.books != nil && d.books.sampled()
+	if sampled {
+		if job = d.jobOf(ctx, &c, f.data, now); job == nil {
+			d.metrics.passed.Add(1)
+			return d.proxy.pass(stream, method, f)
 		}
 	}
-	resp, wait, expired, err := d.infer(ctx, stream, m, job, entry)
+	if err := d.admit(stream, &c, now, job); err != nil {
+		return err
+	}
+	key := c.key()
+	if job == nil {
+		if job = d.jobOf(ctx, &c, f.data, now); job == nil {
+			d.inFlight.Add(-1)
+			if d.limits != nil {
+				d.limits.forget(key)
+			}
+			d.metrics.passed.Add(1)
+			return d.proxy.pass(stream, method, f)
+		}
+	}
+	defer d.inFlight.Add(-1)
+	entry := &tiermeshv1.Entry{
+		RequestId: job.RequestId, Model: job.Model, Version: job.Version, ReceivedNs: job.Timing.ReceivedNs,
+		Trace: c.traced,
+	}
+	if sampled { // captured at the gateway, job and all
+		entry.Job = job
+	}
+	resp, wait, expired, err := d.infer(ctx, stream, c.model, job, entry)
 	if d.limits != nil {
 		budget := int64(0)
 		if job.DeadlineNs > 0 {
@@ -115,6 +120,36 @@ func (d *door) handle(_ interface{}, stream grpc.ServerStream) error {
 		return err
 	}
 	return stream.SendMsg(resp)
+}
+
+// admit takes a slot for the call, under the door's cap and then under its class's
+// adaptive limit, or refuses it with when to come back: the error to return. job is nil
+// unless the call is captured (the refusal is then booked with it).
+func (d *door) admit(stream grpc.ServerStream, c *class, now time.Time, job *tiermeshv1.Job) error {
+	var err error
+	var retry int64
+	if d.inFlight.Add(1) > d.cfg.maxInFlight {
+		retry = d.cfg.retryAfterMs
+		err = status.Errorf(codes.ResourceExhausted, "too many requests in flight at this gateway (%d)", d.cfg.maxInFlight)
+	} else if d.limits != nil {
+		if retry = d.limits.acquire(c.key(), now.UnixNano()); retry > 0 {
+			err = status.Errorf(codes.ResourceExhausted, "model '%s' has as many priority %d requests in flight as it drains in time (%d); retry later",
+				c.model.name, c.priority, d.limits.current(c.key()))
+		}
+	}
+	if err == nil {
+		return nil
+	}
+	d.inFlight.Add(-1)
+	entry := &tiermeshv1.Entry{Model: c.model.name, Version: c.head.version, ReceivedNs: now.UnixNano(), Trace: c.traced, Job: job}
+	if job != nil {
+		entry.RequestId = job.RequestId
+	} else if c.traced != nil { // its span names it
+		entry.RequestId = requestID()
+	}
+	d.ended(entry, codes.ResourceExhausted)
+	stream.SetTrailer(metadata.Pairs(retryAfterKey, strconv.FormatInt(retry, 10)))
+	return err
 }
 
 // ended counts a call the door answered or refused, and books it at the Python gateway.
@@ -235,48 +270,80 @@ func requestID() string {
 	return hex.EncodeToString(b[:])
 }
 
-// jobOf is the job of a request the door takes itself (and its span ids when it is traced),
-// or nil for one it passes on: any
-// doubt (an unknown model, a parameter it does not read, typed contents, anything the
-// Python gateway would refuse) goes to the Python gateway, which decides and words it.
-func (d *door) jobOf(ctx context.Context, m *model, req *inference.ModelInferRequest) (*tiermeshv1.Job, *tiermeshv1.Trace) {
-	if m == nil || !m.takeable() || !(req.ModelVersion == "" || m.versions[req.ModelVersion]) {
-		return nil, nil
+// class is what the door reads of a call before it admits it: the model it takes the
+// call for, its head, its priority and timeout, and its span ids when it is traced.
+type class struct {
+	model     *model
+	head      head
+	priority  int64
+	timeoutUs int64
+	traced    *tiermeshv1.Trace
+	carrier   map[string]string
+}
+
+func (c *class) key() limitKey { return limitKey{c.model.name, int32(c.priority)} }
+
+// classOf is the class of a call the door takes itself, read from its head; ok is false
+// for one it passes on: any doubt (an unknown model or version, a parameter it does not
+// read, a priority out of range, a traceparent it cannot read) goes to the Python
+// gateway, which decides and words it.
+func (d *door) classOf(ctx context.Context, data []byte) (class, bool) {
+	h, ok := headOf(data)
+	if !ok {
+		return class{}, false
+	}
+	m := d.models.get(h.model)
+	if m == nil || !m.takeable() || !(h.version == "" || m.versions[h.version]) {
+		return class{}, false
 	}
 	md, _ := metadata.FromIncomingContext(ctx)
 	traced, carrier, ok := d.traceOf(md)
 	if !ok {
-		return nil, nil
+		return class{}, false
 	}
-	priority, timeoutUs, ok := ownParametersOf(req.Parameters)
+	priority, timeoutUs, ok := ownParametersOf(h.params)
 	if !ok {
-		return nil, nil
+		return class{}, false
 	}
 	if priority == 0 {
 		priority = int64(m.defaultPriority)
 	} else if priority < 1 || uint64(priority) > m.priorityLevels {
-		return nil, nil
+		return class{}, false
 	}
+	if traced != nil {
+		traced.ClientRequestId = h.id
+	}
+	return class{model: m, head: h, priority: priority, timeoutUs: timeoutUs, traced: traced, carrier: carrier}, true
+}
+
+// jobOf is the job of a call of class c (the whole request parsed at last), or nil for one
+// the door passes on after all: typed contents, a tensor or output the Python gateway
+// would refuse (it decides and words it).
+func (d *door) jobOf(ctx context.Context, c *class, data []byte, now time.Time) *tiermeshv1.Job {
+	req := &inference.ModelInferRequest{}
+	if proto.Unmarshal(data, req) != nil {
+		return nil
+	}
+	m := c.model
 	inputs, ok := validInputs(m, req)
 	if !ok {
-		return nil, nil
+		return nil
 	}
 	var requested []string
 	for _, out := range req.Outputs {
 		if !m.outputs[out.Name] || len(out.Parameters) > 0 {
-			return nil, nil
+			return nil
 		}
 		requested = append(requested, out.Name)
 	}
 	// As the Python gateway's effective_deadline_ns: the earliest of the gRPC deadline and
 	// the timeout parameter, the default timeout with neither, never past maxWait.
-	now := time.Now()
 	var limits []time.Time
 	if dl, has := ctx.Deadline(); has {
 		limits = append(limits, dl)
 	}
-	if timeoutUs > 0 {
-		limits = append(limits, now.Add(time.Duration(timeoutUs)*time.Microsecond))
+	if c.timeoutUs > 0 {
+		limits = append(limits, now.Add(time.Duration(c.timeoutUs)*time.Microsecond))
 	}
 	if len(limits) == 0 {
 		limits = append(limits, now.Add(d.cfg.defaultTimeout))
@@ -287,22 +354,19 @@ func (d *door) jobOf(ctx context.Context, m *model, req *inference.ModelInferReq
 			deadline = t
 		}
 	}
-	if traced != nil {
-		traced.ClientRequestId = req.Id
-	}
 	return &tiermeshv1.Job{
 		RequestId:        requestID(),
 		ClientRequestId:  req.Id,
 		Model:            m.name,
 		Version:          req.ModelVersion,
-		Priority:         uint32(priority),
+		Priority:         uint32(c.priority),
 		DeadlineNs:       deadline.UnixNano(),
 		Gateway:          d.delivery,
 		Inputs:           inputs,
 		RequestedOutputs: requested,
 		Timing:           &tiermeshv1.Timing{ReceivedNs: now.UnixNano()},
-		TraceContext:     carrier,
-	}, traced
+		TraceContext:     c.carrier,
+	}
 }
 
 // ownParametersOf reads priority and timeout; ok is false for any other parameter or a

@@ -99,6 +99,16 @@ func (l *limits) release(key limitKey, nowNs, waitNs int64, late bool) {
 	}
 }
 
+// forget gives back a slot taken for a call the door then passed on (its body was not one
+// it takes): no signal, not an end.
+func (l *limits) forget(key limitKey) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if c, ok := l.classes[key]; ok && c.inFlight > 0 {
+		c.inFlight--
+	}
+}
+
 func (l *limits) current(key limitKey) int64 {
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -200,7 +210,7 @@ func maxInt(a, b int64) int64 {
 
 // limitEvent is one line of `frontdoor limits MAXIMUM TARGET_MS FALLBACK_MS`'s input.
 type limitEvent struct {
-	Op       string `json:"op"` // "acquire" | "release" | "limit"
+	Op       string `json:"op"` // "acquire" | "release" | "forget" | "limit"
 	Model    string `json:"model"`
 	Priority int32  `json:"priority"`
 	NowNs    int64  `json:"now_ns"`
@@ -233,6 +243,8 @@ func limitLines(maximum int64, targetMs float64, fallbackMs int64) int {
 				wait = *e.WaitNs
 			}
 			l.release(key, e.NowNs, wait, isLate(wait, e.BudgetNs, e.Expired))
+		case "forget":
+			l.forget(key)
 		case "limit":
 			answer = l.current(key)
 		default:
