@@ -67,6 +67,13 @@ async def rounds(mesh: Mesh, url: str, args: argparse.Namespace) -> list[dict[st
         connections=4,
     )
     await run_load(default_cache_dir(), config)  # unmeasured: connections, the door's pools
+    before = process_cpu_s(door), process_cpu_s(gateway)
+    await asyncio.sleep(args.seconds)
+    after = process_cpu_s(door), process_cpu_s(gateway)
+    log(
+        f"idle: door {(after[0] - before[0]) / args.seconds:.1%}, gateway "
+        f"{(after[1] - before[1]) / args.seconds:.1%} of a core"
+    )
     out = []
     for r in range(args.rounds):
         before = process_cpu_s(door), process_cpu_s(gateway)

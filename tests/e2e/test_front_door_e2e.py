@@ -192,6 +192,27 @@ def test_every_other_call_passes_through(door_up: UpProcess) -> None:
         np.testing.assert_allclose(got.reshape(1, 3), reference(door_up, x), rtol=1e-6)
 
 
+@contextlib.contextmanager
+def door_full(up: UpProcess, x: np.ndarray) -> Iterator[list[Any]]:
+    """The worker paused and MAX_IN_FLIGHT calls of `x` held at the door (its gauge says
+    when): every further call is refused. Yields the held calls' futures, answered once the
+    worker resumes."""
+    client = grpcclient.InferenceServerClient(up.url)
+    with ThreadPoolExecutor(MAX_IN_FLIGHT) as pool:
+        with worker_paused(up):
+            held = [
+                pool.submit(client.infer, "mlp", [mlp_input(x)], client_timeout=60)
+                for _ in range(MAX_IN_FLIGHT)
+            ]
+            deadline = time.monotonic() + 20
+            while door_in_flight(up) < MAX_IN_FLIGHT:
+                assert time.monotonic() < deadline, "the held calls never reached the door"
+                time.sleep(0.02)
+            yield held
+        for fut in held:
+            fut.result(timeout=30)
+
+
 def test_deadlines_and_refusals_at_the_door(door_up: UpProcess) -> None:
     client = grpcclient.InferenceServerClient(door_up.url)
     x = np.ones((1, 4), np.float32)
@@ -199,32 +220,23 @@ def test_deadlines_and_refusals_at_the_door(door_up: UpProcess) -> None:
         client.infer("mlp", [mlp_input(x)], timeout=1)  # 1 us: gone before it is routed
     assert info.value.status() == "StatusCode.DEADLINE_EXCEEDED"
     request = _raw_request("mlp", "INPUT0", "FP32", [1, 4], x.tobytes())
-    with ThreadPoolExecutor(MAX_IN_FLIGHT) as pool, worker_paused(door_up):
+    with worker_paused(door_up):
         # Waiting on a paused worker: the door's own deadline ends the call.
         started = time.monotonic()
         with pytest.raises(InferenceServerException) as info:
             client.infer("mlp", [mlp_input(x)], timeout=300_000)
         assert info.value.status() == "StatusCode.DEADLINE_EXCEEDED"
         assert time.monotonic() - started < 5
-        # The door holds MAX_IN_FLIGHT calls (its gauge says when); the next is refused at
-        # once, with advice.
-        held = [
-            pool.submit(client.infer, "mlp", [mlp_input(x)], client_timeout=60)
-            for _ in range(MAX_IN_FLIGHT)
-        ]
-        deadline = time.monotonic() + 20
-        while door_in_flight(door_up) < MAX_IN_FLIGHT:
-            assert time.monotonic() < deadline, "the held calls never reached the door"
-            time.sleep(0.02)
-        with grpc.insecure_channel(door_up.url) as channel:
-            stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
-            with pytest.raises(grpc.RpcError) as over:
-                stub.ModelInfer(request, timeout=5)
-            refused = over.value
-            # Refused from its head: tensors the gateway would reject are never read.
-            with pytest.raises(grpc.RpcError) as over:
-                stub.ModelInfer(MALFORMED["byte size"][0], timeout=5)
-            assert over.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    # The door holds MAX_IN_FLIGHT calls; the next is refused at once, with advice.
+    with door_full(door_up, x) as held, grpc.insecure_channel(door_up.url) as channel:
+        stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+        with pytest.raises(grpc.RpcError) as over:
+            stub.ModelInfer(request, timeout=5)
+        refused = over.value
+        # Refused from its head: tensors the gateway would reject are never read.
+        with pytest.raises(grpc.RpcError) as over:
+            stub.ModelInfer(MALFORMED["byte size"][0], timeout=5)
+        assert over.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
     assert refused.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
     assert "too many requests in flight" in (refused.details() or "")
     assert answered_calls(door_up, "frontdoor")[("mlp", "RESOURCE_EXHAUSTED")] >= 1
@@ -489,6 +501,40 @@ def test_the_gateway_books_what_the_door_answered(door_up: UpProcess) -> None:
         f"the door's calls never reached the gateway's statistics: {mlp_statistics(door_up)}",
     )
     eventually(lambda: books_balance(door_up), "nor its latency histogram")
+
+
+BOOKS_GATHER_S = 0.05  # books.go's booksGather
+CAPTURE_PROBE_S = 0.25  # books.go's captureProbeEvery
+
+
+def books_calls(up: UpProcess) -> float:
+    """The front door's Record calls to the gateway so far."""
+    return scrape_metrics(up.metrics_urls()["frontdoor"])[
+        ("tiermesh_front_door_books_calls_total", frozenset())
+    ]
+
+
+def test_a_flow_of_refusals_is_booked_once_a_gather(door_up: UpProcess) -> None:
+    """Refusals one after another for a second reach the gateway's books in one Record
+    call a gather, not one per round trip (which kept the gateway booking all the time)."""
+    x = np.ones((1, 4), np.float32)
+    request = _raw_request("mlp", "INPUT0", "FP32", [1, 4], x.tobytes())
+    refused = 0
+    with door_full(door_up, x), grpc.insecure_channel(door_up.url) as channel:
+        stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+        before = books_calls(door_up)
+        started = time.monotonic()
+        while (elapsed := time.monotonic() - started) < 1.0:
+            with pytest.raises(grpc.RpcError) as over:
+                stub.ModelInfer(request, timeout=5)
+            assert over.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+            refused += 1
+        made = books_calls(door_up) - before
+    # One a gather, a probe when nothing waited, and the one in flight at either end.
+    bound = elapsed / BOOKS_GATHER_S + elapsed / CAPTURE_PROBE_S + 2
+    assert made <= bound, (made, bound, refused)
+    assert refused > 4 * bound, refused  # enough refusals that one call each would show
+    eventually(lambda: books_balance(door_up), "the refusals never all reached the books")
 
 
 def test_a_caller_who_leaves_is_marked_for_the_workers(door_up: UpProcess) -> None:

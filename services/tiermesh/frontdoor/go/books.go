@@ -29,7 +29,7 @@ const (
 // (gateway/books.py), which counts them in its ModelStatistics, latency histograms and
 // rollout books, and marks the jobs of callers who left as cancelled. Whatever has gathered
 // within booksGather of the first entry goes as one Record call, once the previous one is
-// answered.
+// answered: at most one call a gather.
 type books struct {
 	stub tiermeshv1.BooksClient
 
@@ -38,6 +38,7 @@ type books struct {
 	refused map[[2]string]*tiermeshv1.Refused // unsent.Refused by (model, version)
 	wake    chan struct{}
 	dropped atomic.Int64 // entries lost while the gateway was away
+	calls   atomic.Int64 // Record calls made (probes included)
 	// The share of calls reported with their job (traffic capture), as the gateway's last
 	// reply said (float64 bits).
 	captureRate atomic.Uint64
@@ -155,6 +156,7 @@ func (b *books) send() bool {
 func (b *books) record(batch *tiermeshv1.Entries) error {
 	ctx, cancel := context.WithTimeout(context.Background(), booksCallWait)
 	defer cancel()
+	b.calls.Add(1)
 	reply, err := b.stub.Record(ctx, batch)
 	if err == nil {
 		b.captureRate.Store(math.Float64bits(reply.CaptureRate))
@@ -195,7 +197,10 @@ func (b *books) pump() {
 					log.Printf("booking at the Python gateway again")
 					failing = false
 				}
-				continue
+				// What came during the call goes after a gather of its own (its adds woke
+				// the pump again): under a steady flow, refusals above all, one Record per
+				// gather, not one per round trip.
+				break
 			}
 			if !failing {
 				log.Printf("the Python gateway does not take the books now; retrying")

@@ -37,6 +37,7 @@ type metrics struct {
 	accepted, resolved atomic.Int64
 	inFlight           *atomic.Int64 // the door's own count, which its cap reads
 	placer             *placer       // nil: the router places every job
+	books              *books        // nil: nothing booked at the gateway
 }
 
 func newMetrics(inFlight *atomic.Int64) *metrics {
@@ -105,6 +106,11 @@ func (m *metrics) ServeHTTP(w http.ResponseWriter, _ *http.Request) {
 		b.WriteString("# HELP tiermesh_front_door_admission_calls_total Admission script calls the front door made (each for one or more jobs)\n")
 		b.WriteString("# TYPE tiermesh_front_door_admission_calls_total counter\n")
 		fmt.Fprintf(&b, "tiermesh_front_door_admission_calls_total %d\n", m.placer.calls.Load())
+	}
+	if m.books != nil {
+		b.WriteString("# HELP tiermesh_front_door_books_calls_total Record calls the front door made to book its calls at the Python gateway\n")
+		b.WriteString("# TYPE tiermesh_front_door_books_calls_total counter\n")
+		fmt.Fprintf(&b, "tiermesh_front_door_books_calls_total %d\n", m.books.calls.Load())
 	}
 	// As prometheus-client's process collector names it: `tiermesh bench --mesh-metrics`
 	// and the dashboards read every process's CPU from it.
