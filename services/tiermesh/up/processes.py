@@ -1,5 +1,6 @@
 """Child processes that die with their parent and ignore the terminal's Ctrl-C, so that
-the supervisor alone decides the order in which they stop."""
+the supervisor alone decides the order in which they stop, and that share its session, so
+that their CPU priorities rank against each other."""
 
 from __future__ import annotations
 
@@ -20,6 +21,9 @@ SUPERVISED_SIGNALS = {signal.SIGINT, signal.SIGTERM, signal.SIGCHLD}
 
 def _child_setup() -> None:  # runs in the child between fork and exec
     signal.pthread_sigmask(signal.SIG_UNBLOCK, SUPERVISED_SIGNALS)
+    # A background process group of the terminal's session: with `stty tostop` a write to
+    # the terminal would stop it; ignored (kept across exec), the write goes through.
+    signal.signal(signal.SIGTTOU, signal.SIG_IGN)
     if sys.platform == "linux":
         libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
@@ -28,14 +32,18 @@ def _child_setup() -> None:  # runs in the child between fork and exec
 def spawn(
     argv: Sequence[str], env: Mapping[str, str], cwd: Path | None = None
 ) -> subprocess.Popen[bytes]:
-    """Start a child in its own session (no terminal SIGINT), killed if we die. Its stdout
-    goes to our stderr (where the services log anyway), so the supervisor's own stdout
-    carries only what it prints itself (redis-server's banner never mixes in)."""
+    """Start a child in a process group of its own (the terminal's Ctrl-C goes to ours
+    alone), killed if we die. It stays in our session: Linux's autogroup scheduling gives
+    each session one equal share of the CPU, so a session per child made every service an
+    equal peer whatever its nice, and the nice values the mesh sets (the worker's compute
+    lanes, a batch pool's 19) ranked threads only within their own process. Its stdout goes
+    to our stderr (where the services log anyway), so the supervisor's own stdout carries
+    only what it prints itself (redis-server's banner never mixes in)."""
     return subprocess.Popen(
         list(argv),
         env=dict(env),
         cwd=cwd,
-        start_new_session=True,
+        process_group=0,
         preexec_fn=_child_setup,
         stdin=subprocess.DEVNULL,
         stdout=STDERR_FD,
