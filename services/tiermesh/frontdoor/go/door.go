@@ -60,8 +60,7 @@ func contextError(ctx context.Context) error {
 func (d *door) handle(_ interface{}, stream grpc.ServerStream) error {
 	method, _ := grpc.MethodFromServerStream(stream)
 	if method != modelInfer || (d.cfg.tracing && !d.cfg.traceable) {
-		d.metrics.passed.Add(1)
-		return d.proxy.pass(stream, method, nil)
+		return d.passOn(stream, method, nil)
 	}
 	f := &frame{}
 	if err := stream.RecvMsg(f); err != nil {
@@ -71,8 +70,7 @@ func (d *door) handle(_ interface{}, stream grpc.ServerStream) error {
 	now := time.Now()
 	c, ok := d.classOf(ctx, f.data)
 	if !ok { // not one the door takes: the Python gateway answers (and says what is wrong)
-		d.metrics.passed.Add(1)
-		return d.proxy.pass(stream, method, f)
+		return d.passOn(stream, method, f)
 	}
 	// A call captured at the gateway is booked with its job, refused or not, so its job
 	// is built first; any other is admitted or refused from its head alone, its tensors
@@ -81,8 +79,7 @@ func (d *door) handle(_ interface{}, stream grpc.ServerStream) error {
 	sampled := d.books != nil && d.books.sampled()
 	if sampled {
 		if job = d.jobOf(ctx, &c, f.data, now); job == nil {
-			d.metrics.passed.Add(1)
-			return d.proxy.pass(stream, method, f)
+			return d.passOn(stream, method, f)
 		}
 	}
 	if err := d.admit(stream, &c, now, job); err != nil {
@@ -95,8 +92,7 @@ func (d *door) handle(_ interface{}, stream grpc.ServerStream) error {
 			if d.limits != nil {
 				d.limits.forget(key)
 			}
-			d.metrics.passed.Add(1)
-			return d.proxy.pass(stream, method, f)
+			return d.passOn(stream, method, f)
 		}
 	}
 	defer d.inFlight.Add(-1)
@@ -120,6 +116,12 @@ func (d *door) handle(_ interface{}, stream grpc.ServerStream) error {
 		return err
 	}
 	return stream.SendMsg(resp)
+}
+
+// passOn hands the call to the Python gateway as it came (f: its request, already read).
+func (d *door) passOn(stream grpc.ServerStream, method string, f *frame) error {
+	d.metrics.passed.Add(1)
+	return d.proxy.pass(stream, method, f)
 }
 
 // admit takes a slot for the call, under the door's cap and then under its class's

@@ -69,8 +69,8 @@ func headOf(b []byte) (h head, ok bool) {
 		case fieldID:
 			h.id = string(value)
 		case fieldParameters:
-			key, param, ok := parameterEntry(value)
-			if !ok {
+			key, param, good := parameterEntry(value)
+			if !good {
 				return h, false
 			}
 			if h.params == nil {
