@@ -166,6 +166,9 @@ def start_up(
         env=env,
         stdout=log.open("wb"),
         stderr=subprocess.STDOUT,
+        # A session of its own, as a mesh on a server has: its services share one CPU share
+        # (autogroup), and this process, their client, has another.
+        start_new_session=True,
     )
     up = UpProcess(proc, f"127.0.0.1:{port}", tmp / "traces", log)
     try:
