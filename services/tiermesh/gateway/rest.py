@@ -150,8 +150,17 @@ class RestDoor:
     ) -> dict[str, Any]:
         """The JSON object of a body that may be empty, read once its caller's key passed."""
         self._key_first(request, operation, model)
-        body = await request.read()
+        body = await self._body(request)
         return json_object(body) if body.strip() else {}
+
+    async def _body(self, request: web.Request) -> bytes:
+        """The body, or 413 from its Content-Length alone when that is past the limit: a
+        body that is too large is not read into memory first (aiohttp would read up to the
+        limit before refusing; what is left it reads and drops while the caller sends)."""
+        limit = self._settings.max_request_bytes
+        if (length := request.content_length) is not None and length > limit:
+            raise web.HTTPRequestEntityTooLarge(max_size=limit, actual_size=length)
+        return await request.read()
 
     @web.middleware
     async def _middleware(self, request: web.Request, handler: Handler) -> web.StreamResponse:
@@ -243,7 +252,7 @@ class RestDoor:
         name, version = _model(request)
         header_length = _header_length(request)
         self._key_first(request, INFER, name)
-        body = await request.read()
+        body = await self._body(request)
         chosen: list[OutputChoice] = []
 
         def parse(screen: Screen) -> InferRequest:
