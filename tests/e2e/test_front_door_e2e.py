@@ -101,11 +101,15 @@ def answered_calls(up: UpProcess, service: str = "gateway") -> dict[tuple[str, s
     return calls
 
 
+def door_metric(up: UpProcess, name: str, **labels: str) -> float:
+    """One series of the front door's metrics (0 before its first sample)."""
+    samples = scrape_metrics(up.metrics_urls()["frontdoor"])
+    return samples.get((name, frozenset(labels.items())), 0.0)
+
+
 def door_in_flight(up: UpProcess) -> float:
     """The front door's `tiermesh_requests_in_flight` gauge."""
-    return scrape_metrics(up.metrics_urls()["frontdoor"])[
-        ("tiermesh_requests_in_flight", frozenset())
-    ]
+    return door_metric(up, "tiermesh_requests_in_flight")
 
 
 def kinds(response: Any) -> dict[str, str]:
@@ -270,8 +274,7 @@ def test_ctrl_c_stops_the_door_first_and_every_process_cleanly(
 
 def placed(up: UpProcess, by: str) -> float:
     """Jobs of models with a placement plan that the door (or, after all, the router) queued."""
-    samples = scrape_metrics(up.metrics_urls()["frontdoor"])
-    return samples.get(("tiermesh_front_door_placed_total", frozenset({("by", by)})), 0.0)
+    return door_metric(up, "tiermesh_front_door_placed_total", by=by)
 
 
 @contextlib.contextmanager
@@ -506,12 +509,7 @@ def test_the_gateway_books_what_the_door_answered(door_up: UpProcess) -> None:
 BOOKS_GATHER_S = 0.05  # books.go's booksGather
 CAPTURE_PROBE_S = 0.25  # books.go's captureProbeEvery
 
-
-def books_calls(up: UpProcess) -> float:
-    """The front door's Record calls to the gateway so far."""
-    return scrape_metrics(up.metrics_urls()["frontdoor"])[
-        ("tiermesh_front_door_books_calls_total", frozenset())
-    ]
+BOOKS_CALLS = "tiermesh_front_door_books_calls_total"  # the door's Record calls so far
 
 
 def test_a_flow_of_refusals_is_booked_once_a_gather(door_up: UpProcess) -> None:
@@ -522,14 +520,14 @@ def test_a_flow_of_refusals_is_booked_once_a_gather(door_up: UpProcess) -> None:
     refused = 0
     with door_full(door_up, x), grpc.insecure_channel(door_up.url) as channel:
         stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
-        before = books_calls(door_up)
+        before = door_metric(door_up, BOOKS_CALLS)
         started = time.monotonic()
         while (elapsed := time.monotonic() - started) < 1.0:
             with pytest.raises(grpc.RpcError) as over:
                 stub.ModelInfer(request, timeout=5)
             assert over.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
             refused += 1
-        made = books_calls(door_up) - before
+        made = door_metric(door_up, BOOKS_CALLS) - before
     # One a gather, a probe when nothing waited, and the one in flight at either end.
     bound = elapsed / BOOKS_GATHER_S + elapsed / CAPTURE_PROBE_S + 2
     assert made <= bound, (made, bound, refused)

@@ -82,10 +82,10 @@ func (d *door) handle(_ interface{}, stream grpc.ServerStream) error {
 			return d.passOn(stream, method, f)
 		}
 	}
-	if err := d.admit(stream, &c, now, job); err != nil {
+	key := c.key()
+	if err := d.admit(stream, &c, key, now, job); err != nil {
 		return err
 	}
-	key := c.key()
 	if job == nil {
 		if job = d.jobOf(ctx, &c, f.data, now); job == nil {
 			d.inFlight.Add(-1)
@@ -127,16 +127,16 @@ func (d *door) passOn(stream grpc.ServerStream, method string, f *frame) error {
 // admit takes a slot for the call, under the door's cap and then under its class's
 // adaptive limit, or refuses it with when to come back: the error to return. job is nil
 // unless the call is captured (the refusal is then booked with it).
-func (d *door) admit(stream grpc.ServerStream, c *class, now time.Time, job *tiermeshv1.Job) error {
+func (d *door) admit(stream grpc.ServerStream, c *class, key limitKey, now time.Time, job *tiermeshv1.Job) error {
 	var err error
 	var retry int64
 	if d.inFlight.Add(1) > d.cfg.maxInFlight {
 		retry = d.cfg.retryAfterMs
 		err = status.Errorf(codes.ResourceExhausted, "too many requests in flight at this gateway (%d)", d.cfg.maxInFlight)
 	} else if d.limits != nil {
-		if retry = d.limits.acquire(c.key(), now.UnixNano()); retry > 0 {
+		if retry = d.limits.acquire(key, now.UnixNano()); retry > 0 {
 			err = status.Errorf(codes.ResourceExhausted, "model '%s' has as many priority %d requests in flight as it drains in time (%d); retry later",
-				c.model.name, c.priority, d.limits.current(c.key()))
+				c.model.name, c.priority, d.limits.current(key))
 		}
 	}
 	if err == nil {
