@@ -80,8 +80,8 @@ RATE_SMOOTHING = 0.5
 # least FEEDBACK_COMPUTES of them (what a request admitted now takes to say how long it
 # waited: a wait at the target and its own batch). See `AdaptiveLimits`.
 FEEDBACK_COMPUTES = 2
-# An interval with late requests brings the limit down toward what drains in this share of
-# the class's deadline budget at its measured rate (Little's law), at most by half.
+# An interval with late requests brings the limit down to what is computed in this share of
+# the class's deadline budget at the rate its requests were computed lately (Little's law).
 DRAIN_SHARE = 0.4
 # But no longer than this: a deeper queue makes bigger batches, and MiniLM's took 200-490 ms
 # at 2x, intervals of up to a second.
@@ -190,10 +190,9 @@ class AdaptiveLimits:
         # intervals says nothing of the drain rate.
         if c.ended:
             c.rate_per_s = _smoothed(c.rate_per_s, c.ended / elapsed_s)
+            c.served_per_s = _smoothed(c.served_per_s, c.computed / elapsed_s)
         if c.computed:
             c.compute_ns = _smoothed(c.compute_ns, c.compute_sum_ns // c.computed)
-        if c.ended:
-            c.served_per_s = _smoothed(c.served_per_s, c.computed / elapsed_s)
         if c.budgeted:
             c.budget_ns = _smoothed(c.budget_ns, c.budget_sum_ns // c.budgeted)
         if idle:

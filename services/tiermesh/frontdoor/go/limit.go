@@ -28,8 +28,8 @@ const (
 	// A slow model's scale: its target wait is at least its smoothed batch compute, and an
 	// interval lasts at least feedbackComputes of them.
 	feedbackComputes = 2
-	// An interval with late requests brings the limit down toward what drains in this
-	// share of the class's deadline budget at its measured rate, at most by half.
+	// An interval with late requests brings the limit down to what is computed in this
+	// share of the class's deadline budget at the rate its requests were computed lately.
 	drainShare = 0.4
 	// But no longer than this: a deeper queue makes bigger batches.
 	maxIntervalNs = 3 * limitIntervalNs
@@ -175,12 +175,10 @@ func (l *limits) adjust(c *limitClass, nowNs int64) {
 	// This interval's measures count in the step that ends it.
 	if c.ended > 0 {
 		c.ratePerS = smoothed(c.ratePerS, float64(c.ended)/elapsedS)
+		c.servedPerS = smoothed(c.servedPerS, float64(c.computed)/elapsedS)
 	}
 	if c.computed > 0 {
 		c.computeNs = smoothed(c.computeNs, float64(c.computeSumNs/c.computed))
-	}
-	if c.ended > 0 {
-		c.servedPerS = smoothed(c.servedPerS, float64(c.computed)/elapsedS)
 	}
 	if c.budgeted > 0 {
 		c.budgetNs = smoothed(c.budgetNs, float64(c.budgetSumNs/c.budgeted))
