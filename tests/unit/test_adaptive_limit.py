@@ -241,6 +241,30 @@ def test_late_requests_bring_the_limit_down_to_what_drains_in_time() -> None:
         assert lim.limit(KEY) == expected
 
 
+def test_a_late_cut_keeps_the_callers_it_refused_none_of() -> None:
+    """32 closed-loop callers at capacity: one waits past a quarter of its deadline now and
+    then. Cut to what drains, the limit fell under them, and the refused callers' retries
+    took the core (MiniLM: 8-20k refusals at 1x). Where the limit refused nobody, a late
+    cut keeps as many as were in flight the interval before; where it refused some, it goes
+    down to what drains."""
+    for refuse, low, high in ((False, 32, 32), (True, MINIMUM, 31)):
+        lim = limits(maximum=32)
+        for _ in range(32):
+            assert lim.acquire(KEY, 0) == 0
+        for _ in range(32):  # back in time: 320 computed a second
+            lim.release(KEY, 1, MS, compute_ns=MS, budget_ns=100 * MS)
+        for _ in range(32):
+            assert lim.acquire(KEY, INTERVAL_NS) == 0
+        if refuse:
+            assert lim.acquire(KEY, INTERVAL_NS) > 0
+        # 4 back, one late (30 ms of a 100 ms budget): 180/s smoothed drains 7 in 40 ms.
+        for i in range(4):
+            wait = 30 * MS if i == 0 else MS
+            lim.release(KEY, INTERVAL_NS + 1, wait, late=i == 0, compute_ns=MS, budget_ns=100 * MS)
+        lim.acquire(KEY, 2 * INTERVAL_NS)
+        assert low <= lim.limit(KEY) <= high
+
+
 def test_late_requests_never_grow_the_limit() -> None:
     """Callers at the limit with short waits grow it; with a late request among them it
     does not grow (MiniLM at 2x: the shortest wait 0, from a short text's bucket, grew the
@@ -302,8 +326,8 @@ def test_a_class_idle_for_an_interval_starts_slowly_and_doubles_until_it_shrinks
     ("wait_ms", "budget_ms", "expired", "late"),
     [
         (None, 1000, True, True),  # expired unanswered
-        (500, 1000, False, False),  # half its deadline: on time
-        (501, 1000, False, True),
+        (250, 1000, False, False),  # a quarter of its deadline: on time
+        (251, 1000, False, True),
         (900, 0, False, False),  # no deadline: never late by its wait
         (None, 1000, False, False),  # says nothing of the queue
     ],

@@ -9,8 +9,8 @@ fewer shortens. (The time before it, the gateway's and the router's CPU, grows t
 flood is refused; shrinking the limit for it starved the workers: measured on the mlp, one
 core, 5x: goodput 0.4x against 0.7x.) The limit changes only while it held calls back (some
 were refused, or as many were in flight as it allows) or let in too many: a request it let
-in was late (`is_late`: it waited more than half its deadline in the queue, or expired
-unanswered). A slow model's queue can hold its whole deadline's worth of work with fewer
+in was late (`is_late`: it waited more than a quarter of its deadline in the queue, or
+expired unanswered). A slow model's queue can hold its whole deadline's worth of work with fewer
 calls in flight than the initial limit, and nothing else would shrink it (measured on
 MiniLM-L6, long texts at 2x with 2 s deadlines: accepted requests waited 1.4-1.8 s). Late
 requests never grow the limit, and bring it down to what drains in time: as many as are
@@ -18,7 +18,10 @@ computed in DRAIN_SHARE of the class's deadline budget at the rate its requests 
 computed lately (Little's law). The shortest wait alone does not see lateness: with
 several length buckets and tiers, a short text's request starts at once while long ones
 wait out their deadlines (MiniLM at 2x: shortest wait 0 while 35 of 38 were late, and the
-limit grew until the queue held a second of work). Above
+limit grew until the queue held a second of work). Where the limit refused nobody in the
+interval, the cut keeps as many as were in flight the interval before (`_kept`): the
+callers of a closed loop at capacity are not refused for a late one among them, and a
+surge that began in the interval is cut to where the callers were before it. Above
 the target it shrinks in proportion, at most by half an interval (shrinking sooner, on a
 flood's first answers, collapsed it: the workers' wake-ups are late too while a core is busy
 refusing); at or below it, it grows by its square root or a tenth, whichever is more (from
@@ -43,8 +46,7 @@ under the 32 closed-loop callers that measure capacity, whose refusals (~15k/s, 
 retried at once) then took the core from the workers. And a 100 ms interval is shorter than
 a MiniLM request takes to say how long it waited: in slow start the limit doubled from 7 to
 235 in a second before any request the doubling let in came back, and 4% of the requests
-taken at 2x expired. (A quarter of the deadline, the late share before, made the waits of
-32 closed-loop MiniLM callers at capacity late.)
+taken at 2x expired.
 
 A refusal says when to come back from the measured drain rate: the time the class's
 excess takes to finish at the rate its requests finished lately.
@@ -70,7 +72,7 @@ GROWTH = 0.1
 MAX_SHRINK = 0.5
 # A request that waited in the queue more than this share of its deadline budget (or expired
 # unanswered) is late: the limit let in too many, whether or not its callers reached it.
-LATE_SHARE = 0.5
+LATE_SHARE = 0.25
 # Retry-after bounds (ms) and the rate's smoothing.
 MIN_RETRY_MS = 1
 MAX_RETRY_MS = 1000
@@ -108,6 +110,7 @@ class _Class:
     budgeted: int = 0  # requests ended this interval with a deadline
     budget_sum_ns: int = 0  # and the sum of their budgets (received -> deadline)
     budget_ns: float = 0.0  # an ended request's budget, smoothed over intervals
+    last_peak: int = 0  # the most in flight at once in the interval before this one
 
 
 @dataclass(slots=True)
@@ -207,12 +210,12 @@ class AdaptiveLimits:
                 slow_start=c.slow_start,
             )
             if c.late:  # never up, and down to what drains in time
-                limit = min(limit, c.limit, _drains(c))
+                limit = min(limit, c.limit, max(_drains(c), _kept(c)))
             c.slow_start = c.slow_start and not c.late and limit >= c.limit
             c.limit = limit
         c.limit = max(float(MINIMUM), min(float(self.maximum), c.limit))
         c.start_ns = now_ns
-        c.peak = c.in_flight
+        c.last_peak, c.peak = c.peak, c.in_flight
         c.refused = c.finished = c.ended = c.late = 0
         c.computed = c.compute_sum_ns = c.budgeted = c.budget_sum_ns = 0
         c.min_wait_ns = -1
@@ -250,6 +253,15 @@ def queue_wait_ns(timing: Timing) -> int:
 def batch_compute_ns(timing: Timing) -> int:
     """How long an answered request's batch computed (0 where it was not batched)."""
     return max(0, timing.batch_end_ns - timing.batch_start_ns)
+
+
+def _kept(c: _Class) -> float:
+    """What a late cut leaves to callers the limit refused none of: as many as were in
+    flight the interval before. 32 closed-loop callers at capacity wait past a quarter of
+    their deadline now and then, and a cut under them refused the callers, whose retries
+    took the core (MiniLM: 8-20k refusals at 1x); a surge's first interval is cut to where
+    the callers were before it."""
+    return 0.0 if c.refused else float(c.last_peak)
 
 
 def _drains(c: _Class) -> float:

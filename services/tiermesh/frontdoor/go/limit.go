@@ -21,7 +21,7 @@ const (
 	limitMinimum    = 4
 	limitGrowth     = 0.1
 	limitMaxShrink  = 0.5
-	lateShare       = 0.5 // a queue wait past this share of the deadline budget is late
+	lateShare       = 0.25 // a queue wait past this share of the deadline budget is late
 	minRetryMs      = 1
 	maxRetryMs      = 1000
 	rateSmoothing   = 0.5
@@ -61,6 +61,7 @@ type limitClass struct {
 	// ended request's budget smoothed over intervals.
 	budgeted, budgetSumNs int64
 	budgetNs              float64
+	lastPeak              int64 // the most in flight at once in the interval before this one
 }
 
 type limits struct {
@@ -191,14 +192,14 @@ func (l *limits) adjust(c *limitClass, nowNs int64) {
 		target := maxInt(l.targetWaitNs, int64(c.computeNs))
 		limit := nextLimit(c.limit, c.minWaitNs, c.finished > 0, bound, target, c.slowStart)
 		if c.late > 0 { // never up, and down to what drains in time
-			limit = math.Min(limit, math.Min(c.limit, drains(c)))
+			limit = math.Min(limit, math.Min(c.limit, math.Max(drains(c), kept(c))))
 		}
 		c.slowStart = c.slowStart && c.late == 0 && limit >= c.limit
 		c.limit = limit
 	}
 	c.limit = math.Max(limitMinimum, math.Min(float64(l.maximum), c.limit))
 	c.startNs = nowNs
-	c.peak = c.inFlight
+	c.lastPeak, c.peak = c.peak, c.inFlight
 	c.refused, c.finished, c.ended, c.late = 0, 0, 0, 0
 	c.computed, c.computeSumNs, c.budgeted, c.budgetSumNs = 0, 0, 0, 0
 	c.minWaitNs = -1
@@ -241,6 +242,15 @@ func queueWaitNs(t *tiermeshv1.Timing) int64 {
 // batchComputeNs is how long an answered request's batch computed (0: not batched).
 func batchComputeNs(t *tiermeshv1.Timing) int64 {
 	return maxInt(0, t.GetBatchEndNs()-t.GetBatchStartNs())
+}
+
+// kept is gateway/adaptive_limit.py's _kept: what a late cut leaves to callers the limit
+// refused none of (as many as were in flight the interval before).
+func kept(c *limitClass) float64 {
+	if c.refused > 0 {
+		return 0
+	}
+	return float64(c.lastPeak)
 }
 
 // drains is gateway/adaptive_limit.py's _drains: how many of the class's requests drain in
