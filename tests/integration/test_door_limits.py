@@ -51,12 +51,6 @@ def go_answers(door: Path, events: list[dict[str, object]]) -> list[int]:
     return [int(line) for line in done.stdout.split()]
 
 
-# Per model: its batches' mean compute, and how long a flood makes its requests wait.
-COMPUTE_NS = {"mlp": 1e6, "minilm-l6": 60e6}
-FLOOD_WAIT_NS = {"mlp": 40_000_000, "minilm-l6": 200_000_000}
-BUDGET_NS = 2e9  # a deadline's mean: late now and then in a flood, rarely in calm
-
-
 def script(rng: np.random.Generator, n: int) -> list[dict[str, object]]:
     """Events on a clock that moves 0-30 ms at a time; each class alternates floods (long
     waits) and calm (short ones), so limits shrink, grow and hit both bounds."""
@@ -71,12 +65,12 @@ def script(rng: np.random.Generator, n: int) -> list[dict[str, object]]:
             for _ in range(held[(model, priority)]):
                 events.append(
                     {"op": "release", "model": model, "priority": priority, "now_ns": now}
-                    | {"wait_ns": 1_000_000, "expired": False, "budget_ns": 0, "compute_ns": 0}
+                    | {"wait_ns": 1_000_000, "expired": False, "budget_ns": 0}
                 )
             held[(model, priority)] = 0
             now += int(rng.integers(2 * INTERVAL_NS, 5 * INTERVAL_NS))
         base = {"model": model, "priority": priority, "now_ns": now}
-        flood = (now // (20 * INTERVAL_NS)) % 4 == 3
+        flood = (now // (20 * INTERVAL_NS)) % 2 == 1
         roll = rng.random()
         if roll < 0.55:
             events.append({"op": "acquire", **base})
@@ -87,16 +81,13 @@ def script(rng: np.random.Generator, n: int) -> list[dict[str, object]]:
             expired = False
             if roll < 0.15:
                 wait = None
-            elif roll < 0.152:  # expired unanswered: all its time
+            elif roll < 0.17:  # expired unanswered: all its time
                 wait, expired = 1_000_000_000, True
             else:
-                wait = int(rng.exponential(2e6)) + (FLOOD_WAIT_NS[model] if flood else 0)
-            budget = 0 if rng.random() < 0.3 else int(rng.exponential(BUDGET_NS))
-            # A batch's compute: a slow model's lengthens its intervals and raises its target.
-            compute = 0 if wait is None or expired else int(rng.exponential(COMPUTE_NS[model]))
+                wait = int(rng.exponential(2e6)) + (40_000_000 if flood else 0)
+            budget = 0 if rng.random() < 0.3 else int(rng.exponential(100e6))
             events.append(
-                {"op": "release", **base, "wait_ns": wait, "expired": expired}
-                | {"budget_ns": budget, "compute_ns": compute}
+                {"op": "release", **base, "wait_ns": wait, "expired": expired, "budget_ns": budget}
             )
         else:
             events.append({"op": "limit", **base})
@@ -115,9 +106,7 @@ def python_answers(events: list[dict[str, object]]) -> list[int]:
             wait = e["wait_ns"]
             wait_ns = None if wait is None else int(wait)  # type: ignore[call-overload]
             budget = int(e["budget_ns"])  # type: ignore[call-overload]
-            late = is_late(wait_ns, budget, bool(e["expired"]))
-            compute = int(e["compute_ns"])  # type: ignore[call-overload]
-            lim.release(key, now, wait_ns, late, compute, budget)
+            lim.release(key, now, wait_ns, is_late(wait_ns, budget, bool(e["expired"])))
             out.append(0)
         else:
             out.append(lim.limit(key))

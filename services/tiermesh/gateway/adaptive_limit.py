@@ -10,18 +10,9 @@ flood is refused; shrinking the limit for it starved the workers: measured on th
 core, 5x: goodput 0.4x against 0.7x.) The limit changes only while it held calls back (some
 were refused, or as many were in flight as it allows) or let in too many: a request it let
 in was late (`is_late`: it waited more than a quarter of its deadline in the queue, or
-expired unanswered). A slow model's queue can hold its whole deadline's worth of work with fewer
-calls in flight than the initial limit, and nothing else would shrink it (measured on
-MiniLM-L6, long texts at 2x with 2 s deadlines: accepted requests waited 1.4-1.8 s). Late
-requests never grow the limit, and bring it down to what drains in time: as many as are
-computed in DRAIN_SHARE of the class's deadline budget at the rate its requests were
-computed lately (Little's law). The shortest wait alone does not see lateness: with
-several length buckets and tiers, a short text's request starts at once while long ones
-wait out their deadlines (MiniLM at 2x: shortest wait 0 while 35 of 38 were late, and the
-limit grew until the queue held a second of work). Where the limit refused nobody in the
-interval, the cut keeps as many as were in flight the interval before (`_kept`): the
-callers of a closed loop at capacity are not refused for a late one among them, and a
-surge that began in the interval is cut to where the callers were before it. Above
+expired unanswered). A slow model's queue can hold its whole deadline's worth of work with
+fewer calls in flight than the initial limit, and nothing else would shrink it (measured on
+MiniLM-L6, long texts at 2x with 2 s deadlines: accepted requests waited 1.4-1.8 s). Above
 the target it shrinks in proportion, at most by half an interval (shrinking sooner, on a
 flood's first answers, collapsed it: the workers' wake-ups are late too while a core is busy
 refusing); at or below it, it grows by its square root or a tenth, whichever is more (from
@@ -37,16 +28,6 @@ grew back by its root; resetting it to the initial limit instead made the next f
 accepted p99 ~60% longer). Priorities are separate classes: a low-priority flood waits
 behind the workers' weighting of the levels, and its limit shrinks while the urgent class's
 does not, so the flood is what is refused.
-
-A slow model keeps the same rules at its own scale: its target wait is at least one batch's
-compute (smoothed over intervals), and an interval lasts at least two of them. MiniLM on
-one core computes a batch in 100-400 ms, and a request of one length bucket waits 20-60 ms
-for another bucket's batch: against the 10 ms target one such interval halved the limit
-under the 32 closed-loop callers that measure capacity, whose refusals (~15k/s, each
-retried at once) then took the core from the workers. And a 100 ms interval is shorter than
-a MiniLM request takes to say how long it waited: in slow start the limit doubled from 7 to
-235 in a second before any request the doubling let in came back, and 4% of the requests
-taken at 2x expired.
 
 A refusal says when to come back from the measured drain rate: the time the class's
 excess takes to finish at the rate its requests finished lately.
@@ -77,17 +58,6 @@ LATE_SHARE = 0.25
 MIN_RETRY_MS = 1
 MAX_RETRY_MS = 1000
 RATE_SMOOTHING = 0.5
-# A slow model's scale (the batch compute of its class's requests, smoothed over intervals
-# as the rate is): its target wait is at least one batch's compute, and an interval lasts at
-# least FEEDBACK_COMPUTES of them (what a request admitted now takes to say how long it
-# waited: a wait at the target and its own batch). See `AdaptiveLimits`.
-FEEDBACK_COMPUTES = 2
-# An interval with late requests brings the limit down to what is computed in this share of
-# the class's deadline budget at the rate its requests were computed lately (Little's law).
-DRAIN_SHARE = 0.4
-# But no longer than this: a deeper queue makes bigger batches, and MiniLM's took 200-490 ms
-# at 2x, intervals of up to a second.
-MAX_INTERVAL_NS = 3 * INTERVAL_NS
 
 
 @dataclass(slots=True)
@@ -103,14 +73,6 @@ class _Class:
     ended: int = 0  # every release this interval (with or without a wait)
     late: int = 0  # released this interval having waited past LATE_SHARE of its deadline
     slow_start: bool = False  # idle since it last shrank: it doubles where it would grow
-    computed: int = 0  # requests finished this interval with a batch compute
-    compute_sum_ns: int = 0  # and the sum of those computes
-    compute_ns: float = 0.0  # a finished request's batch compute, smoothed over intervals
-    served_per_s: float = 0.0  # requests computed a second (not expired), smoothed
-    budgeted: int = 0  # requests ended this interval with a deadline
-    budget_sum_ns: int = 0  # and the sum of their budgets (received -> deadline)
-    budget_ns: float = 0.0  # an ended request's budget, smoothed over intervals
-    last_peak: int = 0  # the most in flight at once in the interval before this one
 
 
 @dataclass(slots=True)
@@ -132,34 +94,18 @@ class AdaptiveLimits:
         c.peak = max(c.peak, c.in_flight)
         return 0
 
-    def release(
-        self,
-        key: LimitKey,
-        now_ns: int,
-        wait_ns: int | None,
-        late: bool = False,
-        compute_ns: int = 0,
-        budget_ns: int = 0,
-    ) -> None:
+    def release(self, key: LimitKey, now_ns: int, wait_ns: int | None, late: bool = False) -> None:
         """An admitted request ended: `wait_ns` its queue wait (`queue_wait_ns`; all its
         time when it expired unanswered); None when it says nothing of the queue
         (refused further in, its caller left, failed before a worker took it). `late`:
-        it expired, or waited past LATE_SHARE of its deadline (`is_late`). `compute_ns`:
-        its batch's compute (`batch_compute_ns`; 0 when it has none); `budget_ns`, its
-        deadline budget (received -> deadline; 0: none)."""
+        it expired, or waited past LATE_SHARE of its deadline (`is_late`)."""
         c = self._class(key, now_ns)
         c.in_flight = max(0, c.in_flight - 1)
         c.ended += 1
         c.late += int(late)
-        if budget_ns > 0:
-            c.budgeted += 1
-            c.budget_sum_ns += budget_ns
         if wait_ns is None:
             return
         c.finished += 1
-        if compute_ns > 0:
-            c.computed += 1
-            c.compute_sum_ns += compute_ns
         if c.min_wait_ns < 0 or wait_ns < c.min_wait_ns:
             c.min_wait_ns = wait_ns
 
@@ -181,24 +127,14 @@ class AdaptiveLimits:
         c = self._classes.get(key)
         if c is None:
             c = self._classes[key] = _Class(float(min(INITIAL, self.maximum)), now_ns)
-        elif now_ns - c.start_ns >= interval_ns(c.compute_ns):
+        elif now_ns - c.start_ns >= INTERVAL_NS:
             self._adjust(c, now_ns)
         return c
 
     def _adjust(self, c: _Class, now_ns: int) -> None:
         """The interval that began at c.start_ns is over: the new limit and rate."""
         elapsed_s = (now_ns - c.start_ns) / 1e9
-        idle = c.in_flight == 0 and now_ns - c.start_ns >= 2 * interval_ns(c.compute_ns)
-        # This interval's measures count in the step that ends it. An idle stretch of many
-        # intervals says nothing of the drain rate.
-        if c.ended:
-            c.rate_per_s = _smoothed(c.rate_per_s, c.ended / elapsed_s)
-            c.served_per_s = _smoothed(c.served_per_s, c.computed / elapsed_s)
-        if c.computed:
-            c.compute_ns = _smoothed(c.compute_ns, c.compute_sum_ns // c.computed)
-        if c.budgeted:
-            c.budget_ns = _smoothed(c.budget_ns, c.budget_sum_ns // c.budgeted)
-        if idle:
+        if c.in_flight == 0 and now_ns - c.start_ns >= 2 * INTERVAL_NS:
             # Nothing in flight since at least an interval ago: idle, its queue drained.
             c.slow_start = True
         else:
@@ -206,30 +142,24 @@ class AdaptiveLimits:
                 c.limit,
                 c.min_wait_ns if c.finished else None,
                 bound=c.refused > 0 or c.peak >= self.limit_of(c) or c.late > 0,
-                target_ns=max(int(self.target_wait_ms * 1_000_000), int(c.compute_ns)),
+                target_ns=int(self.target_wait_ms * 1_000_000),
                 slow_start=c.slow_start,
             )
-            if c.late:  # never up, and down to what drains in time
-                limit = min(limit, c.limit, max(_drains(c), _kept(c)))
-            c.slow_start = c.slow_start and not c.late and limit >= c.limit
+            c.slow_start = c.slow_start and limit >= c.limit
             c.limit = limit
         c.limit = max(float(MINIMUM), min(float(self.maximum), c.limit))
+        rate = c.ended / elapsed_s
+        # An idle stretch of many intervals says nothing of the drain rate.
+        if c.ended:
+            c.rate_per_s = (
+                rate
+                if c.rate_per_s <= 0
+                else (1 - RATE_SMOOTHING) * c.rate_per_s + RATE_SMOOTHING * rate
+            )
         c.start_ns = now_ns
-        c.last_peak, c.peak = c.peak, c.in_flight
+        c.peak = c.in_flight
         c.refused = c.finished = c.ended = c.late = 0
-        c.computed = c.compute_sum_ns = c.budgeted = c.budget_sum_ns = 0
         c.min_wait_ns = -1
-
-
-def _smoothed(old: float, new: float) -> float:
-    """The next value of a figure smoothed over intervals (its first measure as it is)."""
-    return new if old <= 0 else (1 - RATE_SMOOTHING) * old + RATE_SMOOTHING * new
-
-
-def interval_ns(compute_ns: float) -> float:
-    """How long a class's interval lasts: INTERVAL_NS, or FEEDBACK_COMPUTES of its smoothed
-    batch compute where that is longer."""
-    return max(float(INTERVAL_NS), min(FEEDBACK_COMPUTES * compute_ns, MAX_INTERVAL_NS))
 
 
 def is_late(wait_ns: int | None, budget_ns: int, expired: bool) -> bool:
@@ -247,30 +177,8 @@ def queue_wait_ns(timing: Timing) -> int:
     computed waits for it without any queue: a model whose batches take 90 ms shows waits
     of that much at 4 callers, and measured whole they shrank its limit to the floor."""
     wait = timing.batch_start_ns - timing.enqueued_ns
-    return max(0, wait - batch_compute_ns(timing))
-
-
-def batch_compute_ns(timing: Timing) -> int:
-    """How long an answered request's batch computed (0 where it was not batched)."""
-    return max(0, timing.batch_end_ns - timing.batch_start_ns)
-
-
-def _kept(c: _Class) -> float:
-    """What a late cut leaves to callers the limit refused none of: as many as were in
-    flight the interval before. 32 closed-loop callers at capacity wait past a quarter of
-    their deadline now and then, and a cut under them refused the callers, whose retries
-    took the core (MiniLM: 8-20k refusals at 1x); a surge's first interval is cut to where
-    the callers were before it."""
-    return 0.0 if c.refused else float(c.last_peak)
-
-
-def _drains(c: _Class) -> float:
-    """How many of the class's requests drain in DRAIN_SHARE of its deadline budget at the
-    rate its requests were computed (Little's law; those that expired or left drained
-    nothing); unbounded while either is unknown."""
-    if c.served_per_s <= 0 or c.budget_ns <= 0:
-        return math.inf
-    return c.served_per_s * c.budget_ns / 1e9 * DRAIN_SHARE
+    compute = max(0, timing.batch_end_ns - timing.batch_start_ns)
+    return max(0, wait - compute)
 
 
 def next_limit(

@@ -16,12 +16,7 @@ from opentelemetry import trace
 from tiermesh.core.errors import MeshError, deadline_exceeded, exhausted, unavailable
 from tiermesh.core.jobs import Job, JobResult
 from tiermesh.core.repository import ModelConfig
-from tiermesh.gateway.adaptive_limit import (
-    AdaptiveLimits,
-    batch_compute_ns,
-    is_late,
-    queue_wait_ns,
-)
+from tiermesh.gateway.adaptive_limit import AdaptiveLimits, is_late, queue_wait_ns
 from tiermesh.gateway.cache import cache_digest
 from tiermesh.gateway.capture import Observed
 from tiermesh.gateway.facts import response_facts
@@ -213,13 +208,12 @@ class Dispatcher:
                 retry_ms,
             )
         wait_ns: int | None = None
-        compute_ns = 0
         expired = False
         try:
             result, placed = await self._await_result(job, on_partial, hops)
             timing = result.timing
             if timing.batch_start_ns and timing.enqueued_ns:
-                wait_ns, compute_ns = queue_wait_ns(timing), batch_compute_ns(timing)
+                wait_ns = queue_wait_ns(timing)
             elif result.code == grpc.StatusCode.DEADLINE_EXCEEDED:  # expired in its queue
                 wait_ns, expired = self._clock_ns() - job.timing.received_ns, True
             return result, placed
@@ -229,8 +223,7 @@ class Dispatcher:
             raise
         finally:
             budget_ns = job.deadline_ns - job.timing.received_ns if job.deadline_ns else 0
-            late = is_late(wait_ns, budget_ns, expired)
-            limits.release(key, self._clock_ns(), wait_ns, late, compute_ns, budget_ns)
+            limits.release(key, self._clock_ns(), wait_ns, is_late(wait_ns, budget_ns, expired))
 
     async def _await_result(
         self, job: Job, on_partial: PartialCallback | None, hops: Hops | None

@@ -103,14 +103,13 @@ func (d *door) handle(_ interface{}, stream grpc.ServerStream) error {
 	if sampled { // captured at the gateway, job and all
 		entry.Job = job
 	}
-	resp, sig, err := d.infer(ctx, stream, c.model, job, entry)
+	resp, wait, expired, err := d.infer(ctx, stream, c.model, job, entry)
 	if d.limits != nil {
 		budget := int64(0)
 		if job.DeadlineNs > 0 {
 			budget = job.DeadlineNs - job.Timing.GetReceivedNs()
 		}
-		late := isLate(sig.waitNs, budget, sig.expired)
-		d.limits.release(key, time.Now().UnixNano(), sig.waitNs, late, sig.computeNs, budget)
+		d.limits.release(key, time.Now().UnixNano(), wait, isLate(wait, budget, expired))
 	}
 	d.ended(entry, status.Code(err))
 	if err != nil {
@@ -170,9 +169,10 @@ func (d *door) ended(entry *tiermeshv1.Entry, code codes.Code) {
 
 // infer routes the job and waits for its result; what it learns on the way goes in entry
 // (where the job was placed, its result, whether the caller left while it was queued).
-// sig: what it says of the queue, for the limits (limit.go).
-func (d *door) infer(ctx context.Context, stream grpc.ServerStream, m *model, job *tiermeshv1.Job, entry *tiermeshv1.Entry) (resp proto.Message, sig queueSignal, err error) {
-	sig.waitNs = -1
+// wait: its queue wait (queueWaitNs), or all its time when it expired unanswered
+// (expired); -1 when the call says nothing of the queue (limit.go).
+func (d *door) infer(ctx context.Context, stream grpc.ServerStream, m *model, job *tiermeshv1.Job, entry *tiermeshv1.Entry) (resp proto.Message, wait int64, expired bool, err error) {
+	wait = -1
 	deadline := time.Unix(0, job.DeadlineNs)
 	results := d.pending.register(job.RequestId)
 	defer d.pending.discard(job.RequestId)
@@ -194,13 +194,13 @@ func (d *door) infer(ctx context.Context, stream grpc.ServerStream, m *model, jo
 		if ctx.Err() != nil { // the job may be queued already: its workers are told
 			d.callerLeft(entry, deadline)
 		}
-		return nil, sig, err
+		return nil, wait, expired, err
 	}
 	if reply.Code != 0 {
 		if advice, ok := reply.XRetryAfterMs.(*tiermeshv1.RouteReply_RetryAfterMs); ok {
 			stream.SetTrailer(metadata.Pairs(retryAfterKey, strconv.FormatInt(advice.RetryAfterMs, 10)))
 		}
-		return nil, sig, status.Error(codes.Code(reply.Code), reply.Message)
+		return nil, wait, expired, status.Error(codes.Code(reply.Code), reply.Message)
 	}
 	d.metrics.accepted.Add(1)
 	entry.Routed, entry.RoutedVersion, entry.ShadowRequestId = true, reply.Version, reply.ShadowRequestId
@@ -214,22 +214,22 @@ func (d *door) infer(ctx context.Context, stream grpc.ServerStream, m *model, jo
 		d.metrics.resolved.Add(1)
 		received := job.Timing.GetReceivedNs()
 		if t := result.Timing; t.GetBatchStartNs() > 0 && t.GetEnqueuedNs() > 0 {
-			sig.waitNs, sig.computeNs = queueWaitNs(t), batchComputeNs(t)
+			wait = queueWaitNs(t)
 		} else if codes.Code(result.Code) == codes.DeadlineExceeded { // expired in its queue
-			sig.waitNs, sig.expired = time.Now().UnixNano()-received, true
+			wait, expired = time.Now().UnixNano()-received, true
 		}
 		entry.Result = bookedResult(result, reply.ShadowRequestId != "", entry.Job != nil || entry.Trace != nil)
 		if result.Code != 0 {
-			return nil, sig, status.Error(codes.Code(result.Code), result.Message)
+			return nil, wait, expired, status.Error(codes.Code(result.Code), result.Message)
 		}
 		entry.EndedNs = time.Now().UnixNano()
-		return responseOf(result, entry.EndedNs), sig, nil
+		return responseOf(result, entry.EndedNs), wait, expired, nil
 	case <-timer.C:
-		sig.waitNs, sig.expired = time.Now().UnixNano()-job.Timing.GetReceivedNs(), true
-		return nil, sig, status.Error(codes.DeadlineExceeded, "deadline exceeded while waiting for the result")
+		wait, expired = time.Now().UnixNano()-job.Timing.GetReceivedNs(), true
+		return nil, wait, expired, status.Error(codes.DeadlineExceeded, "deadline exceeded while waiting for the result")
 	case <-ctx.Done():
 		d.callerLeft(entry, deadline)
-		return nil, sig, contextError(ctx)
+		return nil, wait, expired, contextError(ctx)
 	}
 }
 

@@ -25,14 +25,6 @@ const (
 	minRetryMs      = 1
 	maxRetryMs      = 1000
 	rateSmoothing   = 0.5
-	// A slow model's scale: its target wait is at least its smoothed batch compute, and an
-	// interval lasts at least feedbackComputes of them.
-	feedbackComputes = 2
-	// An interval with late requests brings the limit down to what is computed in this
-	// share of the class's deadline budget at the rate its requests were computed lately.
-	drainShare = 0.4
-	// But no longer than this: a deeper queue makes bigger batches.
-	maxIntervalNs = 3 * limitIntervalNs
 )
 
 type limitKey struct {
@@ -52,16 +44,6 @@ type limitClass struct {
 	ended     int64
 	late      int64 // released this interval late (isLate)
 	slowStart bool  // idle since it last shrank: it doubles where it would grow
-	// Requests finished this interval with a batch compute, the sum of those, and a
-	// finished request's batch compute smoothed over intervals.
-	computed, computeSumNs int64
-	computeNs              float64
-	servedPerS             float64 // requests computed a second (not expired), smoothed
-	// Requests ended this interval with a deadline, the sum of their budgets, and an
-	// ended request's budget smoothed over intervals.
-	budgeted, budgetSumNs int64
-	budgetNs              float64
-	lastPeak              int64 // the most in flight at once in the interval before this one
 }
 
 type limits struct {
@@ -96,10 +78,8 @@ func (l *limits) acquire(key limitKey, nowNs int64) int64 {
 }
 
 // release: an admitted request ended; waitNs < 0 when it says nothing of the queue;
-// late: it expired unanswered (waitNs is then all its time) or waited long (isLate);
-// computeNs its batch's compute (batchComputeNs; 0: none); budgetNs its deadline budget
-// (received -> deadline; 0: none).
-func (l *limits) release(key limitKey, nowNs, waitNs int64, late bool, computeNs, budgetNs int64) {
+// late: it expired unanswered (waitNs is then all its time) or waited long (isLate).
+func (l *limits) release(key limitKey, nowNs, waitNs int64, late bool) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	c := l.class(key, nowNs)
@@ -110,18 +90,10 @@ func (l *limits) release(key limitKey, nowNs, waitNs int64, late bool, computeNs
 	if late {
 		c.late++
 	}
-	if budgetNs > 0 {
-		c.budgeted++
-		c.budgetSumNs += budgetNs
-	}
 	if waitNs < 0 {
 		return
 	}
 	c.finished++
-	if computeNs > 0 {
-		c.computed++
-		c.computeSumNs += computeNs
-	}
 	if c.minWaitNs < 0 || waitNs < c.minWaitNs {
 		c.minWaitNs = waitNs
 	}
@@ -164,7 +136,7 @@ func (l *limits) class(key limitKey, nowNs int64) *limitClass {
 	if !ok {
 		c = &limitClass{limit: float64(minInt(limitInitial, l.maximum)), startNs: nowNs, minWaitNs: -1}
 		l.classes[key] = c
-	} else if float64(nowNs-c.startNs) >= intervalNs(c.computeNs) {
+	} else if nowNs-c.startNs >= limitIntervalNs {
 		l.adjust(c, nowNs)
 	}
 	return c
@@ -172,58 +144,27 @@ func (l *limits) class(key limitKey, nowNs int64) *limitClass {
 
 func (l *limits) adjust(c *limitClass, nowNs int64) {
 	elapsedS := float64(nowNs-c.startNs) / 1e9
-	idle := c.inFlight == 0 && float64(nowNs-c.startNs) >= 2*intervalNs(c.computeNs)
-	// This interval's measures count in the step that ends it.
-	if c.ended > 0 {
-		c.ratePerS = smoothed(c.ratePerS, float64(c.ended)/elapsedS)
-		c.servedPerS = smoothed(c.servedPerS, float64(c.computed)/elapsedS)
-	}
-	if c.computed > 0 {
-		c.computeNs = smoothed(c.computeNs, float64(c.computeSumNs/c.computed))
-	}
-	if c.budgeted > 0 {
-		c.budgetNs = smoothed(c.budgetNs, float64(c.budgetSumNs/c.budgeted))
-	}
-	if idle {
+	if c.inFlight == 0 && nowNs-c.startNs >= 2*limitIntervalNs {
 		// Nothing in flight since at least an interval ago: idle, its queue drained.
 		c.slowStart = true
 	} else {
-		bound := c.refused > 0 || c.peak >= l.limitOf(c) || c.late > 0
-		target := maxInt(l.targetWaitNs, int64(c.computeNs))
-		limit := nextLimit(c.limit, c.minWaitNs, c.finished > 0, bound, target, c.slowStart)
-		if c.late > 0 { // never up, and down to what drains in time
-			limit = math.Min(limit, math.Min(c.limit, math.Max(drains(c), kept(c))))
-		}
-		c.slowStart = c.slowStart && c.late == 0 && limit >= c.limit
+		limit := nextLimit(c.limit, c.minWaitNs, c.finished > 0, c.refused > 0 || c.peak >= l.limitOf(c) || c.late > 0, l.targetWaitNs, c.slowStart)
+		c.slowStart = c.slowStart && limit >= c.limit
 		c.limit = limit
 	}
 	c.limit = math.Max(limitMinimum, math.Min(float64(l.maximum), c.limit))
-	c.startNs = nowNs
-	c.lastPeak, c.peak = c.peak, c.inFlight
-	c.refused, c.finished, c.ended, c.late = 0, 0, 0, 0
-	c.computed, c.computeSumNs, c.budgeted, c.budgetSumNs = 0, 0, 0, 0
-	c.minWaitNs = -1
-}
-
-// smoothed is the next value of a figure smoothed over intervals (its first measure as is).
-func smoothed(old, next float64) float64 {
-	if old <= 0 {
-		return next
+	if c.ended > 0 {
+		rate := float64(c.ended) / elapsedS
+		if c.ratePerS <= 0 {
+			c.ratePerS = rate
+		} else {
+			c.ratePerS = (1-rateSmoothing)*c.ratePerS + rateSmoothing*rate
+		}
 	}
-	return (1-rateSmoothing)*old + rateSmoothing*next
-}
-
-// intervalNs is how long a class's interval lasts: limitIntervalNs, or feedbackComputes of
-// its smoothed batch compute where that is longer.
-func intervalNs(computeNs float64) float64 {
-	return math.Max(limitIntervalNs, math.Min(feedbackComputes*computeNs, maxIntervalNs))
-}
-
-// queueSignal is what an answered call says of its queue: its wait (queueWaitNs, or all its
-// time when it expired unanswered: expired; -1: nothing) and its batch's compute.
-type queueSignal struct {
-	waitNs, computeNs int64
-	expired           bool
+	c.startNs = nowNs
+	c.peak = c.inFlight
+	c.refused, c.finished, c.ended, c.late = 0, 0, 0, 0
+	c.minWaitNs = -1
 }
 
 // isLate is gateway/adaptive_limit.py's is_late: it expired, or its queue wait took more
@@ -236,31 +177,7 @@ func isLate(waitNs, budgetNs int64, expired bool) bool {
 // queue_wait_ns: enqueued -> its batch's start, less its batch's compute, at least 0.
 func queueWaitNs(t *tiermeshv1.Timing) int64 {
 	wait := t.GetBatchStartNs() - t.GetEnqueuedNs()
-	return maxInt(0, wait-batchComputeNs(t))
-}
-
-// batchComputeNs is how long an answered request's batch computed (0: not batched).
-func batchComputeNs(t *tiermeshv1.Timing) int64 {
-	return maxInt(0, t.GetBatchEndNs()-t.GetBatchStartNs())
-}
-
-// kept is gateway/adaptive_limit.py's _kept: what a late cut leaves to callers the limit
-// refused none of (as many as were in flight the interval before).
-func kept(c *limitClass) float64 {
-	if c.refused > 0 {
-		return 0
-	}
-	return float64(c.lastPeak)
-}
-
-// drains is gateway/adaptive_limit.py's _drains: how many of the class's requests drain in
-// drainShare of its deadline budget at the rate its requests were computed; unbounded while
-// either is unknown.
-func drains(c *limitClass) float64 {
-	if c.servedPerS <= 0 || c.budgetNs <= 0 {
-		return math.Inf(1)
-	}
-	return c.servedPerS * c.budgetNs / 1e9 * drainShare
+	return maxInt(0, wait-maxInt(0, t.GetBatchEndNs()-t.GetBatchStartNs()))
 }
 
 // nextLimit is one interval's step, as gateway/adaptive_limit.py's next_limit.
@@ -300,7 +217,6 @@ type limitEvent struct {
 	WaitNs   *int64 `json:"wait_ns"`
 	BudgetNs int64  `json:"budget_ns"`
 	Expired  bool   `json:"expired"`
-	Compute  int64  `json:"compute_ns"`
 }
 
 // limitLines runs the limiter over stdin's events and prints one number per event: the
@@ -326,7 +242,7 @@ func limitLines(maximum int64, targetMs float64, fallbackMs int64) int {
 			if e.WaitNs != nil {
 				wait = *e.WaitNs
 			}
-			l.release(key, e.NowNs, wait, isLate(wait, e.BudgetNs, e.Expired), e.Compute, e.BudgetNs)
+			l.release(key, e.NowNs, wait, isLate(wait, e.BudgetNs, e.Expired))
 		case "forget":
 			l.forget(key)
 		case "limit":
