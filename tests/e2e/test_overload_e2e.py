@@ -191,6 +191,7 @@ class Phase:
 
     def row(self, capacity_rps: float, offered_rps: float) -> dict[str, Any]:
         f = self.figures
+        expired = self.expired()
         refused = self.latencies("RESOURCE_EXHAUSTED")
         trailers = sum(
             1
@@ -210,8 +211,8 @@ class Phase:
             "refused_p50_ms": _ms(percentile(refused, 50)),
             "refused_p99_ms": _ms(percentile(refused, 99)),
             "retry_after_trailers": trailers,
-            "expired": self.expired(),
-            "refused_for_deadline": self.codes["DEADLINE_EXCEEDED"] - self.expired(),
+            "expired": expired,
+            "refused_for_deadline": self.codes["DEADLINE_EXCEEDED"] - expired,
             "send_lag_p99_ms": _ms(lag_figures(self.records)["p99_ms"]),
             "ok_gateway_p99_ms": _ms(percentile(self.gateway_totals(), 99)),
             "gateway_codes": dict(sorted(self.gateway_codes.items())),

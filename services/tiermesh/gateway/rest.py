@@ -150,13 +150,18 @@ class RestDoor:
     async def _expect(self, request: web.Request) -> web.StreamResponse | None:
         """`Expect: 100-continue` (curl sends it before a body over 1 MiB): a body past the
         limit is refused 413 before the caller sends it; otherwise "continue"."""
-        limit = self._settings.max_request_bytes
-        if (length := request.content_length) is not None and length > limit:
+        if (length := self._oversize(request)) is not None:
+            limit = self._settings.max_request_bytes
             response = _error(413, f"the request body ({length} bytes) is over the limit ({limit})")
             await _answer_and_close(request, response)
             return response
         await _default_expect_handler(request)
         return None
+
+    def _oversize(self, request: web.Request) -> int | None:
+        """The request's Content-Length where it is past the limit, else None."""
+        length = request.content_length
+        return length if length is not None and length > self._settings.max_request_bytes else None
 
     async def start(self) -> int:
         """Listen on http_host:http_port (0 picks a port); return the port bound."""
@@ -209,8 +214,8 @@ class RestDoor:
         """The body, or 413 from its Content-Length alone when that is past the limit: a
         body that is too large is not read into memory first (aiohttp would read up to the
         limit before refusing; what is left it reads and drops while the caller sends)."""
-        limit = self._settings.max_request_bytes
-        if (length := request.content_length) is not None and length > limit:
+        if (length := self._oversize(request)) is not None:
+            limit = self._settings.max_request_bytes
             raise web.HTTPRequestEntityTooLarge(max_size=limit, actual_size=length)
         return await request.read()
 
