@@ -30,6 +30,7 @@ from tiermesh.core import keys
 from tiermesh.core.errors import INTERNAL_MESSAGE
 from tiermesh.core.jobs import Job, JobResult
 from tiermesh.core.keys import StreamKey
+from tiermesh.core.loops import raise_if_cancelling
 from tiermesh.core.model_config import ModelConfig
 from tiermesh.core.telemetry import extract
 from tiermesh.core.tensors import to_numpy
@@ -300,6 +301,7 @@ class GenerationWorker:
                 await self._beat()
             except (aioredis.RedisError, OSError) as exc:
                 log.warning("heartbeat failed", error=str(exc))
+            raise_if_cancelling()
             await asyncio.sleep(interval)
 
     async def _watch(self) -> None:
@@ -314,6 +316,7 @@ class GenerationWorker:
             try:
                 gone = await self._streams.cancelled(list(self._running))
             except (aioredis.RedisError, OSError):
+                raise_if_cancelling()
                 continue
             for request_id in gone:
                 running = self._running.get(request_id)
@@ -347,6 +350,7 @@ class GenerationWorker:
                     room -= len(fresh)
             except (aioredis.RedisError, OSError) as exc:
                 log.warning("reclaim failed", error=str(exc))
+                raise_if_cancelling()
 
     async def _give_up(self, entry: Entry, deliveries: int) -> None:
         """A request that ended its workers' lives too often: dead-lettered, caller told."""

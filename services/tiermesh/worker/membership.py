@@ -13,6 +13,7 @@ import structlog
 
 from tiermesh.core import keys
 from tiermesh.core.jobs import JobResult
+from tiermesh.core.loops import raise_if_cancelling
 from tiermesh.core.wire import decode_job
 from tiermesh.worker.background import BackgroundResults, job_of
 from tiermesh.worker.handoff import Handoff
@@ -70,6 +71,7 @@ class Membership:
                 await self.beat(self._units.serving)
             except STREAM_ERRORS as exc:
                 log.warning("heartbeat failed", error=str(exc))
+            raise_if_cancelling()
             await asyncio.sleep(self._hb_interval_s)
 
     async def leave(self) -> None:
@@ -90,6 +92,7 @@ class Membership:
         while True:
             await asyncio.sleep(self._reclaim_interval_s)
             await self.reclaim()
+            raise_if_cancelling()
 
     async def reclaim(self) -> None:
         """Take over what dead workers read and never acknowledged, into the buffers (as
