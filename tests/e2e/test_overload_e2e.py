@@ -76,6 +76,10 @@ MAX_EXPIRED_SHARE = 0.01
 # counts them).
 EXPIRED_AT = 0.9
 RECOVERED_FLOOR = 0.5
+# Calls refused after the flood: at most this share, or this many times the capacity
+# phase's share where that was more.
+RECOVERED_REFUSED_SHARE = 0.05
+RECOVERED_REFUSED_X = 1.5
 MULTIPLES = (2.0, 5.0)
 ANSWER_SLACK = 1.1  # an answer's total_ms against the deadline: the gateway's loop turn
 DOCUMENTED = {"OK", "RESOURCE_EXHAUSTED", "DEADLINE_EXCEEDED", "UNAVAILABLE"}
@@ -88,6 +92,8 @@ class MeshReading:
 
     cpu_s: float
     answered: Counter[str]
+    cpu_by_process: dict[str, float]
+    admissions: Counter[str]  # the router's admissions, by outcome
 
 
 class MeshMeter:
@@ -96,26 +102,38 @@ class MeshMeter:
     Prometheus endpoints of the gateway and of its front door."""
 
     def __init__(self, up: UpProcess) -> None:
-        self._pids = [up.proc.pid, *up.children().values()]
+        self._pids = {"up": up.proc.pid, **up.children()}
         # The Go front door counts the calls it answered itself; the gateway, the rest.
         urls = up.metrics_urls()
         self._metrics_urls = [urls[name] for name in ("frontdoor", "gateway") if name in urls]
+        self._router_url = urls.get("router")
 
     def read(self) -> MeshReading:
-        cpu_s = sum(process_cpu_s(pid) for pid in self._pids)
+        by_process = {name: process_cpu_s(pid) for name, pid in self._pids.items()}
         answered: Counter[str] = Counter()
         for url in self._metrics_urls:
             for (name, pairs), value in scrape_metrics(url).items():
                 labels = dict(pairs)
                 if name == "tiermesh_requests_total" and labels.get("model") == MODEL:
                     answered[labels["code"]] += int(value)
-        return MeshReading(cpu_s, answered)
+        admissions: Counter[str] = Counter()
+        if self._router_url is not None:
+            for (name, pairs), value in scrape_metrics(self._router_url).items():
+                labels = dict(pairs)
+                if name == "tiermesh_admissions_total" and labels.get("model") == MODEL:
+                    admissions[labels["outcome"]] += int(value)
+        return MeshReading(sum(by_process.values()), answered, by_process, admissions)
 
 
 async def closed(
     load: Load, seconds: float, concurrency: int, meter: MeshMeter, seed: int = 0
 ) -> Phase:
-    config = load.config(seconds, mode="closed", concurrency=concurrency, seed=seed)
+    """`concurrency` callers back to back; a refused one waits its retry-after, as a client
+    with gRPC's retry pushback would (one sending again at once spins against a limit that
+    refused it: on MiniLM 114,059 refusals in the 8 s at capacity, 583 served)."""
+    config = load.config(
+        seconds, mode="closed", concurrency=concurrency, seed=seed, honour_retry_after=True
+    )
     return await _run(load, config, meter)
 
 
@@ -166,6 +184,11 @@ class Phase:
         self.codes = Counter(r.outcome.code for r in self.records)
         self.mesh_cpu_s = after.cpu_s - before.cpu_s
         self.gateway_codes = after.answered - before.answered
+        self.admissions = after.admissions - before.admissions
+        self.cpu_by_process = {
+            name: after.cpu_by_process[name] - before.cpu_by_process.get(name, 0.0)
+            for name in after.cpu_by_process
+        }
 
     @property
     def served_per_cpu_s(self) -> float:
@@ -219,7 +242,35 @@ class Phase:
             "mesh_cores": round(self.mesh_cpu_s / self.wall_s, 2),
             "mesh_served_per_cpu_s": round(self.served_per_cpu_s, 1),
             "load_cores": round(self.load_cpu_s / self.wall_s, 2),
+            "router_admissions": dict(sorted(self.admissions.items())),
+            "cores_by_process": {
+                name: round(cpu / self.wall_s, 3) for name, cpu in self.cpu_by_process.items()
+            },
+            **self.served_by_bucket(),
         }
+
+    def served_by_bucket(self) -> dict[str, Any]:
+        """The OK answers by length bucket: count, p99, mean batch size and the p99 of each
+        stage (where an accepted request's time went)."""
+        replies: dict[int, list[tuple[float, Any]]] = {}
+        for r in self.records:
+            if r.ok and r.outcome.reply is not None:
+                bucket = r.outcome.reply.bucket if r.outcome.reply.bucket is not None else -1
+                replies.setdefault(bucket, []).append((r.outcome.latency_ms, r.outcome.reply))
+        by_bucket = {}
+        for bucket, rows in sorted(replies.items()):
+            stages = sorted({s for _, reply in rows for s in reply.stages_ms})
+            sizes = [reply.batch_size for _, reply in rows if reply.batch_size]
+            by_bucket[str(bucket)] = {
+                "ok": len(rows),
+                "p99_ms": _ms(percentile([ms for ms, _ in rows], 99)),
+                "mean_batch": round(sum(sizes) / len(sizes), 1) if sizes else None,
+                "stage_p99_ms": {
+                    s: _ms(percentile([x.stages_ms[s] for _, x in rows if s in x.stages_ms], 99))
+                    for s in stages
+                },
+            }
+        return {"by_bucket": by_bucket}
 
 
 def multiple_of(phase: str) -> float:
@@ -359,6 +410,11 @@ def test_overload_at_2x_and_5x_capacity(
     # Refusals come back sooner than the answers of the accepted requests they protect.
     refused_2x = overload[2.0].latencies("RESOURCE_EXHAUSTED")
     assert percentile(refused_2x, 50) <= overload[2.0].figures.p99_ms, rows
-    # Once the flood stops the mesh serves near capacity again, refusing (almost) nothing.
+    # Once the flood stops the mesh serves near capacity again, refusing no more than it did
+    # at capacity (the mlp: nothing; MiniLM's limit refuses some of the 32 callers there,
+    # each then waiting its retry-after).
     assert recovered.figures.throughput_rps >= RECOVERED_FLOOR * cap_rps, rows
-    assert recovered.figures.ok >= 0.95 * recovered.figures.sent, recovered.codes
+    refused_share = {p: 1 - p.figures.ok / p.figures.sent for p in (capacity, recovered)}
+    assert refused_share[recovered] <= max(
+        RECOVERED_REFUSED_SHARE, RECOVERED_REFUSED_X * refused_share[capacity]
+    ), (recovered.codes, capacity.codes)

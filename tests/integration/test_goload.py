@@ -170,6 +170,34 @@ async def test_closed_loop_keeps_its_callers_and_deadlines_end_hung_calls(
     assert all(r.start_s < 0.5 for r in run.records)
 
 
+@pytest.mark.parametrize("honour", [False, True])
+async def test_a_closed_loop_caller_waits_the_retry_after_when_told_to(
+    served: tuple[Servicer, str], honour: bool
+) -> None:
+    servicer, address = served
+    config = LoadConfig(
+        target=address,
+        requests=[BUSY_REQUEST],
+        mode="closed",
+        concurrency=2,
+        duration_s=1.0,
+        deadline_ms=1000.0,
+        honour_retry_after=honour,
+    )
+    run = await run_load(default_cache_dir(), config)
+
+    check_answers(run.records)
+    if honour:
+        # 250 ms between a caller's calls: at 0, 0.25, 0.5 and 0.75 s each (fewer where a
+        # loaded machine answers slowly).
+        assert 6 <= len(run.records) <= 8
+        for caller_starts in (run.records[0::2], run.records[1::2]):
+            gaps = np.diff([r.start_s for r in caller_starts])
+            assert all(gaps >= float(RETRY_AFTER_MS) / 1000)
+    else:
+        assert len(run.records) > 40  # back to back: a refusal takes ~1 ms here
+
+
 async def test_a_config_it_cannot_run_is_a_clear_error(served: tuple[Servicer, str]) -> None:
     _, address = served
     bad = LoadConfig(target=address, requests=[OK_REQUEST], duration_s=1.0, deadline_ms=10)

@@ -67,7 +67,9 @@ class LoadConfig:
     """One run. `rate_rps` is for mode "open" (Poisson arrivals, seeded by `seed`),
     `concurrency` for "closed"; `order` "cycle" takes the requests in turn, "random" at
     random by `seed`. `deadline_ms` is each call's gRPC deadline; `metadata` goes on every
-    call; `step` is copied into the records."""
+    call; `step` is copied into the records. `honour_retry_after` (closed): a caller whose
+    call was refused with a retry-after waits that long before its next call, as a client
+    with gRPC's retry pushback does; without it, it calls again at once."""
 
     target: str
     requests: Sequence[LoadRequest]
@@ -81,6 +83,7 @@ class LoadConfig:
     metadata: Mapping[str, str] = field(default_factory=dict)
     connections: int = 4
     step: int = 0
+    honour_retry_after: bool = False
 
     def as_json(self) -> bytes:
         """The generator's stdin."""
@@ -97,6 +100,7 @@ class LoadConfig:
                 "deadline_ms": self.deadline_ms,
                 "metadata": dict(self.metadata),
                 "connections": self.connections,
+                "honour_retry_after": self.honour_retry_after,
             }
         ).encode()
 

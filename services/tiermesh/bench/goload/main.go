@@ -42,6 +42,9 @@ type config struct {
 	DeadlineMS  float64           `json:"deadline_ms"`
 	Metadata    map[string]string `json:"metadata"`
 	Connections int               `json:"connections"`
+	// closed: a refused caller waits the refusal's retry-after before its next call, as a
+	// client with gRPC's retry pushback does, instead of sending it at once
+	HonourRetryAfter bool `json:"honour_retry_after"`
 }
 
 type result struct {
@@ -135,8 +138,8 @@ func (c *caller) open(rng *rand.Rand) []result {
 	return results
 }
 
-// `concurrency` callers, each sending its next call when its last one returned, until
-// duration_s has passed.
+// `concurrency` callers, each sending its next call when its last one returned (or, with
+// honour_retry_after, a refused one's retry-after later), until duration_s has passed.
 func (c *caller) closed(rng *rand.Rand) []result {
 	var next int64 = -1
 	perCaller := make([][]result, c.cfg.Concurrency)
@@ -157,6 +160,13 @@ func (c *caller) closed(rng *rand.Rand) []result {
 				res := result{startS: time.Since(c.origin).Seconds()}
 				c.call(n, request, &res)
 				perCaller[k] = append(perCaller[k], res)
+				if c.cfg.HonourRetryAfter && res.code != codes.OK && res.retry > 0 {
+					pause := time.Duration(res.retry * 1e6)
+					if left := time.Until(end); pause > left {
+						pause = left
+					}
+					time.Sleep(pause)
+				}
 			}
 		}(k, own)
 	}
