@@ -187,6 +187,7 @@ async def test_a_closed_loop_caller_waits_the_retry_after_when_told_to(
     run = await run_load(default_cache_dir(), config)
 
     check_answers(run.records)
+    assert servicer.calls == {"busy": len(run.records)}
     if honour:
         # 250 ms between a caller's calls: at 0, 0.25, 0.5 and 0.75 s each (fewer where a
         # loaded machine answers slowly).
