@@ -9,9 +9,11 @@ from tiermesh.core.jobs import Timing
 from tiermesh.gateway.adaptive_limit import (
     INITIAL,
     INTERVAL_NS,
+    LATE_SHARE,
     MAX_RETRY_MS,
     MINIMUM,
     AdaptiveLimits,
+    drain_cap,
     is_late,
     next_limit,
     queue_wait_ns,
@@ -264,3 +266,41 @@ def test_a_class_idle_for_an_interval_starts_slowly_and_doubles_until_it_shrinks
 def test_late(wait_ms: int | None, budget_ms: int, expired: bool, late: bool) -> None:
     wait = None if wait_ms is None else wait_ms * MS
     assert is_late(wait, budget_ms * MS, expired) is late
+
+
+def test_the_drain_cap_admits_what_drains_in_a_quarter_of_the_deadline() -> None:
+    """Learnt while the class is held back: 100 released an interval (~1,000 a second) is
+    its drain; a request with a 102 ms budget is then admitted only while fewer than
+    1,000 x LATE_SHARE x 0.102 s = 25.5 are in flight, one without a deadline up to the
+    limit."""
+    lim = limits()
+    now = 0
+    in_flight = fill(lim, KEY, now)  # held back: one refused
+    for _ in range(3):
+        for _ in range(100):
+            lim.release(KEY, now + 1, MS)
+        in_flight += fill(lim, KEY, now + 1) - 100
+        now += INTERVAL_NS
+    for _ in range(in_flight):
+        lim.release(KEY, now + 1, MS)
+    budget = 102 * MS
+    assert 1000 * LATE_SHARE * 0.102 == pytest.approx(25.5)
+    assert lim.limit(KEY, budget) == 25 < lim.limit(KEY)
+    assert [lim.acquire(KEY, now + 2, budget) for _ in range(25)] == [0] * 25
+    # Refused: one in excess at ~1,000 a second is 1 ms (rounded up).
+    assert lim.acquire(KEY, now + 2, budget) in (1, 2)
+    assert lim.acquire(KEY, now + 2) == 0  # no deadline: the limit alone
+    assert lim.limit(KEY, 20 * budget) == lim.limit(KEY)  # a long deadline: the limit binds
+
+
+def test_no_drain_cap_before_the_class_was_held_back() -> None:
+    """A class that was never held back or late has no drain rate: its rate is its
+    traffic, not what it can drain, and a burst after a quiet spell is not refused for it."""
+    lim = limits()
+    now = 0
+    for _ in range(5):  # 10 a second, never refused nor late
+        now = interval(lim, KEY, now, [1.0], bound=False)
+    assert lim.acquire(KEY, now, 100 * MS) == 0
+    assert lim.limit(KEY, 100 * MS) == lim.limit(KEY) == INITIAL
+    assert drain_cap(0.0, 100 * MS) > INITIAL and drain_cap(1000.0, 0) > INITIAL
+    assert drain_cap(1.0, 100 * MS) == MINIMUM  # never below the floor

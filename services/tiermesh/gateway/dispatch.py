@@ -200,11 +200,12 @@ class Dispatcher:
         if limits is None or cfg.generation is not None:
             return await self._await_result(job, on_partial, hops)
         key = (job.model, job.priority)
-        retry_ms = limits.acquire(key, self._clock_ns())
+        budget_ns = job.deadline_ns - job.timing.received_ns if job.deadline_ns else 0
+        retry_ms = limits.acquire(key, self._clock_ns(), budget_ns)
         if retry_ms:
             raise exhausted(
                 f"model '{job.model}' has as many priority {job.priority} requests in flight "
-                f"as it drains in time ({limits.limit(key)}); retry later",
+                f"as it drains in time ({limits.limit(key, budget_ns)}); retry later",
                 retry_ms,
             )
         wait_ns: int | None = None
@@ -222,7 +223,6 @@ class Dispatcher:
                 wait_ns, expired = self._clock_ns() - job.timing.received_ns, True  # unanswered
             raise
         finally:
-            budget_ns = job.deadline_ns - job.timing.received_ns if job.deadline_ns else 0
             limits.release(key, self._clock_ns(), wait_ns, is_late(wait_ns, budget_ns, expired))
 
     async def _await_result(

@@ -134,9 +134,10 @@ func (d *door) admit(stream grpc.ServerStream, c *class, key limitKey, now time.
 		retry = d.cfg.retryAfterMs
 		err = status.Errorf(codes.ResourceExhausted, "too many requests in flight at this gateway (%d)", d.cfg.maxInFlight)
 	} else if d.limits != nil {
-		if retry = d.limits.acquire(key, now.UnixNano()); retry > 0 {
+		budget := d.deadlineOf(stream.Context(), c, now).Sub(now).Nanoseconds()
+		if retry = d.limits.acquire(key, now.UnixNano(), budget); retry > 0 {
 			err = status.Errorf(codes.ResourceExhausted, "model '%s' has as many priority %d requests in flight as it drains in time (%d); retry later",
-				c.model.name, c.priority, d.limits.current(key))
+				c.model.name, c.priority, d.limits.current(key, budget))
 		}
 	}
 	if err == nil {
@@ -285,6 +286,26 @@ type class struct {
 
 func (c *class) key() limitKey { return limitKey{c.model.name, int32(c.priority)} }
 
+// deadlineOf is the call's deadline, as the Python gateway's effective_deadline_ns: the
+// earliest of the gRPC deadline and the timeout parameter, the default timeout with
+// neither, never past maxWait.
+func (d *door) deadlineOf(ctx context.Context, c *class, now time.Time) time.Time {
+	deadline := now.Add(maxWait)
+	if dl, has := ctx.Deadline(); has && dl.Before(deadline) {
+		deadline = dl
+	}
+	if c.timeoutUs > 0 {
+		if t := now.Add(time.Duration(c.timeoutUs) * time.Microsecond); t.Before(deadline) {
+			deadline = t
+		}
+	} else if _, has := ctx.Deadline(); !has {
+		if t := now.Add(d.cfg.defaultTimeout); t.Before(deadline) {
+			deadline = t
+		}
+	}
+	return deadline
+}
+
 // classOf is the class of a call the door takes itself, read from its head; ok is false
 // for one it passes on: any doubt (an unknown model or version, a parameter it does not
 // read, a priority out of range, a traceparent it cannot read) goes to the Python
@@ -338,24 +359,7 @@ func (d *door) jobOf(ctx context.Context, c *class, data []byte, now time.Time) 
 		}
 		requested = append(requested, out.Name)
 	}
-	// As the Python gateway's effective_deadline_ns: the earliest of the gRPC deadline and
-	// the timeout parameter, the default timeout with neither, never past maxWait.
-	var limits []time.Time
-	if dl, has := ctx.Deadline(); has {
-		limits = append(limits, dl)
-	}
-	if c.timeoutUs > 0 {
-		limits = append(limits, now.Add(time.Duration(c.timeoutUs)*time.Microsecond))
-	}
-	if len(limits) == 0 {
-		limits = append(limits, now.Add(d.cfg.defaultTimeout))
-	}
-	deadline := now.Add(maxWait)
-	for _, t := range limits {
-		if t.Before(deadline) {
-			deadline = t
-		}
-	}
+	deadline := d.deadlineOf(ctx, c, now)
 	return &tiermeshv1.Job{
 		RequestId:        requestID(),
 		ClientRequestId:  req.Id,

@@ -25,6 +25,7 @@ const (
 	minRetryMs      = 1
 	maxRetryMs      = 1000
 	rateSmoothing   = 0.5
+	drainSmoothing  = 0.1
 )
 
 type limitKey struct {
@@ -42,8 +43,9 @@ type limitClass struct {
 	minWaitNs int64 // -1: none this interval
 	ratePerS  float64
 	ended     int64
-	late      int64 // released this interval late (isLate)
-	slowStart bool  // idle since it last shrank: it doubles where it would grow
+	late      int64   // released this interval late (isLate)
+	slowStart bool    // idle since it last shrank: it doubles where it would grow
+	drainPerS float64 // releases a second while held back or late (0: not yet)
 }
 
 type limits struct {
@@ -62,13 +64,15 @@ func newLimits(maximum int64, targetWaitMs float64, fallbackRetryMs int64) *limi
 }
 
 // acquire: 0 admitted (release it once); otherwise refused, and the retry-after in ms.
-func (l *limits) acquire(key limitKey, nowNs int64) int64 {
+// budgetNs: the request's deadline budget (received -> deadline; 0: none).
+func (l *limits) acquire(key limitKey, nowNs, budgetNs int64) int64 {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	c := l.class(key, nowNs)
-	if c.inFlight >= l.limitOf(c) {
+	allowed := minInt(l.limitOf(c), drainCap(c.drainPerS, budgetNs))
+	if c.inFlight >= allowed {
 		c.refused++
-		return l.retryMs(c)
+		return l.retryMs(c, allowed)
 	}
 	c.inFlight++
 	if c.inFlight > c.peak {
@@ -109,11 +113,12 @@ func (l *limits) forget(key limitKey) {
 	}
 }
 
-func (l *limits) current(key limitKey) int64 {
+// current is how many of the class may be in flight, for a request with budgetNs.
+func (l *limits) current(key limitKey, budgetNs int64) int64 {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if c, ok := l.classes[key]; ok {
-		return l.limitOf(c)
+		return minInt(l.limitOf(c), drainCap(c.drainPerS, budgetNs))
 	}
 	return minInt(limitInitial, l.maximum)
 }
@@ -122,11 +127,11 @@ func (l *limits) limitOf(c *limitClass) int64 {
 	return maxInt(limitMinimum, minInt(l.maximum, int64(math.Floor(c.limit))))
 }
 
-func (l *limits) retryMs(c *limitClass) int64 {
+func (l *limits) retryMs(c *limitClass, allowed int64) int64 {
 	if c.ratePerS <= 0 {
 		return l.fallbackRetry
 	}
-	excess := c.inFlight - l.limitOf(c) + 1
+	excess := c.inFlight - allowed + 1
 	ms := int64(math.Ceil(float64(excess) * 1000 / c.ratePerS))
 	return maxInt(minRetryMs, minInt(maxRetryMs, ms))
 }
@@ -151,20 +156,35 @@ func (l *limits) adjust(c *limitClass, nowNs int64) {
 		limit := nextLimit(c.limit, c.minWaitNs, c.finished > 0, c.refused > 0 || c.peak >= l.limitOf(c) || c.late > 0, l.targetWaitNs, c.slowStart)
 		c.slowStart = c.slowStart && limit >= c.limit
 		c.limit = limit
+		if c.refused > 0 || c.late > 0 { // held back or late: the rate is its capacity
+			c.drainPerS = smoothed(c.drainPerS, float64(c.ended)/elapsedS, drainSmoothing)
+		}
 	}
 	c.limit = math.Max(limitMinimum, math.Min(float64(l.maximum), c.limit))
 	if c.ended > 0 {
-		rate := float64(c.ended) / elapsedS
-		if c.ratePerS <= 0 {
-			c.ratePerS = rate
-		} else {
-			c.ratePerS = (1-rateSmoothing)*c.ratePerS + rateSmoothing*rate
-		}
+		c.ratePerS = smoothed(c.ratePerS, float64(c.ended)/elapsedS, rateSmoothing)
 	}
 	c.startNs = nowNs
 	c.peak = c.inFlight
 	c.refused, c.finished, c.ended, c.late = 0, 0, 0, 0
 	c.minWaitNs = -1
+}
+
+// smoothed is an EWMA step; the first measure (old 0) is taken as it is.
+func smoothed(old, measure, weight float64) float64 {
+	if old <= 0 {
+		return measure
+	}
+	return (1-weight)*old + weight*measure
+}
+
+// drainCap is gateway/adaptive_limit.py's drain_cap: how many of a class may be in flight
+// for a request with budgetNs to be answered in lateShare of it at the drain rate.
+func drainCap(drainPerS float64, budgetNs int64) int64 {
+	if budgetNs <= 0 || drainPerS <= 0 {
+		return 1 << 62
+	}
+	return maxInt(limitMinimum, int64(math.Floor(drainPerS*lateShare*float64(budgetNs)/1e9)))
 }
 
 // isLate is gateway/adaptive_limit.py's is_late: it expired, or its queue wait took more
@@ -236,7 +256,7 @@ func limitLines(maximum int64, targetMs float64, fallbackMs int64) int {
 		var answer int64
 		switch e.Op {
 		case "acquire":
-			answer = l.acquire(key, e.NowNs)
+			answer = l.acquire(key, e.NowNs, e.BudgetNs)
 		case "release":
 			wait := int64(-1)
 			if e.WaitNs != nil {
@@ -246,7 +266,7 @@ func limitLines(maximum int64, targetMs float64, fallbackMs int64) int {
 		case "forget":
 			l.forget(key)
 		case "limit":
-			answer = l.current(key)
+			answer = l.current(key, e.BudgetNs)
 		default:
 			fmt.Fprintf(os.Stderr, "unknown op %q\n", e.Op)
 			return 2
