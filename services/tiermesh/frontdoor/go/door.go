@@ -76,18 +76,19 @@ func (d *door) handle(_ interface{}, stream grpc.ServerStream) error {
 	// is built first; any other is admitted or refused from its head alone, its tensors
 	// unread.
 	var job *tiermeshv1.Job
+	deadline := d.deadlineOf(ctx, &c, now)
 	sampled := d.books != nil && d.books.sampled()
 	if sampled {
-		if job = d.jobOf(ctx, &c, f.data, now); job == nil {
+		if job = d.jobOf(&c, f.data, now, deadline); job == nil {
 			return d.passOn(stream, method, f)
 		}
 	}
 	key := c.key()
-	if err := d.admit(stream, &c, key, now, job); err != nil {
+	if err := d.admit(stream, &c, key, now, deadline, job); err != nil {
 		return err
 	}
 	if job == nil {
-		if job = d.jobOf(ctx, &c, f.data, now); job == nil {
+		if job = d.jobOf(&c, f.data, now, deadline); job == nil {
 			d.inFlight.Add(-1)
 			if d.limits != nil {
 				d.limits.forget(key)
@@ -127,14 +128,14 @@ func (d *door) passOn(stream grpc.ServerStream, method string, f *frame) error {
 // admit takes a slot for the call, under the door's cap and then under its class's
 // adaptive limit, or refuses it with when to come back: the error to return. job is nil
 // unless the call is captured (the refusal is then booked with it).
-func (d *door) admit(stream grpc.ServerStream, c *class, key limitKey, now time.Time, job *tiermeshv1.Job) error {
+func (d *door) admit(stream grpc.ServerStream, c *class, key limitKey, now, deadline time.Time, job *tiermeshv1.Job) error {
 	var err error
 	var retry int64
 	if d.inFlight.Add(1) > d.cfg.maxInFlight {
 		retry = d.cfg.retryAfterMs
 		err = status.Errorf(codes.ResourceExhausted, "too many requests in flight at this gateway (%d)", d.cfg.maxInFlight)
 	} else if d.limits != nil {
-		budget := d.deadlineOf(stream.Context(), c, now).Sub(now).Nanoseconds()
+		budget := deadline.Sub(now).Nanoseconds()
 		if retry = d.limits.acquire(key, now.UnixNano(), budget); retry > 0 {
 			err = status.Errorf(codes.ResourceExhausted, "model '%s' has as many priority %d requests in flight as it drains in time (%d); retry later",
 				c.model.name, c.priority, d.limits.current(key, budget))
@@ -342,7 +343,7 @@ func (d *door) classOf(ctx context.Context, data []byte) (class, bool) {
 // jobOf is the job of a call of class c (the whole request parsed at last), or nil for one
 // the door passes on after all: typed contents, a tensor or output the Python gateway
 // would refuse (it decides and words it).
-func (d *door) jobOf(ctx context.Context, c *class, data []byte, now time.Time) *tiermeshv1.Job {
+func (d *door) jobOf(c *class, data []byte, now, deadline time.Time) *tiermeshv1.Job {
 	req := &inference.ModelInferRequest{}
 	if proto.Unmarshal(data, req) != nil {
 		return nil
@@ -359,7 +360,6 @@ func (d *door) jobOf(ctx context.Context, c *class, data []byte, now time.Time) 
 		}
 		requested = append(requested, out.Name)
 	}
-	deadline := d.deadlineOf(ctx, c, now)
 	return &tiermeshv1.Job{
 		RequestId:        requestID(),
 		ClientRequestId:  req.Id,
