@@ -1,6 +1,6 @@
 """Overload at 2x and 5x the capacity measured in the same run: open-loop Poisson arrivals
-with per-request deadlines against `tiermesh up` on the mlp, its default settings (the Go
-front door placing the jobs, the adaptive in-flight limits). The excess is refused at once
+with per-request deadlines against `tiermesh up` on MiniLM-L6 (or the mlp), its default
+settings (the Go front door, the adaptive in-flight limits). The excess is refused at once
 with RESOURCE_EXHAUSTED and its retry-after-ms trailer, every call ends with a documented
 code, no accepted request is lost, the mesh keeps serving near its capacity, and the
 requests it takes are answered, not left to expire in its queues.
@@ -42,9 +42,11 @@ pytestmark = [
     needs_go,
 ]
 
-# The mlp: a refusal's cost against a served call's is at its highest there. Issue #23 also
-# measures MiniLM (TIERMESH_OVERLOAD_MODEL=minilm-l6; its figures are in RESULTS.md).
-MODEL = os.environ.get("TIERMESH_OVERLOAD_MODEL", "mlp")
+# MiniLM-L6, the model issue #23's targets are set on (goodput >= 0.9x, refusal p99 <= 25 ms,
+# accepted p99 <= 1.5x the 1x p99, <= 1% of the requests taken expiring in the queue);
+# TIERMESH_OVERLOAD_MODEL=mlp runs it on the mlp, where a refusal's cost against a served
+# call's is at its highest.
+MODEL = os.environ.get("TIERMESH_OVERLOAD_MODEL", "minilm-l6")
 DEADLINE_S = 1.0
 OVERLOAD_ENV: dict[str, str] = {}  # the defaults `make run` has
 CAPACITY_CONCURRENCY = 32  # closed-loop callers when measuring capacity
@@ -53,24 +55,33 @@ CAPACITY_S = 8.0
 # Issue #23 measures 20 s at each multiple; the suite 10 s (TIERMESH_OVERLOAD_S to change).
 OVERLOAD_S = float(os.environ.get("TIERMESH_OVERLOAD_S", "10"))
 RECOVERY_S = 4.0
-# The bounds, each with its noise margin beside what it measured. Issue #23's targets are
-# goodput >= 0.9x, refusal p99 <= 25 ms, accepted p99 <= 1.5x the 1x p99 and <= 1% of the
-# requests taken expiring in the queue; measured here (mesh on one core, 10-20 s phases):
-# - goodput 0.85-1.27x at 2x, 0.42-1.12x at 5x (a refusal costs ~20 us of the door's CPU
-#   and ~3 us of the gateway's: at 5x about a fifth of the core goes to refusing; the
-#   0.42x came with a recovery phase at 0.58x, the machine itself slower); floors 0.7x and
-#   0.3x: capacity varies 1,760-2,790/s between runs of one commit (the fixed cap gave
-#   0.65x and 0.13x);
-# - refusal p99 23-60 ms at 2x, 58-116 ms at 5x: on one saturated core each process's
-#   wake-up is late, the door's refusals too; bound 250 ms (~1 s with the
-#   fixed cap);
-# - accepted p99 2.4-6.6x the p99 at capacity (82-171 ms against 24-34 ms); bound 10x
-#   (it was 28-35x: 994 ms);
-# - no request taken expired (15,395-20,200 at 2x with the fixed cap); bound 1%.
-GOODPUT_FLOOR = {2.0: 0.7, 5.0: 0.3}
-REFUSAL_P99_MS = 250.0
-ACCEPTED_P99_X = 10.0
-MAX_EXPIRED_SHARE = 0.01
+
+
+@dataclass(frozen=True)
+class Bounds:
+    """What the test asserts at 2x and 5x, each bound with its noise margin."""
+
+    goodput_floor: dict[float, float]  # served / capacity, by multiple
+    refusal_p99_ms: float
+    accepted_p99_x: float  # the accepted calls' p99 over the p99 at capacity
+    max_expired_share: float  # of the requests taken
+
+
+# Measured here (mesh on one core, 10 s phases, the drain cap in the limits):
+# - MiniLM-L6 (capacity 121-126/s, p99 387-400 ms): goodput 0.84-0.92x at 2x, 0.81-0.89x at
+#   5x; refusal p99 2.5-3.3 ms; accepted p99 1.0-1.08x; none expired. Floors 0.7x (capacity
+#   moved 66-140/s between runs while another engineer's tests ran), the targets for the
+#   refusal p99 and the expiries, 2x for the accepted p99 (1.2-1.9x before the cap).
+# - mlp (capacity 2,000-3,100/s, p99 22-34 ms): goodput 0.85-1.27x at 2x, 0.42-1.12x at 5x
+#   (a refusal costs ~40 us of the door's CPU against ~330 us for a served call: at 5x about
+#   a fifth of the core goes to refusing); refusal p99 17-60 ms at 2x, 55-116 ms at 5x (on
+#   one saturated core each process's wake-up is late, the door's refusals too); accepted
+#   p99 2.4-6.8x the p99 at capacity; none expired. Floors 0.7x and 0.3x, bounds 250 ms and
+#   10x (the fixed cap gave 0.65x and 0.13x, ~1 s refusals, 28-35x, 15,395-20,200 expired).
+BOUNDS = {
+    "minilm-l6": Bounds({2.0: 0.7, 5.0: 0.7}, 25.0, 2.0, 0.01),
+    "mlp": Bounds({2.0: 0.7, 5.0: 0.3}, 250.0, 10.0, 0.01),
+}
 # A DEADLINE_EXCEEDED this late (share of the deadline) expired in a queue; one sooner was
 # refused up front for its deadline by admission (a refusal, as tests/e2e/test_priority_e2e.py
 # counts them).
@@ -390,16 +401,17 @@ def test_overload_at_2x_and_5x_capacity(
     # serving near its capacity, its answers near its latency at capacity, and what it
     # takes it answers rather than letting it expire in a queue.
     cap_p99 = capacity.figures.p99_ms
+    bounds = BOUNDS[MODEL]
     for multiple, phase in overload.items():
         assert phase.codes.get("RESOURCE_EXHAUSTED", 0) > 0, (multiple, phase.codes)
         goodput = phase.figures.throughput_rps / cap_rps
-        assert goodput >= GOODPUT_FLOOR[multiple], (multiple, goodput, rows)
+        assert goodput >= bounds.goodput_floor[multiple], (multiple, goodput, rows)
         refused_p99 = percentile(phase.latencies("RESOURCE_EXHAUSTED"), 99)
-        assert refused_p99 <= REFUSAL_P99_MS, (multiple, refused_p99, rows)
-        assert phase.figures.p99_ms <= ACCEPTED_P99_X * cap_p99, (multiple, rows)
+        assert refused_p99 <= bounds.refusal_p99_ms, (multiple, refused_p99, rows)
+        assert phase.figures.p99_ms <= bounds.accepted_p99_x * cap_p99, (multiple, rows)
         expired = phase.expired()
         taken = phase.figures.ok + expired
-        assert expired <= MAX_EXPIRED_SHARE * taken, (multiple, expired, taken, rows)
+        assert expired <= bounds.max_expired_share * taken, (multiple, expired, taken, rows)
     # What the mesh accepted it answers within its deadline, by the gateway's own clock
     # (total_ms: received -> responded), stamped when the gateway's wait for it ends.
     for multiple, phase in overload.items():
