@@ -31,7 +31,7 @@ from tests.go_toolchain import needs_go
 from tiermesh.bench.calls import model_inputs
 from tiermesh.bench.cpu import process_cpu_s
 from tiermesh.bench.goload import LoadConfig, LoadRequest, infer_request, run_load
-from tiermesh.bench.records import OK, Record
+from tiermesh.bench.records import OK, Record, Reply
 from tiermesh.bench.stats import figures, lag_figures, percentile
 from tiermesh.bench.workload import Workload
 from tiermesh.convert.fetch import default_cache_dir
@@ -107,32 +107,34 @@ class MeshReading:
     admissions: Counter[str]  # the router's admissions, by outcome
 
 
+def model_counts(urls: Sequence[str], metric: str, label: str) -> Counter[str]:
+    """The MODEL's samples of a counter summed over the endpoints, by one label's value."""
+    counts: Counter[str] = Counter()
+    for url in urls:
+        for (name, pairs), value in scrape_metrics(url).items():
+            labels = dict(pairs)
+            if name == metric and labels.get("model") == MODEL:
+                counts[labels[label]] += int(value)
+    return counts
+
+
 class MeshMeter:
     """Reads the mesh of one `tiermesh up` between phases: its processes' CPU from /proc
-    (the supervisor, the services and redis-server) and the calls answered by code from the
-    Prometheus endpoints of the gateway and of its front door."""
+    (the supervisor, the services and redis-server), the calls answered by code from the
+    Prometheus endpoints of the gateway and of its front door, and the router's admissions
+    by outcome."""
 
     def __init__(self, up: UpProcess) -> None:
         self._pids = {"up": up.proc.pid, **up.children()}
         # The Go front door counts the calls it answered itself; the gateway, the rest.
         urls = up.metrics_urls()
         self._metrics_urls = [urls[name] for name in ("frontdoor", "gateway") if name in urls]
-        self._router_url = urls.get("router")
+        self._router_urls = [urls["router"]] if "router" in urls else []
 
     def read(self) -> MeshReading:
         by_process = {name: process_cpu_s(pid) for name, pid in self._pids.items()}
-        answered: Counter[str] = Counter()
-        for url in self._metrics_urls:
-            for (name, pairs), value in scrape_metrics(url).items():
-                labels = dict(pairs)
-                if name == "tiermesh_requests_total" and labels.get("model") == MODEL:
-                    answered[labels["code"]] += int(value)
-        admissions: Counter[str] = Counter()
-        if self._router_url is not None:
-            for (name, pairs), value in scrape_metrics(self._router_url).items():
-                labels = dict(pairs)
-                if name == "tiermesh_admissions_total" and labels.get("model") == MODEL:
-                    admissions[labels["outcome"]] += int(value)
+        answered = model_counts(self._metrics_urls, "tiermesh_requests_total", "code")
+        admissions = model_counts(self._router_urls, "tiermesh_admissions_total", "outcome")
         return MeshReading(sum(by_process.values()), answered, by_process, admissions)
 
 
@@ -263,7 +265,7 @@ class Phase:
     def served_by_bucket(self) -> dict[str, Any]:
         """The OK answers by length bucket: count, p99, mean batch size and the p99 of each
         stage (where an accepted request's time went)."""
-        replies: dict[int, list[tuple[float, Any]]] = {}
+        replies: dict[int, list[tuple[float, Reply]]] = {}
         for r in self.records:
             if r.ok and r.outcome.reply is not None:
                 bucket = r.outcome.reply.bucket if r.outcome.reply.bucket is not None else -1
