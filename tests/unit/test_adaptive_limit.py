@@ -304,3 +304,29 @@ def test_no_drain_cap_before_the_class_was_held_back() -> None:
     assert lim.limit(KEY, 100 * MS) == lim.limit(KEY) == INITIAL
     assert drain_cap(0.0, 100 * MS) > INITIAL and drain_cap(1000.0, 0) > INITIAL
     assert drain_cap(1.0, 100 * MS) == MINIMUM  # never below the floor
+
+
+def test_the_limits_are_exported_by_class() -> None:
+    """Scrape-time gauges of every class: its limit, its drain rate, its calls in flight."""
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from tiermesh.gateway.metrics import GatewayMetrics
+
+    lim = limits()
+    registry = CollectorRegistry()
+    GatewayMetrics(registry).watch_limits(lim)
+    assert b"tiermesh_admission_limit{" not in generate_latest(registry)  # no class yet
+    fill(lim, KEY, 0)  # held back: one refused
+    for _ in range(100):
+        lim.release(KEY, 1, MS)
+    lim.acquire(("minilm-l6", 1), INTERVAL_NS)
+    lim.acquire(KEY, INTERVAL_NS)  # KEY's interval ends: ~1,000 a second drained
+    assert lim.classes() == [
+        (("minilm-l6", 1), INITIAL, 0.0, 1),
+        (KEY, lim.limit(KEY), pytest.approx(1000.0, rel=1e-6), INITIAL - 100 + 1),
+    ]
+    text = generate_latest(registry).decode()
+    assert 'tiermesh_admission_limit{model="mlp",priority="2"} ' + f"{lim.limit(KEY)}.0" in text
+    assert 'tiermesh_admission_in_flight{model="minilm-l6",priority="1"} 1.0' in text
+    assert 'tiermesh_admission_drain_per_second{model="minilm-l6",priority="1"} 0.0' in text
+    assert 'tiermesh_admission_drain_per_second{model="mlp",priority="2"} 1000.0' in text

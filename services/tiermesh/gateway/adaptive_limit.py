@@ -133,6 +133,12 @@ class AdaptiveLimits:
             return min(INITIAL, self.maximum)
         return min(self.limit_of(c), drain_cap(c.drain_per_s, budget_ns))
 
+    def classes(self) -> list[tuple[LimitKey, int, float, int]]:
+        """Every class as (key, limit, drain rate a second (0: not measured), in flight),
+        in key order: the metrics' view (read from the metrics thread: a copy first)."""
+        items = sorted(list(self._classes.items()))
+        return [(k, self.limit_of(c), c.drain_per_s, c.in_flight) for k, c in items]
+
     def limit_of(self, c: _Class) -> int:
         return max(MINIMUM, min(self.maximum, math.floor(c.limit)))
 

@@ -1,6 +1,6 @@
 """The gateway's metrics: requests by status code, latencies by model/tier/priority/bucket/
 variant from each answer's own timeline, in-flight requests, response-cache lookups, auth
-and quota refusals, lost audit entries."""
+and quota refusals, lost audit entries, the adaptive limits by class."""
 
 from __future__ import annotations
 
@@ -10,11 +10,12 @@ from itertools import accumulate
 
 import grpc
 from prometheus_client import CollectorRegistry, Counter, Gauge
-from prometheus_client.metrics_core import HistogramMetricFamily, Metric
+from prometheus_client.metrics_core import GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from tiermesh.core.jobs import JobResult
 from tiermesh.core.metrics import LATENCY_BUCKETS, REQUEST_LABELS
+from tiermesh.gateway.adaptive_limit import AdaptiveLimits
 
 # model, tier, priority, bucket, variant (REQUEST_LABELS)
 SeriesKey = tuple[str, str, int, int, str]
@@ -22,6 +23,7 @@ SeriesKey = tuple[str, str, int, int, str]
 
 class GatewayMetrics:
     def __init__(self, registry: CollectorRegistry) -> None:
+        self._registry = registry
         self.requests = Counter(
             "tiermesh_requests",
             "ModelInfer calls answered, by model and status code",
@@ -68,6 +70,10 @@ class GatewayMetrics:
         # repository's models, the status codes, the tiers, buckets and variants).
         self._answered: dict[tuple[str, grpc.StatusCode], Counter] = {}
         self._lookups: dict[tuple[str, bool], Counter] = {}
+
+    def watch_limits(self, limits: AdaptiveLimits) -> None:
+        """Export the adaptive limits' state at every scrape (LimitsCollector)."""
+        self._registry.register(LimitsCollector(limits))
 
     def answered(self, model: str, code: grpc.StatusCode) -> None:
         """Called once as each ModelInfer ends (`model` is a known name or "unknown")."""
@@ -159,3 +165,34 @@ class _Counts:
 
 def _labels(stage: str) -> list[str]:
     return [*REQUEST_LABELS, "stage"] if stage == "" else list(REQUEST_LABELS)
+
+
+class LimitsCollector(Collector):
+    """Scrape-time gauges of the adaptive limits (gateway/adaptive_limit.py), by model and
+    priority: the limit, the drain rate the drain cap reads, the calls in flight. The Go
+    front door exports the same series for the calls it takes."""
+
+    def __init__(self, limits: AdaptiveLimits) -> None:
+        self._limits = limits
+
+    def collect(self) -> Iterator[Metric]:
+        labels = ["model", "priority"]
+        limit = GaugeMetricFamily(
+            "tiermesh_admission_limit",
+            "Adaptive in-flight limit, by model and priority",
+            labels=labels,
+        )
+        drain = GaugeMetricFamily(
+            "tiermesh_admission_drain_per_second",
+            "Requests a second the class drained while held back or late (0: not yet measured)",
+            labels=labels,
+        )
+        in_flight = GaugeMetricFamily(
+            "tiermesh_admission_in_flight", "Requests of the class in flight", labels=labels
+        )
+        for (model, priority), lim, rate, n in self._limits.classes():
+            values = [model, str(priority)]
+            limit.add_metric(values, lim)
+            drain.add_metric(values, rate)
+            in_flight.add_metric(values, n)
+        yield from (limit, drain, in_flight)

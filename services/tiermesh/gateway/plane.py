@@ -139,6 +139,7 @@ class DataPlane:
             limits = AdaptiveLimits(
                 settings.max_in_flight, settings.target_wait_ms, settings.retry_after_ms
             )
+            metrics.watch_limits(limits)
         self._dispatch = Dispatcher(upstream, pending, metrics, self.statistics, clock_ns, limits)
         self._door_plans = DoorPlans(repo, settings.model_control == "explicit")
         # Traffic capture (gateway/capture.py), set by __main__ when configured.

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math"
 	"os"
+	"sort"
 	"sync"
 
 	"tiermeshv1"
@@ -111,6 +112,30 @@ func (l *limits) forget(key limitKey) {
 	if c, ok := l.classes[key]; ok && c.inFlight > 0 {
 		c.inFlight--
 	}
+}
+
+// limitState is one class as the metrics show it.
+type limitState struct {
+	key       limitKey
+	limit     int64
+	drainPerS float64
+	inFlight  int64
+}
+
+// states is every class, in (model, priority) order, as gateway/adaptive_limit.py's
+// classes().
+func (l *limits) states() []limitState {
+	l.mu.Lock()
+	out := make([]limitState, 0, len(l.classes))
+	for k, c := range l.classes {
+		out = append(out, limitState{k, l.limitOf(c), c.drainPerS, c.inFlight})
+	}
+	l.mu.Unlock()
+	sort.Slice(out, func(i, j int) bool {
+		a, b := out[i].key, out[j].key
+		return a.model < b.model || (a.model == b.model && a.priority < b.priority)
+	})
+	return out
 }
 
 // current is how many of the class may be in flight, for a request with budgetNs.

@@ -300,6 +300,7 @@ func main() {
 	door.metrics = newMetrics(&door.inFlight)
 	door.metrics.placer = door.placer
 	door.metrics.books = door.books
+	door.metrics.limits = door.limits
 	if _, err := serveMetrics(cfg.metricsListen, door.metrics); err != nil {
 		log.Fatalf("the metrics port %s: %v", cfg.metricsListen, err)
 	}

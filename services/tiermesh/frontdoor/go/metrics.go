@@ -38,6 +38,7 @@ type metrics struct {
 	inFlight           *atomic.Int64 // the door's own count, which its cap reads
 	placer             *placer       // nil: the router places every job
 	books              *books        // nil: nothing booked at the gateway
+	limits             *limits       // nil: no adaptive limits
 }
 
 func newMetrics(inFlight *atomic.Int64) *metrics {
@@ -106,6 +107,21 @@ func (m *metrics) ServeHTTP(w http.ResponseWriter, _ *http.Request) {
 		b.WriteString("# HELP tiermesh_front_door_admission_calls_total Admission script calls the front door made (each for one or more jobs)\n")
 		b.WriteString("# TYPE tiermesh_front_door_admission_calls_total counter\n")
 		fmt.Fprintf(&b, "tiermesh_front_door_admission_calls_total %d\n", m.placer.calls.Load())
+	}
+	if m.limits != nil {
+		states := m.limits.states()
+		gauges := []struct{ name, help string }{
+			{"tiermesh_admission_limit", "Adaptive in-flight limit, by model and priority"},
+			{"tiermesh_admission_drain_per_second", "Requests a second the class drained while held back or late (0: not yet measured)"},
+			{"tiermesh_admission_in_flight", "Requests of the class in flight"},
+		}
+		for i, g := range gauges {
+			fmt.Fprintf(&b, "# HELP %s %s\n# TYPE %s gauge\n", g.name, g.help, g.name)
+			for _, st := range states {
+				value := []float64{float64(st.limit), st.drainPerS, float64(st.inFlight)}[i]
+				fmt.Fprintf(&b, "%s{model=\"%s\",priority=\"%d\"} %g\n", g.name, label(st.key.model), st.key.priority, value)
+			}
+		}
 	}
 	if m.books != nil {
 		b.WriteString("# HELP tiermesh_front_door_books_calls_total Record calls the front door made to book its calls at the Python gateway\n")
