@@ -4,6 +4,7 @@ they hold calls back and the queue is short, per class, with retry-after from th
 from __future__ import annotations
 
 import pytest
+from prometheus_client import CollectorRegistry, generate_latest
 
 from tiermesh.core.jobs import Timing
 from tiermesh.gateway.adaptive_limit import (
@@ -18,6 +19,7 @@ from tiermesh.gateway.adaptive_limit import (
     next_limit,
     queue_wait_ns,
 )
+from tiermesh.gateway.metrics import GatewayMetrics
 
 MS = 1_000_000
 KEY = ("mlp", 2)
@@ -308,10 +310,6 @@ def test_no_drain_cap_before_the_class_was_held_back() -> None:
 
 def test_the_limits_are_exported_by_class() -> None:
     """Scrape-time gauges of every class: its limit, its drain rate, its calls in flight."""
-    from prometheus_client import CollectorRegistry, generate_latest
-
-    from tiermesh.gateway.metrics import GatewayMetrics
-
     lim = limits()
     registry = CollectorRegistry()
     GatewayMetrics(registry).watch_limits(lim)

@@ -103,7 +103,7 @@ class AdaptiveLimits:
         """0: admitted (release it once); otherwise refused, and the retry-after in ms.
         `budget_ns`: the request's deadline budget (received -> deadline; 0: none)."""
         c = self._class(key, now_ns)
-        allowed = min(self.limit_of(c), drain_cap(c.drain_per_s, budget_ns))
+        allowed = self._allowed(c, budget_ns)
         if c.in_flight >= allowed:
             c.refused += 1
             return self._retry_ms(c, allowed)
@@ -131,16 +131,20 @@ class AdaptiveLimits:
         c = self._classes.get(key)
         if c is None:
             return min(INITIAL, self.maximum)
-        return min(self.limit_of(c), drain_cap(c.drain_per_s, budget_ns))
+        return self._allowed(c, budget_ns)
 
     def classes(self) -> list[tuple[LimitKey, int, float, int]]:
         """Every class as (key, limit, drain rate a second (0: not measured), in flight),
         in key order: the metrics' view (read from the metrics thread: a copy first)."""
-        items = sorted(list(self._classes.items()))
+        items = sorted(list(self._classes.items()), key=lambda kc: kc[0])
         return [(k, self.limit_of(c), c.drain_per_s, c.in_flight) for k, c in items]
 
     def limit_of(self, c: _Class) -> int:
         return max(MINIMUM, min(self.maximum, math.floor(c.limit)))
+
+    def _allowed(self, c: _Class, budget_ns: int) -> int:
+        """The limit, or the drain cap for a request with `budget_ns` where that is lower."""
+        return min(self.limit_of(c), drain_cap(c.drain_per_s, budget_ns))
 
     def _retry_ms(self, c: _Class, allowed: int) -> int:
         if c.rate_per_s <= 0:
@@ -160,6 +164,7 @@ class AdaptiveLimits:
     def _adjust(self, c: _Class, now_ns: int) -> None:
         """The interval that began at c.start_ns is over: the new limit and rate."""
         elapsed_s = (now_ns - c.start_ns) / 1e9
+        rate = c.ended / elapsed_s
         if c.in_flight == 0 and now_ns - c.start_ns >= 2 * INTERVAL_NS:
             # Nothing in flight since at least an interval ago: idle, its queue drained.
             c.slow_start = True
@@ -175,9 +180,8 @@ class AdaptiveLimits:
             c.slow_start = c.slow_start and limit >= c.limit
             c.limit = limit
             if c.refused > 0 or c.late > 0:  # held back or late: the rate is its capacity
-                c.drain_per_s = smoothed(c.drain_per_s, c.ended / elapsed_s, DRAIN_SMOOTHING)
+                c.drain_per_s = smoothed(c.drain_per_s, rate, DRAIN_SMOOTHING)
         c.limit = max(float(MINIMUM), min(float(self.maximum), c.limit))
-        rate = c.ended / elapsed_s
         # An idle stretch of many intervals says nothing of the drain rate.
         if c.ended:
             c.rate_per_s = smoothed(c.rate_per_s, rate, RATE_SMOOTHING)

@@ -70,7 +70,7 @@ func (l *limits) acquire(key limitKey, nowNs, budgetNs int64) int64 {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	c := l.class(key, nowNs)
-	allowed := minInt(l.limitOf(c), drainCap(c.drainPerS, budgetNs))
+	allowed := l.allowed(c, budgetNs)
 	if c.inFlight >= allowed {
 		c.refused++
 		return l.retryMs(c, allowed)
@@ -143,13 +143,18 @@ func (l *limits) current(key limitKey, budgetNs int64) int64 {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if c, ok := l.classes[key]; ok {
-		return minInt(l.limitOf(c), drainCap(c.drainPerS, budgetNs))
+		return l.allowed(c, budgetNs)
 	}
 	return minInt(limitInitial, l.maximum)
 }
 
 func (l *limits) limitOf(c *limitClass) int64 {
 	return maxInt(limitMinimum, minInt(l.maximum, int64(math.Floor(c.limit))))
+}
+
+// allowed is the limit, or the drain cap for a request with budgetNs where that is lower.
+func (l *limits) allowed(c *limitClass, budgetNs int64) int64 {
+	return minInt(l.limitOf(c), drainCap(c.drainPerS, budgetNs))
 }
 
 func (l *limits) retryMs(c *limitClass, allowed int64) int64 {
@@ -174,6 +179,7 @@ func (l *limits) class(key limitKey, nowNs int64) *limitClass {
 
 func (l *limits) adjust(c *limitClass, nowNs int64) {
 	elapsedS := float64(nowNs-c.startNs) / 1e9
+	rate := float64(c.ended) / elapsedS
 	if c.inFlight == 0 && nowNs-c.startNs >= 2*limitIntervalNs {
 		// Nothing in flight since at least an interval ago: idle, its queue drained.
 		c.slowStart = true
@@ -182,12 +188,12 @@ func (l *limits) adjust(c *limitClass, nowNs int64) {
 		c.slowStart = c.slowStart && limit >= c.limit
 		c.limit = limit
 		if c.refused > 0 || c.late > 0 { // held back or late: the rate is its capacity
-			c.drainPerS = smoothed(c.drainPerS, float64(c.ended)/elapsedS, drainSmoothing)
+			c.drainPerS = smoothed(c.drainPerS, rate, drainSmoothing)
 		}
 	}
 	c.limit = math.Max(limitMinimum, math.Min(float64(l.maximum), c.limit))
 	if c.ended > 0 {
-		c.ratePerS = smoothed(c.ratePerS, float64(c.ended)/elapsedS, rateSmoothing)
+		c.ratePerS = smoothed(c.ratePerS, rate, rateSmoothing)
 	}
 	c.startNs = nowNs
 	c.peak = c.inFlight

@@ -110,16 +110,21 @@ func (m *metrics) ServeHTTP(w http.ResponseWriter, _ *http.Request) {
 	}
 	if m.limits != nil {
 		states := m.limits.states()
-		gauges := []struct{ name, help string }{
-			{"tiermesh_admission_limit", "Adaptive in-flight limit, by model and priority"},
-			{"tiermesh_admission_drain_per_second", "Requests a second the class drained while held back or late (0: not yet measured)"},
-			{"tiermesh_admission_in_flight", "Requests of the class in flight"},
+		gauges := []struct {
+			name, help string
+			value      func(limitState) float64
+		}{
+			{"tiermesh_admission_limit", "Adaptive in-flight limit, by model and priority",
+				func(st limitState) float64 { return float64(st.limit) }},
+			{"tiermesh_admission_drain_per_second", "Requests a second the class drained while held back or late (0: not yet measured)",
+				func(st limitState) float64 { return st.drainPerS }},
+			{"tiermesh_admission_in_flight", "Requests of the class in flight",
+				func(st limitState) float64 { return float64(st.inFlight) }},
 		}
-		for i, g := range gauges {
+		for _, g := range gauges {
 			fmt.Fprintf(&b, "# HELP %s %s\n# TYPE %s gauge\n", g.name, g.help, g.name)
 			for _, st := range states {
-				value := []float64{float64(st.limit), st.drainPerS, float64(st.inFlight)}[i]
-				fmt.Fprintf(&b, "%s{model=\"%s\",priority=\"%d\"} %g\n", g.name, label(st.key.model), st.key.priority, value)
+				fmt.Fprintf(&b, "%s{model=\"%s\",priority=\"%d\"} %g\n", g.name, label(st.key.model), st.key.priority, g.value(st))
 			}
 		}
 	}
