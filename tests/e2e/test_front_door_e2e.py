@@ -24,7 +24,6 @@ import pytest
 import redis
 import redis.asyncio as aioredis
 import tritonclient.grpc as grpcclient
-import yaml
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from tritonclient.grpc import service_pb2_grpc
 from tritonclient.utils import InferenceServerException
@@ -371,15 +370,6 @@ def test_jobs_that_come_while_an_admission_call_is_out_go_in_the_next_one(
 TEXT_MODEL = "minilm-l3"
 
 
-def without_tiers(repo: Path) -> None:
-    """minilm-l3 served by one tier: a text model the door may place (with tiers the
-    router chooses the tier from live backlogs)."""
-    cfg = repo / TEXT_MODEL / "config.yaml"
-    raw = yaml.safe_load(cfg.read_text())
-    raw.pop("tiers")
-    cfg.write_text(yaml.safe_dump(raw, sort_keys=False))
-
-
 def text_input(texts: list[str]) -> grpcclient.InferInput:
     tensor = grpcclient.InferInput("text", [len(texts), 1], "BYTES")
     tensor.set_data_from_numpy(np.array([[t.encode()] for t in texts], dtype=np.object_))
@@ -390,14 +380,14 @@ def test_the_door_tokenizes_a_text_models_jobs_and_queues_them_as_the_router_wou
     fetched_models: tuple[str, ...], tmp_path: Path
 ) -> None:
     """The door tokenizes ASCII texts itself (frontdoor/go/wordpiece.go) and queues the job
-    the router would have queued: the same token ids, mask and `truncated`; a text that is
-    not ASCII goes to the router."""
+    the router would have queued, on the tier the router would choose (minilm-l3 as the
+    repository has it, with tiers): the same token ids, mask and `truncated`; a text that
+    is not ASCII goes to the router."""
     with running(
         tmp_path,
         fetched=(TEXT_MODEL,),
         extra_env={"TIERMESH_FRONT_DOOR": "go"},
         span_files=False,
-        repository_hook=without_tiers,
     ) as up:
         client = grpcclient.InferenceServerClient(up.url)
         texts = ["Hello, World! [SEP] tokenizers", "a second text,\tLONGER than the first one"]
@@ -426,6 +416,8 @@ def test_the_door_tokenizes_a_text_models_jobs_and_queues_them_as_the_router_wou
         assert placement(jobs[0]) == placement(jobs[1])
         assert [t.name for t in jobs[0].inputs] == ["input_ids", "attention_mask"]
         assert jobs[0].inputs[0].shape == (2, 11) and jobs[0].annotations["truncated"] == "false"
+        # 2 x 11 tokens: light, for the edge tier, which has no worker here; so center
+        assert jobs[0].tier == "center"
         vectors = [a.as_numpy("sentence_embedding") for a in answers]
         np.testing.assert_allclose(vectors[0], vectors[1], rtol=1e-5, atol=1e-6)
         assert vectors[0].shape == (2, 384)

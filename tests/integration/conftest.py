@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
+import subprocess
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,6 +26,7 @@ from tiermesh.core.settings import (
     WorkerSettings,
 )
 from tiermesh.core.telemetry import Telemetry
+from tiermesh.frontdoor.build import build
 from tiermesh.gateway.__main__ import serve as serve_gateway
 from tiermesh.gateway.delivery import DeliveryServicer
 from tiermesh.gateway.pending import PendingRequests
@@ -33,6 +36,28 @@ from tiermesh.postprocess.steps import Steps
 from tiermesh.router.__main__ import serve as serve_router
 from tiermesh.v1 import delivery_pb2_grpc, postprocess_pb2_grpc
 from tiermesh.worker.__main__ import serve as serve_worker
+
+
+@pytest.fixture(scope="session")
+def door_binary(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The Go front door, built once for the tests that run its subcommands (needs_go)."""
+    return build(tmp_path_factory.mktemp("frontdoor-cache"))
+
+
+def door_answers(door: Path, args: list[str], lines: list[Any]) -> list[Any]:
+    """One of the door's subcommands (`frontdoor tokenize PLAN`, `frontdoor place PLAN`) over
+    the lines, each given as JSON: its answer to each, read from JSON."""
+    done = subprocess.run(
+        [str(door), *args],
+        input="".join(json.dumps(line) + "\n" for line in lines),
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=120,
+    )
+    answers = [json.loads(answer) for answer in done.stdout.splitlines()]
+    assert len(answers) == len(lines), done.stderr
+    return answers
 
 
 @dataclass

@@ -15,7 +15,6 @@ import numpy as np
 import pytest
 
 from tests.go_toolchain import needs_go
-from tiermesh.frontdoor.build import build
 from tiermesh.gateway.adaptive_limit import INITIAL, INTERVAL_NS, AdaptiveLimits, LimitKey, is_late
 
 pytestmark = [
@@ -27,8 +26,8 @@ MAXIMUM, TARGET_MS, FALLBACK_MS = 300, 7.5, 100
 
 
 @pytest.fixture(scope="module")
-def door(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return build(tmp_path_factory.mktemp("cache"))
+def door(door_binary: Path) -> Path:
+    return door_binary
 
 
 def go_answers(door: Path, events: list[dict[str, object]]) -> list[int]:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
-import subprocess
 from pathlib import Path
 
 import numpy as np
@@ -19,9 +18,9 @@ import yaml
 
 from tests.conftest import MODELS
 from tests.go_toolchain import needs_go
+from tests.integration.conftest import door_answers
 from tiermesh.core.direct_plan import text_plan
 from tiermesh.core.repository import ModelRepository
-from tiermesh.frontdoor.build import build
 from tiermesh.gateway.door_plans import DoorPlans
 from tiermesh.router.text import TextEncoder
 
@@ -58,7 +57,7 @@ NOT_ASCII = ["café", "naïve résumé", "日本語", "emoji 🙂", "Ünïcödé
 
 @pytest.mark.parametrize("model", ["minilm-l3", "minilm-l6"])
 def test_the_door_tokenizes_ascii_texts_as_the_router_does(
-    model: str, fetched_models: tuple[str, ...], tmp_path: Path
+    model: str, fetched_models: tuple[str, ...], tmp_path: Path, door_binary: Path
 ) -> None:
     repo = ModelRepository(MODELS)
     cfg = repo.load()[model]
@@ -70,16 +69,7 @@ def test_the_door_tokenizes_ascii_texts_as_the_router_does(
     plan_file = tmp_path / "plan.json"
     plan_file.write_text(json.dumps(plan))
     texts = corpus(np.random.default_rng(7)) + NOT_ASCII
-    door = subprocess.run(
-        [str(build(tmp_path / "cache")), "tokenize", str(plan_file)],
-        input="".join(json.dumps(t) + "\n" for t in texts),
-        capture_output=True,
-        text=True,
-        check=True,
-        timeout=120,
-    )
-    answers = [json.loads(line) for line in door.stdout.splitlines()]
-    assert len(answers) == len(texts)
+    answers = door_answers(door_binary, ["tokenize", str(plan_file)], texts)
     router = TextEncoder(path, cfg.tokenize.max_length)
     truncated = 0
     for text, answer in zip(texts, answers, strict=True):

@@ -16,12 +16,12 @@ from tiermesh.core.jobs import Job
 from tiermesh.core.keys import DEFAULT_TIER
 from tiermesh.core.repository import ModelConfig, parse_config
 from tiermesh.core.tensors import TensorData
-from tiermesh.router.policy import choose_stream, model_streams
+from tiermesh.router.policy import choose_stream, model_streams, tier_stream
 
 TIERS = {"edge": {"max_cost": 64, "variant": "fp32"}, "center": {}}
 
 
-def _cfg(**over: Any) -> ModelConfig:
+def tabular_config(**over: Any) -> ModelConfig:
     raw = {
         "name": "tabular",
         "max_batch_size": 32,
@@ -39,13 +39,13 @@ def _cfg(**over: Any) -> ModelConfig:
     return parse_config(raw, "test")
 
 
-def _stream_of(plan: dict[str, Any], job: Job) -> str:
-    """The door's lookup (frontdoor/go/direct.go, bucketOf), written again here."""
+def _stream_of(plan: dict[str, Any], job: Job, tier: int = 0) -> str:
+    """The door's lookup (frontdoor/go/direct.go, lengthOf and bucketOf), written again here."""
     skip = 1 if plan["batched"] else 0
     length = max((max(t.shape[skip:], default=1) for t in job.inputs), default=1)
     bounds = plan["bounds"]
     bucket = next((i for i, b in enumerate(bounds) if b >= length), len(bounds) - 1)
-    return str(plan["streams"][job.priority - 1][max(bucket, 0)])
+    return str(plan["tiers"][tier]["streams"][job.priority - 1][max(bucket, 0)])
 
 
 @pytest.mark.parametrize(
@@ -60,26 +60,27 @@ def _stream_of(plan: dict[str, Any], job: Job) -> str:
 def test_the_plan_places_a_job_where_the_router_would(
     over: dict[str, Any], priority: int, shapes: list[tuple[int, ...]]
 ) -> None:
-    cfg = _cfg(**over)
+    cfg = tabular_config(**over)
     plan = direct_plan(cfg, explicit_control=False)
     assert plan is not None
     inputs = tuple(TensorData(n, "FP32", s, b"") for n, s in zip("AB", shapes, strict=True))
     job = Job("r1", cfg.name, inputs, "gw:1", priority=priority)
-    placed = job.with_(variant=plan["variant"], version=plan["version"])
+    [tier] = plan["tiers"]
+    placed = job.with_(variant=tier["variant"], version=plan["version"])
     stream = choose_stream(cfg, placed, DEFAULT_TIER)
     assert _stream_of(plan, job) == stream.name
-    assert plan["tier"] == stream.tier == DEFAULT_TIER
+    assert (tier["name"], tier["max_cost"]) == (stream.tier, 0) == (DEFAULT_TIER, 0)
     assert plan["rate_fields"][stream.bucket] == keys.rate_field(stream.bucket)
-    assert plan["workers"] == keys.workers_key(stream.model, stream.tier)
-    assert plan["rate"] == keys.rate_key(stream.model, stream.tier)
-    assert plan["model_streams"] == [s.name for s in model_streams(cfg, stream)]
+    assert tier["workers"] == keys.workers_key(stream.model, stream.tier)
+    assert tier["rate"] == keys.rate_key(stream.model, stream.tier)
+    assert tier["model_streams"] == [s.name for s in model_streams(cfg, stream)]
     assert (plan["queue_bound"], plan["model_bound"]) == (cfg.queue_bound, cfg.model_queue_bound)
     assert plan["enqueued_prefix"] + "r1" == keys.enqueued_key("r1")
     assert plan["guard"] == keys.rollout_key(cfg.queue_model)
 
 
 def test_the_plan_names_the_script_the_router_registers() -> None:
-    plan = direct_plan(_cfg(), explicit_control=False)
+    plan = direct_plan(tabular_config(), explicit_control=False)
     assert plan is not None
     assert plan["script"] == ADMISSION_SCRIPT
     assert plan["fields"] == [keys.JOB_FIELD, keys.TRACEPARENT_FIELD, keys.TRACESTATE_FIELD]
@@ -89,24 +90,23 @@ def test_the_plan_names_the_script_the_router_registers() -> None:
     ("over", "explicit"),
     [
         ({"tokenize": {"tokenizer": "tokenizer.json", "max_length": 128}}, False),
-        ({"tiers": TIERS}, False),
         ({}, True),
     ],
-    ids=["text", "tiers", "explicit-model-control"],
+    ids=["text", "explicit-model-control"],
 )
 def test_models_the_router_must_place_get_no_plan(over: dict[str, Any], explicit: bool) -> None:
-    cfg = _cfg(**over)
+    cfg = tabular_config(**over)
     assert direct_plan(cfg, explicit_control=explicit) is None
     assert plan_parameter(cfg, explicit_control=explicit) == ""
 
 
 def test_the_parameter_is_the_plan_as_json() -> None:
-    cfg = _cfg()
+    cfg = tabular_config()
     assert json.loads(plan_parameter(cfg, explicit_control=False)) == direct_plan(cfg, False)
 
 
 def test_a_text_model_gets_a_plan_with_the_tokenizer_the_door_runs() -> None:
-    cfg = _cfg(
+    cfg = tabular_config(
         inputs=[{"name": "text", "datatype": "BYTES", "dims": [1]}],
         tokenize={"tokenizer": "tokenizer.json", "max_length": 128},
     )
@@ -115,5 +115,41 @@ def test_a_text_model_gets_a_plan_with_the_tokenizer_the_door_runs() -> None:
     assert plan is not None and plan["text"] == text
     assert direct_plan(cfg, explicit_control=True, text=text) is None
     # a model without text carries none, whatever it is handed
-    plain = direct_plan(_cfg(), explicit_control=False, text=text)
+    plain = direct_plan(tabular_config(), explicit_control=False, text=text)
     assert plain is not None and plain["text"] is None
+
+
+@pytest.mark.parametrize("model_bound", [0, 100])
+def test_a_tiered_model_gets_a_placement_per_tier_where_the_router_would_place(
+    model_bound: int,
+) -> None:
+    """Each tier's placement names the streams, keys and variant the router places a job
+    on that tier by (policy.py tier_stream, model_streams); the door's tier choice itself is
+    checked against the router's in tests/integration/test_door_placement.py."""
+    cfg = tabular_config(
+        tiers={"edge": {"max_cost": 64, "variant": "fp16"}, "center": {}, "mixed_variants": True},
+        variants={"fp32": "model.onnx", "fp16": "model.fp16.onnx"},
+        versions={"3": {"model.onnx": "0" * 64, "model.fp16.onnx": "1" * 64}},
+        model_queue_bound=model_bound,
+    )
+    plan = direct_plan(cfg, explicit_control=False)
+    assert plan is not None
+    assert [(t["name"], t["max_cost"], t["variant"]) for t in plan["tiers"]] == [
+        ("edge", 64, "fp16"),
+        ("center", 0, cfg.default_variant),
+    ]
+    inputs = (TensorData("A", "FP32", (1, 20), b""), TensorData("B", "FP32", (1, 2, 3), b""))
+    job = Job("r1", cfg.name, inputs, "gw:1", priority=3)
+    for i, spec in enumerate(cfg.tiers):
+        stream = tier_stream(cfg, job, spec)
+        tier = plan["tiers"][i]
+        assert _stream_of(plan, job, i) == stream.name
+        assert tier["workers"] == keys.workers_key(stream.model, spec.name)
+        assert tier["rate"] == keys.rate_key(stream.model, spec.name)
+        assert tier["model_streams"] == [s.name for s in model_streams(cfg, stream)]
+    assert plan["tiers"][0]["streams"] != plan["tiers"][1]["streams"]
+
+
+def test_a_cascade_leaves_placement_to_the_router() -> None:
+    cfg = tabular_config(tiers=TIERS, cascade={"output": "Y", "threshold": 0.9})
+    assert direct_plan(cfg, explicit_control=False) is None

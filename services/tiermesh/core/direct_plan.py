@@ -4,11 +4,16 @@ ModelConfig, as JSON). Pure: decided here from the config alone, in Python, with
 functions the router places by; the door only looks the stream up and calls the admission
 script (core/admission_script.py) with what the plan names.
 
-Only a model whose placement needs no decision beyond its stream gets one: no input
-processing but a text the door tokenizes as the router would (`text_plan`: a BERT-style
-WordPiece tokenizer; the door does it for ASCII texts), no prompts, no tiers (the tier
-choice reads live backlogs), no cascade, not under explicit model control (a version may be
-unloaded while workers still drain it). A rollout is checked in Redis, job by job: the
+Only a model whose placement needs no decision beyond its stream and tier gets one: no
+input processing but a text the door tokenizes as the router would (`text_plan`: a
+BERT-style WordPiece tokenizer; the door does it for ASCII texts), no prompts, no cascade,
+not under explicit model control (a version may be unloaded while workers still drain it).
+A tiered model's plan has a placement per tier, lightest first: the door queues a job on the
+tier router/tiers.py's choose_tier would pick were every backlog to meet its deadline (by
+the job's cost, `max_cost`, among the tiers with live workers as the door last read them);
+the admission script then refuses it as `late` when that tier's backlog cannot drain in
+time, or `noworker`, and the router, which reads every tier's backlog, decides again (the
+spill-over to another tier is the router's). A rollout is checked in Redis, job by job: the
 plan's guard key is the model's rollout record, and while one exists the script answers
 `reroute` and the router places the job (the rollout's split, mirrors and promoted version
 are the router's). Any other outcome than queued goes to the router too, which decides again
@@ -27,6 +32,7 @@ from tiermesh.core.admission_script import (
     REMEMBER_NO_DEADLINE_MS,
 )
 from tiermesh.core.model_config import TOKEN_IDS, TOKEN_MASK, TRUNCATED, ModelConfig
+from tiermesh.core.tier_spec import TierSpec
 
 PARAMETER = "tiermesh.direct"
 
@@ -105,38 +111,30 @@ def direct_plan(
     cfg: ModelConfig, explicit_control: bool, text: dict[str, Any] | None = None
 ) -> dict[str, Any] | None:
     """The plan for `cfg`'s jobs that name no version (or its stable one), or None when the
-    router must place them. `streams[p - 1][b]` is the stream of priority level p and
-    length bucket b; a job's bucket is the first whose bound is at least its length (its
-    longest dimension over all inputs, the batch dimension left out when `batched`), the
-    last bucket for anything longer, as router/policy.py's choose_stream."""
+    router must place them. `tiers` holds one placement per tier, lightest first (one, the
+    default tier, for a model without tiers); a placement's `streams[p - 1][b]` is the
+    stream of priority level p and length bucket b. A job's bucket is the first whose bound
+    is at least its length (its longest dimension over all inputs, the batch dimension left
+    out when `batched`), the last bucket for anything longer, as router/policy.py's
+    choose_stream; its cost is its rows times that length (policy.py's job_cost)."""
     if (
         explicit_control
         or (cfg.tokenize is not None and text is None)
         or cfg.generation is not None
-        or cfg.tiers
         or cfg.cascade is not None
     ):
         return None
     version = cfg.stable.version
-    unit = keys.compute_unit(cfg.queue_model, cfg.default_variant, version)
-    streams = keys.stream_keys(unit, keys.DEFAULT_TIER, cfg.priority_levels, cfg.bucket_count)
-    by_level = [
-        [s.name for s in streams if s.priority == p] for p in range(1, cfg.priority_levels + 1)
-    ]
+    tiers = cfg.tiers or (TierSpec(keys.DEFAULT_TIER, cfg.default_variant),)
     return {
         "version": version,
-        "variant": cfg.default_variant,
-        "tier": keys.DEFAULT_TIER,
         "default_priority": cfg.default_priority,
         "bounds": list(cfg.length_buckets),
         "batched": cfg.max_batch_size > 0,
-        "streams": by_level,
+        "tiers": [_placement(cfg, version, t) for t in tiers],
         "rate_fields": [keys.rate_field(b) for b in range(cfg.bucket_count)],
-        "workers": keys.workers_key(unit, keys.DEFAULT_TIER),
-        "rate": keys.rate_key(unit, keys.DEFAULT_TIER),
         "queue_bound": cfg.queue_bound,
         "model_bound": cfg.model_queue_bound,
-        "model_streams": [s.name for s in streams] if cfg.model_queue_bound > 0 else [],
         "enqueued_prefix": keys.enqueued_key(""),
         "guard": keys.rollout_key(cfg.queue_model),
         "fields": [keys.JOB_FIELD, keys.TRACEPARENT_FIELD, keys.TRACESTATE_FIELD],
@@ -145,6 +143,25 @@ def direct_plan(
         "remember_margin_ms": REMEMBER_MARGIN_MS,
         "remember_no_deadline_ms": REMEMBER_NO_DEADLINE_MS,
         "text": text if cfg.tokenize is not None else None,
+    }
+
+
+def _placement(cfg: ModelConfig, version: str, tier: TierSpec) -> dict[str, Any]:
+    """Where a job placed on `tier` goes: its streams by level and bucket, the tier's
+    workers and rate keys, the streams of the model-wide bound."""
+    variant = tier.variant or cfg.default_variant
+    unit = keys.compute_unit(cfg.queue_model, variant, version)
+    streams = keys.stream_keys(unit, tier.name, cfg.priority_levels, cfg.bucket_count)
+    return {
+        "name": tier.name,
+        "max_cost": tier.max_cost,
+        "variant": variant,
+        "streams": [
+            [s.name for s in streams if s.priority == p] for p in range(1, cfg.priority_levels + 1)
+        ],
+        "workers": keys.workers_key(unit, tier.name),
+        "rate": keys.rate_key(unit, tier.name),
+        "model_streams": [s.name for s in streams] if cfg.model_queue_bound > 0 else [],
     }
 
 

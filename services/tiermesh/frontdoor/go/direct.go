@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
 	"log"
 	"strconv"
@@ -26,17 +27,12 @@ const (
 // a model has one and what each field means).
 type directPlan struct {
 	Version         string     `json:"version"`
-	Variant         string     `json:"variant"`
-	Tier            string     `json:"tier"`
 	Bounds          []int64    `json:"bounds"`
 	Batched         bool       `json:"batched"`
-	Streams         [][]string `json:"streams"`
+	Tiers           []tierPlan `json:"tiers"` // lightest first; one for a model without tiers
 	RateFields      []string   `json:"rate_fields"`
-	Workers         string     `json:"workers"`
-	Rate            string     `json:"rate"`
 	QueueBound      int64      `json:"queue_bound"`
 	ModelBound      int64      `json:"model_bound"`
-	ModelStreams    []string   `json:"model_streams"`
 	EnqueuedPrefix  string     `json:"enqueued_prefix"`
 	Guard           string     `json:"guard"`
 	Fields          []string   `json:"fields"`
@@ -48,6 +44,19 @@ type directPlan struct {
 	admission *redis.Script // run by its SHA1, loaded where Redis lacks it
 	tokenizer *wordPiece
 	queue     atomic.Pointer[admitQueue] // the placer's queue for this plan, once asked
+	live      atomic.Pointer[liveness]   // the tiers with live workers, as last read
+	reading   atomic.Bool                // a caller is reading them again
+}
+
+// tierPlan is where a job placed on one tier goes.
+type tierPlan struct {
+	Name         string     `json:"name"`
+	MaxCost      int64      `json:"max_cost"` // the most a job costs for this tier to be its preferred (0: any)
+	Variant      string     `json:"variant"`
+	Streams      [][]string `json:"streams"` // by priority level, then length bucket
+	Workers      string     `json:"workers"`
+	Rate         string     `json:"rate"`
+	ModelStreams []string   `json:"model_streams"`
 }
 
 // planOf is the model's plan from its config, or nil (none, or one the door cannot read).
@@ -61,7 +70,7 @@ func planOf(cfg *inference.ModelConfig) *directPlan {
 		log.Printf("model %s: its placement plan is unreadable (%v); the router places its jobs", cfg.Name, err)
 		return nil
 	}
-	if len(plan.Streams) == 0 || len(plan.Fields) != 3 || len(plan.RateFields) == 0 || plan.Script == "" {
+	if !plan.complete() {
 		return nil
 	}
 	plan.admission = redis.NewScript(-1, plan.Script) // the key count goes with each call
@@ -76,13 +85,22 @@ func planOf(cfg *inference.ModelConfig) *directPlan {
 	return plan
 }
 
-// bucketOf is the length bucket of a job, as router/policy.py's job_length and bucket_for:
-// its longest dimension over all inputs (the batch dimension left out when the model
-// batches), the first bucket whose bound is at least that, the last for anything longer.
-func (p *directPlan) bucketOf(job *tiermeshv1.Job) int {
-	if len(p.Bounds) == 0 {
-		return 0
+// complete: the plan names everything a placement needs, every tier the same levels.
+func (p *directPlan) complete() bool {
+	if len(p.Tiers) == 0 || len(p.Fields) != 3 || len(p.RateFields) == 0 || p.Script == "" {
+		return false
 	}
+	for _, t := range p.Tiers {
+		if len(t.Streams) != len(p.Tiers[0].Streams) || len(t.Streams) == 0 || t.Workers == "" {
+			return false
+		}
+	}
+	return true
+}
+
+// lengthOf is the length a job is bucketed by, as router/policy.py's job_length: its
+// longest dimension over all inputs, the batch dimension left out when the model batches.
+func (p *directPlan) lengthOf(job *tiermeshv1.Job) int64 {
 	skip := 0
 	if p.Batched {
 		skip = 1
@@ -102,12 +120,57 @@ func (p *directPlan) bucketOf(job *tiermeshv1.Job) int {
 			length, first = longest, false
 		}
 	}
+	return length
+}
+
+// bucketOf is the length bucket of a job of that length, as router/policy.py's
+// bucket_for: the first bucket whose bound is at least the length, the last for anything
+// longer.
+func (p *directPlan) bucketOf(length int64) int {
 	for i, bound := range p.Bounds {
 		if bound >= length {
 			return i
 		}
 	}
+	if len(p.Bounds) == 0 {
+		return 0
+	}
 	return len(p.Bounds) - 1
+}
+
+// costOf is what a job of that length costs for the tier choice, as router/policy.py's
+// job_cost: its rows (the first input's first dimension) times its length.
+func costOf(job *tiermeshv1.Job, length int64) int64 {
+	rows := int64(1)
+	if len(job.Inputs) > 0 && len(job.Inputs[0].Shape) > 0 {
+		rows = job.Inputs[0].Shape[0]
+	}
+	return rows * length
+}
+
+// chooseTier is router/tiers.py's choose_tier for a job of `cost` where every tier's
+// backlog would meet its deadline: the preferred tier (the lightest whose max_cost admits
+// the cost, the last for the rest) when it has live workers, else the first tier that has
+// (light work spills to heavier tiers, heavy work to lighter ones only when the last is
+// dead); -1 when none has. The admission script then refuses the job as late where the
+// tier's backlog cannot drain in time, and the router, which reads every backlog, decides.
+func chooseTier(tiers []tierPlan, cost int64, alive []bool) int {
+	preferred := len(tiers) - 1
+	for i := 0; i < len(tiers)-1; i++ {
+		if tiers[i].MaxCost == 0 || cost <= tiers[i].MaxCost {
+			preferred = i
+			break
+		}
+	}
+	if alive[preferred] {
+		return preferred
+	}
+	for i := range tiers {
+		if alive[i] {
+			return i
+		}
+	}
+	return -1
 }
 
 // placer queues jobs with the admission script, as the router does, for models with a
@@ -156,7 +219,7 @@ func (pl *placer) place(m *model, job *tiermeshv1.Job) *tiermeshv1.RouteReply {
 		return nil
 	}
 	level := int(job.Priority)
-	if level < 1 || level > len(p.Streams) {
+	if level < 1 || level > len(p.Tiers[0].Streams) {
 		return nil
 	}
 	// A text model's job as the router's input processing leaves it (router/inputs.py): its
@@ -169,20 +232,31 @@ func (pl *placer) place(m *model, job *tiermeshv1.Job) *tiermeshv1.RouteReply {
 		}
 		defer func() { job.Inputs, job.Annotations = inputs, annotations }()
 	}
-	bucket := p.bucketOf(job)
-	if bucket >= len(p.Streams[level-1]) || bucket >= len(p.RateFields) {
+	length := p.lengthOf(job)
+	bucket := p.bucketOf(length)
+	on := 0
+	if len(p.Tiers) > 1 {
+		alive, err := pl.alive(p)
+		if err != nil {
+			pl.failed(m, err)
+			return nil
+		}
+		if on = chooseTier(p.Tiers, costOf(job, length), alive); on < 0 {
+			pl.passed.Add(1) // no live tier as last read: the router reads again, and words it
+			return nil
+		}
+	}
+	tier := &p.Tiers[on]
+	if bucket >= len(tier.Streams[level-1]) || bucket >= len(p.RateFields) {
 		return nil
 	}
-	stream := p.Streams[level-1][bucket]
-	if job.DeadlineNs > 0 && job.DeadlineNs <= time.Now().UnixNano() {
-		return nil // the router refuses it, as one whose deadline passed before it was queued
-	}
+	stream := tier.Streams[level-1][bucket]
 	now := time.Now().UnixNano()
 	leftMs := int64(-1)
 	remember := p.RememberForever
 	if job.DeadlineNs > 0 {
 		if job.DeadlineNs <= now {
-			pl.passed.Add(1)
+			pl.passed.Add(1) // the router refuses it, as one whose deadline passed before it was queued
 			return nil
 		}
 		leftMs = (job.DeadlineNs - now) / int64(time.Millisecond)
@@ -190,19 +264,19 @@ func (pl *placer) place(m *model, job *tiermeshv1.Job) *tiermeshv1.RouteReply {
 	}
 	// What the router sets on a job it queues (routing.py _admit, policy.py choose_stream),
 	// written into the entry and then put back: the router places the job as it came.
-	version, variant, tier, bucketWas := job.Version, job.Variant, job.Tier, job.Bucket
+	version, variant, tierWas, bucketWas := job.Version, job.Variant, job.Tier, job.Bucket
 	routed, enqueued := job.Timing.RoutedNs, job.Timing.EnqueuedNs
-	job.Version, job.Variant, job.Tier, job.Bucket = p.Version, p.Variant, p.Tier, uint32(bucket)
+	job.Version, job.Variant, job.Tier, job.Bucket = p.Version, tier.Variant, tier.Name, uint32(bucket)
 	job.Timing.RoutedNs, job.Timing.EnqueuedNs = now, now
 	entry, err := proto.Marshal(job)
-	job.Version, job.Variant, job.Tier, job.Bucket = version, variant, tier, bucketWas
+	job.Version, job.Variant, job.Tier, job.Bucket = version, variant, tierWas, bucketWas
 	job.Timing.RoutedNs, job.Timing.EnqueuedNs = routed, enqueued
 	if err != nil {
 		return nil
 	}
 	item := &admitItem{
-		stream: stream, workers: p.Workers, rate: p.Rate, enqueued: p.EnqueuedPrefix + job.RequestId,
-		guard: p.Guard, modelStreams: p.ModelStreams,
+		stream: stream, workers: tier.Workers, rate: tier.Rate, enqueued: p.EnqueuedPrefix + job.RequestId,
+		guard: p.Guard, modelStreams: tier.ModelStreams,
 		values: []interface{}{p.QueueBound, p.ModelBound, p.RateFields[bucket], leftMs, remember, entry,
 			job.TraceContext["traceparent"], job.TraceContext["tracestate"]},
 	}
@@ -218,6 +292,59 @@ func (pl *placer) place(m *model, job *tiermeshv1.Job) *tiermeshv1.RouteReply {
 	}
 	pl.placed.Add(1)
 	return &tiermeshv1.RouteReply{RequestId: job.RequestId, Stream: stream, EntryId: item.detail, Version: p.Version}
+}
+
+// liveness is which of a plan's tiers had live workers (a heartbeat not expired) when
+// the door last read them.
+type liveness struct {
+	readNs int64
+	alive  []bool
+}
+
+// liveFor is how long the door chooses tiers by one reading of their workers: a tier that
+// lost its last worker since is refused `noworker` by the admission script (the router
+// then chooses among the others), and one that gained its first is left out as long.
+const liveFor = 250 * time.Millisecond
+
+// alive is which of the plan's tiers have live workers: the last reading while it is
+// younger than liveFor, else read again (by one caller; the others keep the last reading
+// meanwhile). The router reads the same (router/tier_state.py) for every batch.
+func (pl *placer) alive(p *directPlan) ([]bool, error) {
+	last := p.live.Load()
+	now := time.Now()
+	if last != nil && (now.UnixNano()-last.readNs < int64(liveFor) || !p.reading.CompareAndSwap(false, true)) {
+		return last.alive, nil
+	}
+	if last == nil {
+		p.reading.Store(true)
+	}
+	defer p.reading.Store(false)
+	ctx, cancel := context.WithTimeout(context.Background(), connectionWait)
+	defer cancel()
+	conn, err := pl.pool.GetContext(ctx)
+	if err != nil {
+		return nil, err
+	}
+	defer conn.Close()
+	nowMs := now.UnixMilli()
+	for _, t := range p.Tiers {
+		if err := conn.Send("ZCOUNT", t.Workers, nowMs, "+inf"); err != nil {
+			return nil, err
+		}
+	}
+	if err := conn.Flush(); err != nil {
+		return nil, err
+	}
+	alive := make([]bool, len(p.Tiers))
+	for i := range p.Tiers {
+		n, err := redis.Int64(conn.Receive())
+		if err != nil {
+			return nil, err
+		}
+		alive[i] = n > 0
+	}
+	p.live.Store(&liveness{readNs: now.UnixNano(), alive: alive})
+	return alive, nil
 }
 
 // queue is the admission queue of the plan's script and entry fields (shared by every plan

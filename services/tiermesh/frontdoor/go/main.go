@@ -221,6 +221,9 @@ func main() {
 	if len(os.Args) == 3 && os.Args[1] == "tokenize" {
 		os.Exit(tokenizeLines(os.Args[2]))
 	}
+	if len(os.Args) == 3 && os.Args[1] == "place" {
+		os.Exit(placeLines(os.Args[2]))
+	}
 	if len(os.Args) == 2 && os.Args[1] == "limits" { // the limiter alone, for a parity test
 		os.Exit(limitLines(envInt("TIERMESH_MAX_IN_FLIGHT", 4096), envFloat("TIERMESH_TARGET_WAIT_MS", 10), envInt("TIERMESH_RETRY_AFTER_MS", 100)))
 	}
