@@ -68,9 +68,10 @@ class Bounds:
 
 
 # Measured here (mesh on one core, 10 s phases, the drain cap in the limits):
-# - MiniLM-L6 (capacity 119-137/s, p99 371-400 ms; twelve runs): goodput 0.81-0.94x at 2x,
-#   0.78-0.93x at 5x (105-110/s served at 5x in each: the ratio moves with the capacity
-#   measured); refusal p99 2.1-3.4 ms; accepted p99 0.94-1.11x; none expired. Floors 0.7x
+# - MiniLM-L6, its jobs placed by the front door on their tier (capacity 139-148/s, p99
+#   362-369 ms; four runs): goodput 0.92-0.95x at 2x, 0.82-0.89x at 5x (119-132/s served);
+#   refusal p99 2.3-3.2 ms; accepted p99 0.96-1.06x; none expired. Through the router
+#   (capacity 119-137/s; twelve runs): 0.81-0.94x at 2x, 0.78-0.93x at 5x. Floors 0.7x
 #   (capacity moved 66-140/s between runs while another engineer's tests ran), the targets
 #   for the refusal p99 and the expiries, 2x for the accepted p99 (1.2-1.9x before the cap).
 # - mlp (capacity 2,000-3,100/s, p99 22-34 ms): goodput 0.85-1.27x at 2x, 0.42-1.12x at 5x
