@@ -1,5 +1,7 @@
-"""Overload at 2x and 5x the capacity measured in the same run: open-loop Poisson arrivals
-with per-request deadlines against `tiermesh up` on MiniLM-L6 (or the mlp), its default
+"""Overload at 2x and 5x the capacity measured in the same run, by crowds of closed-loop
+callers that wait the retry-after they are told (2x and 5x the callers that measured the
+capacity) and by open-loop Poisson arrivals (2x and 5x its rate), all with per-request
+deadlines, against `tiermesh up` on MiniLM-L6 (or the mlp), its default
 settings (the Go front door, the adaptive in-flight limits). The excess is refused at once
 with RESOURCE_EXHAUSTED and its retry-after-ms trailer, every call ends with a documented
 code, no accepted request is lost, the mesh keeps serving near its capacity, and the
@@ -68,9 +70,11 @@ class Bounds:
 
 
 # Measured here (mesh on one core, 10 s phases, the drain cap in the limits):
-# - MiniLM-L6, its jobs placed by the front door on their tier (capacity 139-148/s, p99
-#   362-369 ms; four runs): goodput 0.92-0.95x at 2x, 0.82-0.89x at 5x (119-132/s served);
-#   refusal p99 2.3-3.2 ms; accepted p99 0.96-1.06x; none expired. Through the router
+# - MiniLM-L6, its jobs placed by the front door on their tier (capacity 139-149/s, p99
+#   352-384 ms; thirteen runs): goodput 0.85-0.96x at 2x, 0.80-0.93x at 5x (117-132/s
+#   served); the crowds 0.90-0.96x (64 callers, three runs), 0.88-0.96x (160, eleven);
+#   refusal p99 2.3-3.5 ms (crowds 3.8-14.0 ms); accepted p99 0.96-1.13x; none expired.
+#   Through the router
 #   (capacity 119-137/s; twelve runs): 0.81-0.94x at 2x, 0.78-0.93x at 5x. Floors 0.7x
 #   (capacity moved 66-140/s between runs while another engineer's tests ran), the targets
 #   for the refusal p99 and the expiries, 2x for the accepted p99 (1.2-1.9x before the cap).
@@ -94,6 +98,13 @@ RECOVERED_REFUSED_SHARE = 0.05
 # The exported drain rate against the capacity measured: at least, at most.
 DRAIN_SPREAD = (0.3, 3.0)
 MULTIPLES = (2.0, 5.0)
+# Closed-loop callers at 2x and 5x the capacity phase's 32, each waiting the retry-after it
+# is told (as gRPC's retry pushback does): crowds, which the limits' line of retry-afters
+# spreads out (told the same few ms, 160 of them came back ~8,000 times a second: goodput
+# 0.66x). Before the open-loop phases, which leave a class's limits low for a while.
+CROWDS = (2, 5)
+# A crowd's calls a second against the capacity, at most (160 callers: 2.0-2.1x).
+CROWD_SENT_X = 4.0
 ANSWER_SLACK = 1.1  # an answer's total_ms against the deadline: the gateway's loop turn
 DOCUMENTED = {"OK", "RESOURCE_EXHAUSTED", "DEADLINE_EXCEEDED", "UNAVAILABLE"}
 
@@ -293,11 +304,20 @@ def multiple_of(phase: str) -> float:
     return float(phase[:-1]) if phase.endswith("x") else 1.0
 
 
+def crowd_name(multiple: int) -> str:
+    return f"{multiple}x callers"
+
+
+def bound_multiple(phase: str) -> float:
+    """The multiple whose bounds an overload phase is held to ("5x callers": 5x's)."""
+    return float(phase.split("x", 1)[0])
+
+
 def _ms(value: float) -> float | None:
     return None if math.isnan(value) else round(value, 1)
 
 
-async def drive(up: UpProcess) -> tuple[Phase, Phase, dict[float, Phase], Phase]:
+async def drive(up: UpProcess) -> tuple[Phase, Phase, dict[str, Phase], Phase]:
     client = grpcaio.InferenceServerClient(up.url)
     try:
         workload = Workload(await model_inputs(client, MODEL), seed=8)
@@ -311,8 +331,11 @@ async def drive(up: UpProcess) -> tuple[Phase, Phase, dict[float, Phase], Phase]
     rate = capacity.figures.throughput_rps
     assert rate > 0, f"no request answered while measuring capacity: {capacity.codes}"
     overload = {}
+    for seed, crowd in enumerate(CROWDS, start=11):
+        callers = crowd * CAPACITY_CONCURRENCY
+        overload[crowd_name(crowd)] = await closed(load, OVERLOAD_S, callers, meter, seed=seed)
     for seed, multiple in enumerate(MULTIPLES, start=2):
-        overload[multiple] = await open_loop(load, multiple * rate, seed, meter)
+        overload[f"{multiple:g}x"] = await open_loop(load, multiple * rate, seed, meter)
     recovered = await closed(load, RECOVERY_S, CAPACITY_CONCURRENCY, meter, seed=9)
     return warmup, capacity, overload, recovered
 
@@ -354,7 +377,7 @@ def test_overload_at_2x_and_5x_capacity(
     cap_rps = capacity.figures.throughput_rps
     phases = {
         "capacity": capacity,
-        **{f"{m:g}x": p for m, p in overload.items()},
+        **overload,
         "after": recovered,
     }
     # The warm-up's calls count for the gateway's totals, not for the figures.
@@ -410,16 +433,19 @@ def test_overload_at_2x_and_5x_capacity(
     # takes it answers rather than letting it expire in a queue.
     cap_p99 = capacity.figures.p99_ms
     bounds = BOUNDS[MODEL]
-    for multiple, phase in overload.items():
-        assert phase.codes.get("RESOURCE_EXHAUSTED", 0) > 0, (multiple, phase.codes)
+    for name, phase in overload.items():
+        multiple = bound_multiple(name)
+        refused = phase.latencies("RESOURCE_EXHAUSTED")
+        # (A crowd overloads a slow model only: 160 callers of the mlp are served 1.2x the
+        # capacity 32 of them measured, their round trips being most of their time.)
+        assert refused or name.endswith("callers"), (name, phase.codes)
         goodput = phase.figures.throughput_rps / cap_rps
-        assert goodput >= bounds.goodput_floor[multiple], (multiple, goodput, rows)
-        refused_p99 = percentile(phase.latencies("RESOURCE_EXHAUSTED"), 99)
-        assert refused_p99 <= bounds.refusal_p99_ms, (multiple, refused_p99, rows)
-        assert phase.figures.p99_ms <= bounds.accepted_p99_x * cap_p99, (multiple, rows)
+        assert goodput >= bounds.goodput_floor[multiple], (name, goodput, rows)
+        assert not refused or percentile(refused, 99) <= bounds.refusal_p99_ms, (name, rows)
+        assert phase.figures.p99_ms <= bounds.accepted_p99_x * cap_p99, (name, rows)
         expired = phase.expired()
         taken = phase.figures.ok + expired
-        assert expired <= bounds.max_expired_share * taken, (multiple, expired, taken, rows)
+        assert expired <= bounds.max_expired_share * taken, (name, expired, taken, rows)
     # The limits' drain rate (which the drain cap reads) is the mesh's capacity as this run
     # measured it, within the noise of the phases (MiniLM: 105-130/s against 119-135/s).
     assert DRAIN_SPREAD[0] * cap_rps <= sum(drain.values()) <= DRAIN_SPREAD[1] * cap_rps, (
@@ -428,14 +454,19 @@ def test_overload_at_2x_and_5x_capacity(
     )
     # What the mesh accepted it answers within its deadline, by the gateway's own clock
     # (total_ms: received -> responded), stamped when the gateway's wait for it ends.
-    for multiple, phase in overload.items():
+    for name, phase in overload.items():
         served = phase.gateway_totals()
-        assert len(served) == phase.figures.ok, (multiple, "an OK without total_ms")
+        assert len(served) == phase.figures.ok, (name, "an OK without total_ms")
         late = sorted(ms for ms in served if ms > DEADLINE_S * 1000 * ANSWER_SLACK)
-        assert not late, (multiple, late[-5:], rows)
+        assert not late, (name, late[-5:], rows)
     # Refusals come back sooner than the answers of the accepted requests they protect.
-    refused_2x = overload[2.0].latencies("RESOURCE_EXHAUSTED")
-    assert percentile(refused_2x, 50) <= overload[2.0].figures.p99_ms, rows
+    refused_2x = overload["2x"].latencies("RESOURCE_EXHAUSTED")
+    assert percentile(refused_2x, 50) <= overload["2x"].figures.p99_ms, rows
+    # A crowd waits its line: it calls at about the rate the mesh drains, not at the rate
+    # of its refusals (~8,000 a second with one short retry-after for all).
+    for crowd in CROWDS:
+        sent = overload[crowd_name(crowd)].figures.sent_rps
+        assert sent <= CROWD_SENT_X * cap_rps, (crowd, sent, rows)
     # Once the flood stops the mesh serves near capacity again; where the limits let the 32
     # callers in at capacity (the mlp), they do after the flood too. (MiniLM's drain cap
     # admits ~30 of them at capacity, and how many of its callers' calls are refused then

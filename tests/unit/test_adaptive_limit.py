@@ -140,13 +140,32 @@ def test_classes_are_separate_so_the_flooding_priority_is_the_one_refused() -> N
     assert lim.limit(urgent) == INITIAL
 
 
-def test_retry_after_is_the_excess_at_the_measured_drain_rate() -> None:
+def test_retry_after_is_the_excess_at_the_measured_drain_rate_in_a_line() -> None:
     lim = limits()
     # 50 requests finished in one interval (100 ms): 500 a second.
     now = interval(lim, KEY, 0, [2.0] * 50, bound=False)
-    assert fill(lim, KEY, now) == INITIAL
-    # One over the limit at 500/s: 2 ms.
-    assert lim.acquire(KEY, now) == 2
+    admitted = 0
+    while (retry := lim.acquire(KEY, now)) == 0:
+        admitted += 1
+    assert admitted == INITIAL
+    # One over the limit at 500/s: 2 ms; each caller refused after it one drain gap later.
+    assert retry == 2
+    assert [lim.acquire(KEY, now) for _ in range(3)] == [4, 6, 8]
+    # 5 ms on, the line's end is 3 ms away: the next caller's turn is 2 ms after it.
+    assert lim.acquire(KEY, now + 5_000_000) == 5
+    # Once the line has gone by, a refused caller waits the excess alone again.
+    assert lim.acquire(KEY, now + 50_000_000) == 2
+
+
+def test_the_line_is_at_most_the_longest_retry_after() -> None:
+    lim = limits()
+    now = interval(lim, KEY, 0, [2.0] * 50, bound=False)  # 500 a second
+    fill(lim, KEY, now)
+    retries = [lim.acquire(KEY, now) for _ in range(600)]  # 1.2 s of the class's drain
+    assert retries[:3] == [4, 6, 8]
+    assert retries[-100:] == [MAX_RETRY_MS] * 100
+    # a caller refused later is told to come back no later than the longest, either
+    assert lim.acquire(KEY, now + 100_000) == MAX_RETRY_MS
 
 
 @pytest.mark.parametrize("finished", [0, 1])

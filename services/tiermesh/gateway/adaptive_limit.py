@@ -41,7 +41,12 @@ says up front how many drain in time (~30 there); it does not bind the mlp (~3,0
 ~750 drain in a quarter of a second, its gradient limit stays lower).
 
 A refusal says when to come back from the measured drain rate: the time the class's
-excess takes to finish at the rate its requests finished lately.
+excess takes to finish at the rate its requests finished lately, and no sooner than one
+drain gap (1 / that rate) after the caller refused before it was told to come back. The
+refused callers are given a line, as a ticket machine does: a crowd that waits what it is
+told comes back at the rate the class drains, not all at once (160 closed-loop callers on
+MiniLM-L6 told the same few ms came back ~8,000 times a second against ~140 served, and the
+refusals took a third of the mesh's core).
 
 Pure: callers pass `now_ns`; the gateway (gateway/plane.py) and the Go front door
 (frontdoor/go/limit.go) run the same rules with the same constants.
@@ -88,6 +93,7 @@ class _Class:
     late: int = 0  # released this interval having waited past LATE_SHARE of its deadline
     slow_start: bool = False  # idle since it last shrank: it doubles where it would grow
     drain_per_s: float = 0.0  # releases a second while held back or late (0: not yet)
+    line_ns: int = 0  # when the last refused caller was told to come back
 
 
 @dataclass(slots=True)
@@ -106,7 +112,7 @@ class AdaptiveLimits:
         allowed = self._allowed(c, budget_ns)
         if c.in_flight >= allowed:
             c.refused += 1
-            return self._retry_ms(c, allowed)
+            return self._retry_ms(c, allowed, now_ns)
         c.in_flight += 1
         c.peak = max(c.peak, c.in_flight)
         return 0
@@ -146,11 +152,16 @@ class AdaptiveLimits:
         """The limit, or the drain cap for a request with `budget_ns` where that is lower."""
         return min(self.limit_of(c), drain_cap(c.drain_per_s, budget_ns))
 
-    def _retry_ms(self, c: _Class, allowed: int) -> int:
+    def _retry_ms(self, c: _Class, allowed: int, now_ns: int) -> int:
+        """When a refused caller may come back: once the excess in flight drained, and one
+        drain gap after the caller refused before it (at most MAX_RETRY_MS)."""
         if c.rate_per_s <= 0:
             return self.fallback_retry_ms
-        excess = c.in_flight - allowed + 1
-        ms = math.ceil(excess * 1000 / c.rate_per_s)
+        gap_ns = 1e9 / c.rate_per_s
+        wait_ns = max((c.in_flight - allowed + 1) * gap_ns, float(c.line_ns - now_ns) + gap_ns)
+        wait_ns = min(wait_ns, MAX_RETRY_MS * 1e6)
+        c.line_ns = now_ns + int(wait_ns)
+        ms = math.ceil(wait_ns / 1e6)
         return max(MIN_RETRY_MS, min(MAX_RETRY_MS, ms))
 
     def _class(self, key: LimitKey, now_ns: int) -> _Class:

@@ -47,6 +47,7 @@ type limitClass struct {
 	late      int64   // released this interval late (isLate)
 	slowStart bool    // idle since it last shrank: it doubles where it would grow
 	drainPerS float64 // releases a second while held back or late (0: not yet)
+	lineNs    int64   // when the last refused caller was told to come back
 }
 
 type limits struct {
@@ -73,7 +74,7 @@ func (l *limits) acquire(key limitKey, nowNs, budgetNs int64) int64 {
 	allowed := l.allowed(c, budgetNs)
 	if c.inFlight >= allowed {
 		c.refused++
-		return l.retryMs(c, allowed)
+		return l.retryMs(c, allowed, nowNs)
 	}
 	c.inFlight++
 	if c.inFlight > c.peak {
@@ -157,12 +158,22 @@ func (l *limits) allowed(c *limitClass, budgetNs int64) int64 {
 	return minInt(l.limitOf(c), drainCap(c.drainPerS, budgetNs))
 }
 
-func (l *limits) retryMs(c *limitClass, allowed int64) int64 {
+// retryMs is gateway/adaptive_limit.py's _retry_ms: once the excess in flight drained, and
+// one drain gap after the caller refused before it was told to come back.
+func (l *limits) retryMs(c *limitClass, allowed, nowNs int64) int64 {
 	if c.ratePerS <= 0 {
 		return l.fallbackRetry
 	}
-	excess := c.inFlight - allowed + 1
-	ms := int64(math.Ceil(float64(excess) * 1000 / c.ratePerS))
+	gapNs := 1e9 / c.ratePerS
+	waitNs := float64(c.inFlight-allowed+1) * gapNs
+	if behind := float64(c.lineNs-nowNs) + gapNs; behind > waitNs {
+		waitNs = behind
+	}
+	if most := float64(maxRetryMs) * 1e6; waitNs > most {
+		waitNs = most
+	}
+	c.lineNs = nowNs + int64(waitNs)
+	ms := int64(math.Ceil(waitNs / 1e6))
 	return maxInt(minRetryMs, minInt(maxRetryMs, ms))
 }
 
