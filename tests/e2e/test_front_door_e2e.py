@@ -305,7 +305,7 @@ def queued_jobs(up: UpProcess, model: str) -> list[Job]:
 
 
 def test_the_door_queues_plain_jobs_itself_as_the_router_would(door_up: UpProcess) -> None:
-    """mlp has a placement plan (no text, tiers or rollout): the door queues its jobs on the
+    """mlp has a placement plan (no text or rollout): the door queues its jobs on the
     router's stream with the router's fields; while a rollout record exists, the router
     places them."""
     client = grpcclient.InferenceServerClient(door_up.url)

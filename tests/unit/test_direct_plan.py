@@ -1,6 +1,6 @@
 """core/direct_plan: the front door's placement plan names the streams, keys and bounds the
-router itself would place a job by (router/policy.py, router/admission.py), and exists only
-for models whose placement needs nothing but the stream."""
+router itself would place a job by on each tier (router/policy.py, router/admission.py), and
+exists only for models whose placement needs nothing but the stream and the tier."""
 
 from __future__ import annotations
 
