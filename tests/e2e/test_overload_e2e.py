@@ -67,6 +67,11 @@ class Bounds:
     refusal_p99_ms: float
     accepted_p99_x: float  # the accepted calls' p99 over the p99 at capacity
     max_expired_share: float  # of the requests taken
+    # The share of the 32 callers' calls refused after the flood, where the capacity phase
+    # refused at most that share too; None: not asserted (a model whose drain cap admits
+    # fewer than 32: how many of its callers' calls are refused is how their retry-afters
+    # fall, 1-70% after the flood in this session's runs, 0-4% at capacity).
+    recovered_refused_share: float | None
 
 
 # Measured here (mesh on one core, 10 s phases, the drain cap in the limits):
@@ -74,10 +79,10 @@ class Bounds:
 #   352-384 ms; thirteen runs): goodput 0.85-0.96x at 2x, 0.80-0.93x at 5x (117-132/s
 #   served); the crowds 0.90-0.96x (64 callers, three runs), 0.88-0.96x (160, eleven);
 #   refusal p99 2.3-3.5 ms (crowds 3.8-14.0 ms); accepted p99 0.96-1.13x; none expired.
-#   Through the router
-#   (capacity 119-137/s; twelve runs): 0.81-0.94x at 2x, 0.78-0.93x at 5x. Floors 0.7x
-#   (capacity moved 66-140/s between runs while another engineer's tests ran), the targets
-#   for the refusal p99 and the expiries, 2x for the accepted p99 (1.2-1.9x before the cap).
+#   Through the router (capacity 119-137/s; twelve runs): 0.81-0.94x at 2x, 0.78-0.93x at
+#   5x. Floors 0.7x (capacity moved 66-140/s between runs while another engineer's tests
+#   ran); the targets for the refusal p99, the accepted p99 (1.5x: 0.93-1.13x in every run
+#   since the drain cap, 1.2-1.9x before it) and the expiries.
 # - mlp (capacity 2,000-3,100/s, p99 22-34 ms): goodput 0.85-1.27x at 2x, 0.42-1.12x at 5x
 #   (a refusal costs ~40 us of the door's CPU against ~330 us for a served call: at 5x about
 #   a fifth of the core goes to refusing); refusal p99 17-60 ms at 2x, 55-116 ms at 5x (on
@@ -85,16 +90,14 @@ class Bounds:
 #   p99 2.4-6.8x the p99 at capacity; none expired. Floors 0.7x and 0.3x, bounds 250 ms and
 #   10x (the fixed cap gave 0.65x and 0.13x, ~1 s refusals, 28-35x, 15,395-20,200 expired).
 BOUNDS = {
-    "minilm-l6": Bounds({2.0: 0.7, 5.0: 0.7}, 25.0, 2.0, 0.01),
-    "mlp": Bounds({2.0: 0.7, 5.0: 0.3}, 250.0, 10.0, 0.01),
+    "minilm-l6": Bounds({2.0: 0.7, 5.0: 0.7}, 25.0, 1.5, 0.01, None),
+    "mlp": Bounds({2.0: 0.7, 5.0: 0.3}, 250.0, 10.0, 0.01, 0.05),
 }
 # A DEADLINE_EXCEEDED this late (share of the deadline) expired in a queue; one sooner was
 # refused up front for its deadline by admission (a refusal, as tests/e2e/test_priority_e2e.py
 # counts them).
 EXPIRED_AT = 0.9
 RECOVERED_FLOOR = 0.5
-# Calls refused after the flood, where the capacity phase refused at most as many.
-RECOVERED_REFUSED_SHARE = 0.05
 # The exported drain rate against the capacity measured: at least, at most.
 DRAIN_SPREAD = (0.3, 3.0)
 MULTIPLES = (2.0, 5.0)
@@ -469,9 +472,9 @@ def test_overload_at_2x_and_5x_capacity(
         assert sent <= CROWD_SENT_X * cap_rps, (crowd, sent, rows)
     # Once the flood stops the mesh serves near capacity again; where the limits let the 32
     # callers in at capacity (the mlp), they do after the flood too. (MiniLM's drain cap
-    # admits ~30 of them at capacity, and how many of its callers' calls are refused then
-    # depends on how their retry-afters fall: 51-87% in one run and the other.)
+    # admits ~30 of them: Bounds.recovered_refused_share.)
     assert recovered.figures.throughput_rps >= RECOVERED_FLOOR * cap_rps, rows
+    share = bounds.recovered_refused_share
     refused_share = {p: 1 - p.figures.ok / p.figures.sent for p in (capacity, recovered)}
-    if refused_share[capacity] <= RECOVERED_REFUSED_SHARE:
-        assert refused_share[recovered] <= RECOVERED_REFUSED_SHARE, recovered.codes
+    if share is not None and refused_share[capacity] <= share:
+        assert refused_share[recovered] <= share, recovered.codes
