@@ -25,10 +25,6 @@ from tiermesh.router.tiers import TierState, choose_tier
 pytestmark = [pytest.mark.slow, needs_go]
 
 
-def config(tiers: dict[str, Any], max_batch_size: int) -> ModelConfig:
-    return tabular_config(tiers=tiers, max_batch_size=max_batch_size)
-
-
 def jobs(rng: np.random.Generator, n: int, batched: bool) -> list[dict[str, Any]]:
     """Lines for `frontdoor place`: shapes short and long, one row or several, each with a
     random set of live tiers."""
@@ -67,7 +63,7 @@ def routers_choice(cfg: ModelConfig, line: dict[str, Any]) -> dict[str, str] | N
 def test_the_door_chooses_the_tier_and_stream_the_router_would(
     tiers: dict[str, Any], max_batch_size: int, door_binary: Path, tmp_path: Path
 ) -> None:
-    cfg = config(tiers, max_batch_size)
+    cfg = tabular_config(tiers=tiers, max_batch_size=max_batch_size)
     plan = direct_plan(cfg, explicit_control=False)
     assert plan is not None and [t["name"] for t in plan["tiers"]] == ["edge", "center"]
     plan_file = tmp_path / "plan.json"

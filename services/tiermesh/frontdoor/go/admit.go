@@ -127,10 +127,15 @@ func (q *admitQueue) run(batch []*admitItem) {
 	}
 }
 
-func (q *admitQueue) call(args []interface{}) ([]string, error) {
+// connection is a connection of the pool, waiting connectionWait at most for a free one.
+func connection(pool *redis.Pool) (redis.Conn, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), connectionWait)
-	conn, err := q.pool.GetContext(ctx)
-	cancel()
+	defer cancel()
+	return pool.GetContext(ctx)
+}
+
+func (q *admitQueue) call(args []interface{}) ([]string, error) {
+	conn, err := connection(q.pool)
 	if err != nil {
 		return nil, err
 	}

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"context"
 	"encoding/json"
 	"log"
 	"strconv"
@@ -315,13 +314,8 @@ func (pl *placer) alive(p *directPlan) ([]bool, error) {
 	if last != nil && (now.UnixNano()-last.readNs < int64(liveFor) || !p.reading.CompareAndSwap(false, true)) {
 		return last.alive, nil
 	}
-	if last == nil {
-		p.reading.Store(true)
-	}
 	defer p.reading.Store(false)
-	ctx, cancel := context.WithTimeout(context.Background(), connectionWait)
-	defer cancel()
-	conn, err := pl.pool.GetContext(ctx)
+	conn, err := connection(pl.pool)
 	if err != nil {
 		return nil, err
 	}

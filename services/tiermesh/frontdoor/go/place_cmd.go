@@ -1,10 +1,9 @@
 package main
 
 import (
-	"bufio"
 	"encoding/json"
+	"errors"
 	"fmt"
-	"os"
 
 	"tiermeshv1"
 )
@@ -22,25 +21,20 @@ type placeLine struct {
 // PLAN is a plan's JSON (core/direct_plan.py); each stdin line a placeLine; each stdout
 // line {"tier": name, "stream": name}, or null where the router places the job.
 func placeLines(planFile string) int {
-	data, err := os.ReadFile(planFile)
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 2
-	}
 	plan := &directPlan{}
-	if err := json.Unmarshal(data, plan); err != nil || !plan.complete() {
-		fmt.Fprintln(os.Stderr, "an incomplete or unreadable plan:", err)
-		return 2
+	ready := func() error {
+		if !plan.complete() {
+			return errors.New("an incomplete plan")
+		}
+		return nil
 	}
-	in := bufio.NewScanner(os.Stdin)
-	out := bufio.NewWriter(os.Stdout)
-	defer out.Flush()
-	enc := json.NewEncoder(out)
-	for in.Scan() {
+	return jsonLines(planFile, plan, ready, func(data []byte) (interface{}, error) {
 		var line placeLine
-		if err := json.Unmarshal(in.Bytes(), &line); err != nil || len(line.Alive) != len(plan.Tiers) {
-			fmt.Fprintln(os.Stderr, "a line without a liveness per tier:", err)
-			return 2
+		if err := json.Unmarshal(data, &line); err != nil {
+			return nil, err
+		}
+		if len(line.Alive) != len(plan.Tiers) {
+			return nil, fmt.Errorf("a line with %d livenesses for %d tiers", len(line.Alive), len(plan.Tiers))
 		}
 		job := &tiermeshv1.Job{}
 		for _, shape := range line.Shapes {
@@ -49,15 +43,9 @@ func placeLines(planFile string) int {
 		length := plan.lengthOf(job)
 		on := chooseTier(plan.Tiers, costOf(job, length), line.Alive)
 		if on < 0 || line.Priority < 1 || line.Priority > len(plan.Tiers[on].Streams) {
-			_ = enc.Encode(nil)
-			continue
+			return nil, nil
 		}
 		tier := plan.Tiers[on]
-		_ = enc.Encode(map[string]string{"tier": tier.Name, "stream": tier.Streams[line.Priority-1][plan.bucketOf(length)]})
-	}
-	if err := in.Err(); err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 2
-	}
-	return 0
+		return map[string]string{"tier": tier.Name, "stream": tier.Streams[line.Priority-1][plan.bucketOf(length)]}, nil
+	})
 }

@@ -12,19 +12,38 @@ import (
 // text plan's JSON (core/direct_plan.py text_plan); each stdin line a JSON string; each
 // stdout line {"ids": [...], "truncated": bool}, or null for a text the router tokenizes.
 func tokenizeLines(planFile string) int {
-	data, err := os.ReadFile(planFile)
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 2
-	}
 	plan := &textPlan{}
-	if err := json.Unmarshal(data, plan); err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 2
+	var wp *wordPiece
+	ready := func() (err error) {
+		wp, err = loadWordPiece(plan)
+		return err
 	}
-	wp, err := loadWordPiece(plan)
+	return jsonLines(planFile, plan, ready, func(line []byte) (interface{}, error) {
+		var text string
+		if err := json.Unmarshal(line, &text); err != nil {
+			return nil, err
+		}
+		ids, truncated, ok := wp.encode([]byte(text))
+		if !ok {
+			return nil, nil
+		}
+		return map[string]interface{}{"ids": ids, "truncated": truncated}, nil
+	})
+}
+
+// jsonLines is the loop of the door's test subcommands: the plan's JSON read from planFile
+// into plan and made ready, then one JSON answer on stdout to each stdin line; 2 (the
+// reason on stderr) for an unreadable plan or line, 0 at the end of stdin.
+func jsonLines(planFile string, plan interface{}, ready func() error, answer func(line []byte) (interface{}, error)) int {
+	data, err := os.ReadFile(planFile)
+	if err == nil {
+		err = json.Unmarshal(data, plan)
+	}
+	if err == nil {
+		err = ready()
+	}
 	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
+		fmt.Fprintln(os.Stderr, planFile+":", err)
 		return 2
 	}
 	in := bufio.NewScanner(os.Stdin)
@@ -33,17 +52,12 @@ func tokenizeLines(planFile string) int {
 	defer out.Flush()
 	enc := json.NewEncoder(out)
 	for in.Scan() {
-		var text string
-		if err := json.Unmarshal(in.Bytes(), &text); err != nil {
+		a, err := answer(in.Bytes())
+		if err != nil {
 			fmt.Fprintln(os.Stderr, err)
 			return 2
 		}
-		ids, truncated, ok := wp.encode([]byte(text))
-		if !ok {
-			_ = enc.Encode(nil)
-			continue
-		}
-		_ = enc.Encode(map[string]interface{}{"ids": ids, "truncated": truncated})
+		_ = enc.Encode(a)
 	}
 	if err := in.Err(); err != nil {
 		fmt.Fprintln(os.Stderr, err)
