@@ -51,7 +51,7 @@ def test_only_unsure_edge_answers_escalate() -> None:
         ({"cascade": {"output": "NOPE", "threshold": 0.9}}, "unknown"),
         ({"cascade": {"output": "LOGITS", "threshold": 0.9, "score": "entropy"}}, "score"),
         ({"tiers": {"center": {}}}, "two tiers"),
-        ({"tiers": {"fog": {}, "center": {}}}, "unknown tier"),
+        ({"tiers": {"fog": {}, "center": {}}}, "unknown key 'fog'"),
     ],
 )
 def test_bad_cascade_configs_are_refused(over: dict[str, Any], words: str) -> None:

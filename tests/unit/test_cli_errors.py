@@ -124,9 +124,17 @@ CASES = [
     Case("similarity", "similarity a", U, "the following arguments are required: b"),
     Case("similarity", "similarity a b --url grpc://h:1", U, "is a URL"),
     # models
-    Case("models", "models verify --repository {missing}", R, "does not exist"),
-    Case("models", "models fetch nosuch --repository {repo}", U, "unknown model(s) nosuch"),
-    Case("models", "models verify mlp --repository {repo}", U, "go with `fetch` only"),
+    Case("models verify", "models verify --repository {missing}", R, "does not exist"),
+    Case("models list", "models list --repository {missing}", R, "does not exist"),
+    Case("models build", "models build --repository {file}", R, "does not exist"),
+    Case(
+        "models fetch", "models fetch --repository {file} --cache-dir {file}", R, "Not a directory"
+    ),
+    Case("models fetch", "models fetch nosuch --repository {repo}", U, "unknown model(s) nosuch"),
+    Case("models verify", "models verify mlp --repository {repo}", U, "arguments: mlp"),
+    Case("models list", "models list mlp", U, "unrecognized arguments: mlp"),
+    Case("models build", "models build mlp", U, "unrecognized arguments: mlp"),
+    Case("models schema", "models schema --repository {repo}", U, "arguments: --repository"),
     Case("models", "models rebuild", U, "invalid choice: 'rebuild'"),
     # bench: every scenario
     Case("bench", "bench", U, "the following arguments are required: SCENARIO"),
@@ -370,7 +378,12 @@ def test_the_cases_cover_every_subcommand() -> None:
     # Each subcommand that reads or talks to something is tried with nothing there; these
     # three touch nothing outside (compare's 1 is its verdict: B regressed).
     runtime = {c.prog for c in CASES if c.status == RUNTIME}
-    assert _leaves() - runtime == {"keys new", "bench compare", "bench capture key"}
+    assert _leaves() - runtime == {
+        "keys new",
+        "bench compare",
+        "bench capture key",
+        "models schema",
+    }
 
 
 def test_an_unexpected_error_is_one_line_and_says_how_to_see_more(

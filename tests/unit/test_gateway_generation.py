@@ -194,7 +194,7 @@ def test_the_smollm2_config_is_generative_and_decoupled() -> None:
         (_generative(max_new_tokens=2048), "max_new_tokens must be < context_length"),
         (_generative(max_kv_tokens=1000), "max_kv_tokens must be >= context_length"),
         (_generative(step_tokens=4), "step_tokens must be >= max_sequences"),
-        (_generative(temperature=1), "unknown key(s) ['temperature']"),
+        (_generative(temperature=1), "unknown key 'temperature'"),
         ({**_generative(), "length_buckets": [16]}, "a generative model has no tiers"),
         (
             {**_generative(), "inputs": [{"name": "x", "datatype": "BYTES", "dims": [1]}]},

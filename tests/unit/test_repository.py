@@ -152,16 +152,16 @@ def _inputs(**entry: Any) -> list[dict[str, Any]]:
         ({"outputs": _inputs(datatype="STRING")}, "unknown datatype 'STRING'"),
         ({"inputs": _inputs(dims=[0])}, "must be positive or -1"),
         ({"inputs": _inputs(dims=[-2])}, "must be positive or -1"),
-        ({"inputs": [{"name": "X", "dims": [2]}]}, "needs name, datatype, dims"),
-        ({"inputs": []}, "non-empty list"),
-        ({"outputs": None}, "non-empty list"),
+        ({"inputs": [{"name": "X", "dims": [2]}]}, "inputs.0.datatype: missing required key"),
+        ({"inputs": []}, "inputs: List should have at least 1 item"),
+        ({"outputs": None}, "outputs: Input should be a valid list"),
         ({"default_priority": -1}, "default_priority must be in 1..priority_levels"),
         ({"default_priority": 4}, "default_priority must be in 1..priority_levels"),
         ({"priority_levels": 0, "default_priority": 0}, "out of range"),
         ({"max_batch_size": -1}, "out of range"),
         ({"queue_bound": 0}, "out of range"),
         ({"versions": {}}, "no versions"),
-        ({"max_batch_size": "many"}, "ValueError"),
+        ({"max_batch_size": "many"}, "max_batch_size: Input should be a valid integer"),
     ],
 )
 def test_malformed_config(tmp_path: Path, over: dict[str, Any], text: str) -> None:
@@ -181,7 +181,7 @@ def test_default_priority_zero_means_lowest(over: dict[str, Any], level: int) ->
 def test_missing_required_key(key: str) -> None:
     raw = _raw()
     del raw[key]
-    with pytest.raises(RepositoryError, match="KeyError"):
+    with pytest.raises(RepositoryError, match=f"{key}: missing required key"):
         parse_config(raw, "w")
 
 

@@ -7,11 +7,9 @@ import argparse
 import json
 import sys
 from importlib.metadata import PackageNotFoundError, version
-from pathlib import Path
 
 from tiermesh.cli.args import (
     Parser,
-    add_repository_arg,
     add_variant_arg,
     json_value,
     nonempty,
@@ -20,7 +18,6 @@ from tiermesh.cli.args import (
     parse,
     parsers,
     positive_int,
-    repository_of,
     share,
 )
 from tiermesh.cli.batch import add_batch_parser
@@ -28,6 +25,7 @@ from tiermesh.cli.bench import add_bench_parser
 from tiermesh.cli.endpoint import GENERATIVE_MODEL, add_endpoint_args, endpoint_of
 from tiermesh.cli.errors import DEBUG_ENV, UsageError, run_command
 from tiermesh.cli.keys import add_keys_parser
+from tiermesh.cli.models import add_models_parser
 from tiermesh.cli.optimize import add_optimize_parser
 from tiermesh.cli.probe import add_probe_parser
 from tiermesh.cli.profile import add_profile_parser
@@ -79,55 +77,6 @@ def cmd_similarity(args: argparse.Namespace) -> int:
 
     print(f"{similarity(endpoint_of(args), args.model, args.a, args.b, args.variant):.6f}")
     return 0
-
-
-def cmd_models(args: argparse.Namespace) -> int:
-    """build: the built-in models; fetch: the real ones; both then verify what they made.
-    verify: every model's checksums; list: what the repository holds."""
-    from tiermesh.core.builtin_models import build_into
-    from tiermesh.core.repository import ModelRepository
-
-    root = repository_of(args)
-    if args.names and args.action != "fetch":
-        raise UsageError(f"model names go with `fetch` only, not `{args.action}`")
-    made: list[str] | None = None
-    if args.action == "build":
-        made = [path.parent.parent.name for path in build_into(root)]
-    elif args.action == "fetch":
-        made = _fetch(root, args)
-    repo = ModelRepository(root)
-    for name, cfg in repo.load().items():
-        if made is not None and cfg.queue_model not in made:
-            continue
-        checked = args.action != "list"
-        if checked:
-            repo.checked_folder(name)
-        versions = [v.version for v in cfg.versions]
-        print(
-            f"{name}: versions {versions}, variants {sorted(cfg.variants)}, "
-            f"max_batch_size {cfg.max_batch_size}" + (" (sha256 ok)" if checked else "")
-        )
-    return 0
-
-
-def _fetch(root: Path, args: argparse.Namespace) -> list[str]:
-    """Fetches the named models (all when none is named); returns the names fetched."""
-    from tiermesh.convert import smollm2
-    from tiermesh.convert.fetch import default_cache_dir
-    from tiermesh.convert.minilm import MODELS, fetch_minilm
-
-    known = [*MODELS, smollm2.NAME]
-    names = list(dict.fromkeys(args.names or known))
-    if unknown := [n for n in names if n not in known]:
-        raise UsageError(f"unknown model(s) {', '.join(unknown)}; known: {', '.join(known)}")
-    cache = Path(args.cache_dir) if args.cache_dir else default_cache_dir()
-    made: list[str] = []
-    if minilm := [n for n in names if n in MODELS]:
-        made += fetch_minilm(root, cache, progress=True, which=minilm)
-    if smollm2.NAME in names:
-        smollm2.fetch_smollm2(root, cache, progress=True)
-        made.append(smollm2.NAME)
-    return made
 
 
 def _package_version() -> str:
@@ -221,23 +170,7 @@ def parser() -> argparse.ArgumentParser:
     add_variant_arg(sim)
     sim.set_defaults(func=cmd_similarity)
 
-    models = sub.add_parser("models", help="build, verify or list the model repository")
-    models.add_argument(
-        "action",
-        choices=["build", "fetch", "verify", "list"],
-        help="build: the built-in models; fetch: the real ones (downloads); "
-        "verify: every model's checksums; list: what the repository holds",
-    )
-    models.add_argument("names", nargs="*", help="fetch: which models (default: all)")
-    add_repository_arg(models)
-    models.add_argument(
-        "--cache-dir",
-        default=None,
-        help="fetch: downloads and conversions (default: $TIERMESH_CACHE_DIR, else "
-        "~/.cache/tiermesh)",
-    )
-    models.set_defaults(func=cmd_models)
-
+    add_models_parser(sub)
     add_bench_parser(sub)
     add_profile_parser(sub)
     add_optimize_parser(sub)

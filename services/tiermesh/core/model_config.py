@@ -14,12 +14,14 @@ from __future__ import annotations
 import itertools
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from pydantic import BaseModel
+
+from tiermesh.core import config_schema as schema
 from tiermesh.core.canary_spec import CanarySpec, parse_canary
-from tiermesh.core.tensors import DATATYPES
 from tiermesh.core.tier_spec import (
     TierConfigError,
     TierSpec,
@@ -219,6 +221,8 @@ class ModelConfig:
     stable_version: str = ""
     canary: CanarySpec = field(default_factory=CanarySpec)
     generation: GenerationSpec | None = None
+    # Serve variants without a passing accuracy-gate record (`ungated: true`).
+    ungated: bool = False
 
     @property
     def queue_model(self) -> str:
@@ -272,158 +276,109 @@ class ModelConfig:
         return BucketSpec(0, max(self.max_batch_size, 1), self.max_batch_wait_ms)
 
 
-def _tensor_specs(raw: Any, where: str) -> tuple[TensorSpec, ...]:
-    if not isinstance(raw, list) or not raw:
-        raise RepositoryError(f"{where}: must be a non-empty list")
-    specs = []
-    for item in raw:
-        try:
-            spec = TensorSpec(str(item["name"]), str(item["datatype"]), tuple(item["dims"]))
-        except (KeyError, TypeError) as exc:
-            raise RepositoryError(f"{where}: each entry needs name, datatype, dims") from exc
-        if spec.datatype not in DATATYPES:
-            raise RepositoryError(f"{where}: unknown datatype {spec.datatype!r} of {spec.name}")
-        if not all(isinstance(d, int) and (d > 0 or d == -1) for d in spec.dims):
-            raise RepositoryError(f"{where}: dims of {spec.name} must be positive or -1")
-        specs.append(spec)
-    return tuple(specs)
+def _tensors(raw: Sequence[schema.Tensor]) -> tuple[TensorSpec, ...]:
+    return tuple(TensorSpec(t.name, t.datatype, tuple(t.dims)) for t in raw)
 
 
-def _optional(raw: Any, key: str) -> dict[str, Any] | None:
-    value = raw.get(key)
-    if value is None:
-        return None
-    if not isinstance(value, dict):
-        raise RepositoryError(f"{key} must be a mapping")
-    return value
-
-
-def _buckets(raw: Any, max_batch: int, wait_ms: float) -> tuple[BucketSpec, ...]:
+def _buckets(raw: schema.RawConfig) -> tuple[BucketSpec, ...]:
     """`length_buckets` as plain upper bounds (model batching for each) or as mappings with
     their own max_batch_size, max_batch_wait_ms and preferred_batch_sizes."""
-    if not isinstance(raw, list):
-        raise RepositoryError("length_buckets must be a list")
-    out = []
-    for item in raw:
-        if isinstance(item, dict):
-            out.append(
-                BucketSpec(
-                    max_length=int(item["max_length"]),
-                    max_batch_size=int(item.get("max_batch_size", max_batch)),
-                    max_batch_wait_ms=float(item.get("max_batch_wait_ms", wait_ms)),
-                    preferred_batch_sizes=tuple(
-                        sorted(int(p) for p in item.get("preferred_batch_sizes", ()))
-                    ),
-                )
-            )
-        else:
-            out.append(BucketSpec(int(item), max_batch, wait_ms))
-    return tuple(out)
+    max_batch, wait_ms = max(raw.max_batch_size, 1), _batching(raw).max_batch_wait_ms
+    return tuple(
+        BucketSpec(item, max_batch, wait_ms)
+        if isinstance(item, int)
+        else BucketSpec(
+            max_length=item.max_length,
+            max_batch_size=max_batch if item.max_batch_size is None else item.max_batch_size,
+            max_batch_wait_ms=wait_ms if item.max_batch_wait_ms is None else item.max_batch_wait_ms,
+            preferred_batch_sizes=tuple(sorted(item.preferred_batch_sizes)),
+        )
+        for item in raw.length_buckets or ()
+    )
+
+
+def _batching(raw: schema.RawConfig) -> schema.Batching:
+    return raw.batching or schema.Batching()
+
+
+def _set(section: BaseModel | None) -> dict[str, Any]:
+    """The keys a section gives (unset ones keep the dataclass's default)."""
+    return {} if section is None else section.model_dump(exclude_none=True, exclude_unset=True)
 
 
 def parse_config(raw: Any, where: str) -> ModelConfig:
-    """Build a ModelConfig from the parsed YAML of config.yaml; raise RepositoryError."""
+    """Build a ModelConfig from the parsed YAML of config.yaml; raise RepositoryError naming
+    `where` and what is wrong (a misspelt key: the section, and the keys allowed there)."""
     if not isinstance(raw, dict):
         raise RepositoryError(f"{where}: expected a mapping")
     try:
-        versions = tuple(
-            ModelVersion(str(v), {str(f): str(h) for f, h in (files or {}).items()})
-            for v, files in dict(raw["versions"]).items()
-        )
-        batching = raw.get("batching", {}) or {}
-        compute = _optional(raw, "compute") or {}
-        tokenize = _optional(raw, "tokenize")
-        pool = _optional(raw, "pool")
-        variants = {str(k): str(v) for k, v in (raw.get("variants") or {}).items()}
-        scheduling = _optional(raw, "scheduling") or {}
-        cache = _optional(raw, "response_cache") or {}
-        cascade = _optional(raw, "cascade")
-        tiers, mixed_variants = parse_tiers(_optional(raw, "tiers") or {})
-        generation = _optional(raw, "generation")
-        max_batch = int(raw.get("max_batch_size", 0))
-        buckets = _buckets(
-            raw.get("length_buckets") or [],
-            max(max_batch, 1),
-            float(batching.get("max_batch_wait_ms", 2.0)),
-        )
-        cfg = ModelConfig(
-            name=str(raw["name"]),
-            platform=str(raw.get("platform", "onnxruntime_onnx")),
-            max_batch_size=int(raw.get("max_batch_size", 0)),
-            inputs=_tensor_specs(raw.get("inputs"), f"{where} inputs"),
-            outputs=_tensor_specs(raw.get("outputs"), f"{where} outputs"),
-            versions=versions,
-            max_batch_wait_ms=float(batching.get("max_batch_wait_ms", 2.0)),
-            adaptive_wait=_flag(batching.get("adaptive_wait", True), f"{where} adaptive_wait"),
-            queue_bound=int(raw.get("queue_bound", 1024)),
-            model_queue_bound=int(raw.get("model_queue_bound", 0)),
-            priority_levels=int(raw.get("priority_levels", 2)),
-            default_priority=int(raw.get("default_priority") or raw.get("priority_levels") or 2),
-            length_buckets=tuple(b.max_length for b in buckets),
-            buckets=buckets,
-            scheduling=SchedulingSpec(
-                priority_weights=tuple(int(w) for w in scheduling.get("priority_weights", ())),
-                age_limit_ms=tuple(float(a) for a in scheduling.get("age_limit_ms", ())),
-                yield_ms=float(scheduling.get("yield_ms", DEFAULT_YIELD_MS)),
-            ),
-            response_cache=CacheSpec(
-                enabled=bool(cache.get("enabled", False)),
-                ttl_s=float(cache.get("ttl_s", 60.0)),
-                max_entries=int(cache.get("max_entries", 10_000)),
-                shared_across_tenants=bool(cache.get("shared_across_tenants", False)),
-            ),
-            variants=variants or {"fp32": str(raw.get("model_file", "model.onnx"))},
-            default_variant=str(raw.get("default_variant", next(iter(variants), "fp32"))),
-            compute_inputs=(
-                _tensor_specs(compute["inputs"], f"{where} compute.inputs") if compute else ()
-            ),
-            compute_outputs=(
-                _tensor_specs(compute["outputs"], f"{where} compute.outputs") if compute else ()
-            ),
-            pad={str(k): int(v) for k, v in (compute.get("pad") or {}).items()},
-            tokenize=TokenizeSpec(
-                tokenizer_file=str(tokenize["tokenizer"]),
-                max_length=int(tokenize["max_length"]),
-                max_text_bytes=int(tokenize.get("max_text_bytes", 16_384)),
-            )
-            if tokenize
-            else None,
-            pool=PoolSpec(str(pool["source"]), str(pool["mask"]), str(pool["output"]))
-            if pool
-            else None,
-            max_sequence=int(tokenize["max_length"]) if tokenize else 0,
-            cascade=CascadeSpec(
-                output=str(cascade["output"]),
-                threshold=float(cascade["threshold"]),
-                score=str(cascade.get("score", "top1_softmax")),
-            )
-            if cascade
-            else None,
-            generation=_generation(generation) if generation is not None else None,
-            stable_version=str(raw.get("stable_version", "") or ""),
-            canary=parse_canary(_optional(raw, "canary")),
-            tiers=tiers,
-            mixed_variants=mixed_variants,
-        )
-    except (RepositoryError, TierConfigError) as exc:
-        raise RepositoryError(f"{where}: {exc}") from exc
-    except (KeyError, TypeError, ValueError, AttributeError) as exc:
-        # AttributeError: a section of the wrong shape (a list where a mapping belongs).
-        raise RepositoryError(f"{where}: {exc.__class__.__name__}: {exc}") from exc
+        cfg = _build(schema.validated(raw), raw)
+    except (ValueError, TierConfigError) as exc:
+        raise RepositoryError(f"{where}: {exc}") from None
     _check(cfg, where)
     return cfg
 
 
-def _generation(raw: dict[str, Any]) -> GenerationSpec:
-    known = set(GenerationSpec.__slots__)
+def _build(raw: schema.RawConfig, given: dict[str, Any]) -> ModelConfig:
+    buckets = _buckets(raw)
+    batching, scheduling = _batching(raw), raw.scheduling or schema.Scheduling()
+    compute, tokenize = raw.compute, raw.tokenize
+    variants = dict(raw.variants or {}) or {"fp32": raw.model_file}
+    tiers, mixed_variants = parse_tiers(
+        {
+            str(name): _set(getattr(raw.tiers, str(name))) if name != "mixed_variants" else value
+            for name, value in (given.get("tiers") or {}).items()
+        }
+    )
+    return ModelConfig(
+        name=raw.name,
+        platform=raw.platform,
+        max_batch_size=raw.max_batch_size,
+        inputs=_tensors(raw.inputs),
+        outputs=_tensors(raw.outputs),
+        versions=tuple(
+            ModelVersion(version, dict(files or {})) for version, files in raw.versions.items()
+        ),
+        max_batch_wait_ms=batching.max_batch_wait_ms,
+        adaptive_wait=batching.adaptive_wait,
+        queue_bound=raw.queue_bound,
+        model_queue_bound=raw.model_queue_bound,
+        priority_levels=raw.priority_levels,
+        default_priority=raw.default_priority or raw.priority_levels,
+        length_buckets=tuple(b.max_length for b in buckets),
+        buckets=buckets,
+        scheduling=SchedulingSpec(
+            priority_weights=tuple(scheduling.priority_weights),
+            age_limit_ms=tuple(scheduling.age_limit_ms),
+            yield_ms=DEFAULT_YIELD_MS
+            if scheduling.yield_ms is None
+            else scheduling.yield_ms,
+        ),
+        response_cache=CacheSpec(**_set(raw.response_cache)),
+        variants=variants,
+        default_variant=raw.default_variant or next(iter(variants)),
+        compute_inputs=_tensors(compute.inputs) if compute else (),
+        compute_outputs=_tensors(compute.outputs) if compute else (),
+        pad=dict(compute.pad) if compute else {},
+        tokenize=TokenizeSpec(tokenize.tokenizer, tokenize.max_length, tokenize.max_text_bytes)
+        if tokenize
+        else None,
+        pool=PoolSpec(raw.pool.source, raw.pool.mask, raw.pool.output) if raw.pool else None,
+        max_sequence=tokenize.max_length if tokenize else 0,
+        cascade=CascadeSpec(**raw.cascade.model_dump()) if raw.cascade else None,
+        generation=_generation(raw.generation) if raw.generation is not None else None,
+        stable_version=raw.stable_version or "",
+        canary=parse_canary(_set(raw.canary)),
+        tiers=tiers,
+        mixed_variants=mixed_variants,
+        ungated=raw.ungated,
+    )
+
+
+def _generation(raw: schema.Generation) -> GenerationSpec:
+    values = _set(raw)
     names = {"tokenizer": "tokenizer_file", "chat": "chat_file"}
-    fields = {names.get(k, k): v for k, v in raw.items()}
-    if unknown := set(fields) - known:
-        raise RepositoryError(f"generation: unknown key(s) {sorted(unknown)}")
-    values: dict[str, Any] = {
-        k: str(v) if k.endswith("_file") else int(v) for k, v in fields.items()
-    }
-    return GenerationSpec(**values)
+    return GenerationSpec(**{names.get(k, k): v for k, v in values.items()})
 
 
 def _check_generation(cfg: ModelConfig, where: str) -> None:
@@ -537,19 +492,22 @@ def _check(cfg: ModelConfig, where: str) -> None:
 
 def companions(raw: Any, parent: ModelConfig, where: str) -> list[ModelConfig]:
     """The companion models a config declares: the parent's compute, another public input."""
+    try:
+        declared = schema.validated(raw).companions or []
+    except ValueError as exc:
+        raise RepositoryError(f"{where}: {exc}") from None
     out = []
-    for item in raw.get("companions") or []:
-        try:
-            name = str(item["name"])
-            inputs = _tensor_specs(item["inputs"], f"{where} companion {name} inputs")
-        except (KeyError, TypeError) as exc:
-            raise RepositoryError(f"{where}: each companion needs name and inputs") from exc
-        cfg = replace(parent, name=name, inputs=inputs, tokenize=None, companion_of=parent.name)
+    for item in declared:
+        inputs = _tensors(item.inputs)
+        cfg = replace(
+            parent, name=item.name, inputs=inputs, tokenize=None, companion_of=parent.name
+        )
         _check(cfg, where)
         if not _same_interface(inputs, parent.runs_inputs):
             raise RepositoryError(
-                f"{where}: companion {name} must take the compute inputs (names, datatypes, "
-                "ranks; a fixed dimension only where the compute one is dynamic or equal)"
+                f"{where}: companion {item.name} must take the compute inputs (names, "
+                "datatypes, ranks; a fixed dimension only where the compute one is dynamic "
+                "or equal)"
             )
         out.append(cfg)
     return out
@@ -563,9 +521,3 @@ def _same_interface(given: tuple[TensorSpec, ...], compute: tuple[TensorSpec, ..
         and all(want in (-1, got) for got, want in zip(a.dims, b.dims, strict=True))
         for a, b in zip(given, compute, strict=True)
     )
-
-
-def _flag(value: Any, where: str) -> bool:
-    if not isinstance(value, bool):
-        raise RepositoryError(f"{where}: expected true or false, got {value!r}")
-    return value
