@@ -39,7 +39,7 @@ OVERLAYS = ("center", "edge", "dev")
 # Every rendering checked: the shipped overlays, the whole base alone, and the base with
 # every component.
 RENDERS = (*OVERLAYS, "base", "components")
-COMPONENTS = ("auth", "tls", "external-redis")
+COMPONENTS = ("auth", "tls", "external-redis", "gpu")
 # API groups of custom resources, which kubernetes-validate does not know: their vendored
 # CRD schemas check them (k8s/schemas/).
 CRD_GROUPS = frozenset({"keda.sh", "cert-manager.io"})

@@ -373,7 +373,9 @@ def test_adaptive_wait_parses_from_the_batching_section() -> None:
     assert _cfg().adaptive_wait is True
     raw = {**_raw(), "batching": {"max_batch_wait_ms": 2, "adaptive_wait": False}}
     assert parse_config(raw, "test").adaptive_wait is False
-    with pytest.raises(RepositoryError, match="batching.adaptive_wait: Input should be a valid boolean"):
+    with pytest.raises(
+        RepositoryError, match=r"batching\.adaptive_wait: Input should be a valid boolean"
+    ):
         parse_config({**_raw(), "batching": {"adaptive_wait": "no"}}, "test")
 
 

@@ -105,7 +105,10 @@ def test_mixed_variants_opt_in() -> None:
 @pytest.mark.parametrize(
     ("tiers", "words"),
     [
-        ({"mixed_variants": "yes", "center": {}}, "mixed_variants: Input should be a valid boolean"),
+        (
+            {"mixed_variants": "yes", "center": {}},
+            "mixed_variants: Input should be a valid boolean",
+        ),
         ({"mixed_variants": 1, "center": {}}, "mixed_variants: Input should be a valid boolean"),
         ({"fog": {}, "center": {}}, "unknown key 'fog'; allowed keys: center, edge, mixed"),
         ({"edge": {"variant": "fp16"}, "center": {}}, "unknown variant fp16"),

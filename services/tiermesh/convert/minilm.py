@@ -28,7 +28,7 @@ from tiermesh.convert.files import write_atomic
 from tiermesh.convert.job import Job, Recipe, make_version
 from tiermesh.convert.provenance import Source
 from tiermesh.convert.rewrite import keep_single_output
-from tiermesh.worker.runner import session_options
+from tiermesh.core.sessions import open_session, session_options
 
 VERSION = "1"
 FILES = ("model.onnx", "model.int8.onnx", "tokenizer.json")
@@ -59,7 +59,7 @@ class ConversionError(RuntimeError):
 
 
 def _session(path: Path) -> ort.InferenceSession:
-    return ort.InferenceSession(str(path), session_options(1), providers=["CPUExecutionProvider"])
+    return open_session(path, session_options(1)).session
 
 
 def _probe(path: Path, output: str = OUTPUT) -> np.ndarray:

@@ -13,6 +13,8 @@ from typing import Literal
 from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from tiermesh.core.sessions import ProviderError, ProviderRequest, parse_providers
+
 
 class ServiceSettings(BaseSettings):
     """What every service shares: where Redis and the models are, logs and traces."""
@@ -225,10 +227,31 @@ class WorkerSettings(ServiceSettings):
     # priority by that much at start (os.nice), so on shared cores online work goes first.
     worker_online: bool = True
     worker_nice: int = Field(default=0, ge=0, le=19)
+    # onnxruntime execution providers for every session, in order of preference
+    # (core/sessions.py): a comma list of names (cuda, tensorrt, openvino, rocm, migraphx,
+    # coreml, cpu, or onnxruntime's own) or a JSON list of {"name": ..., "options": {...}}.
+    # Empty: each model's `tiers.<this tier>.execution_providers`, else CPU.
+    execution_providers: str = ""
+    # A provider asked for that is missing or fails to initialise: `refuse` stops the
+    # worker with one line saying so; `cpu` serves on CPU instead, with a warning.
+    provider_fallback: Literal["refuse", "cpu"] = "refuse"
 
     @property
     def model_names(self) -> list[str]:
         return [m.strip() for m in self.worker_models.split(",") if m.strip()]
+
+    @property
+    def provider_request(self) -> ProviderRequest:
+        """TIERMESH_EXECUTION_PROVIDERS, parsed (checked when the settings are built)."""
+        return parse_providers(self.execution_providers)
+
+    @model_validator(mode="after")
+    def _providers_are_known(self) -> WorkerSettings:
+        try:
+            parse_providers(self.execution_providers)
+        except ProviderError as exc:
+            raise ValueError(f"TIERMESH_EXECUTION_PROVIDERS: {exc}") from None
+        return self
 
     @model_validator(mode="after")
     def _reclaims_often_enough(self) -> WorkerSettings:

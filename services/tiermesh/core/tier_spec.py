@@ -12,6 +12,15 @@ serving different variants (a cheaper INT8 edge, say) are refused unless the con
 
 A caller that names a variant (the `variant` request parameter) gets that one on any tier;
 every answer says which variant gave it (the `tiermesh.variant` response parameter).
+
+A tier may name the onnxruntime execution providers its workers ask for, in order (names
+or short aliases, with provider options; core/sessions.py); a worker's own
+TIERMESH_EXECUTION_PROVIDERS wins over it, and without either a worker runs on CPU:
+
+    tiers:
+      edge: {variant: fp32, max_cost: 64}
+      center:
+        execution_providers: [cuda, {name: tensorrt, options: {trt_fp16_enable: "1"}}]
 """
 
 from __future__ import annotations
@@ -19,6 +28,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
+
+from tiermesh.core.sessions import ProviderError, ProviderRequest, parse_providers
 
 TIER_NAMES = ("edge", "center")
 # The key under `tiers:` that lets tiers serve different variants (not a tier name).
@@ -38,6 +49,9 @@ class TierSpec:
     name: str
     variant: str
     max_cost: int = 0
+    # The onnxruntime execution providers this tier's workers ask for, in order (empty:
+    # CPU, unless a worker's own setting names some).
+    execution_providers: ProviderRequest = ()
 
 
 def parse_tiers(raw: Mapping[str, Any]) -> tuple[tuple[TierSpec, ...], bool]:
@@ -51,11 +65,27 @@ def parse_tiers(raw: Mapping[str, Any]) -> tuple[tuple[TierSpec, ...], bool]:
             name=str(name),
             variant=str((spec or {}).get("variant", "")),
             max_cost=int((spec or {}).get("max_cost", 0)),
+            execution_providers=_providers(str(name), (spec or {}).get("execution_providers")),
         )
         for name, spec in raw.items()
         if name != MIXED_VARIANTS
     )
     return tiers, mixed
+
+
+def _providers(tier: str, raw: object) -> ProviderRequest:
+    """A tier's `execution_providers`: a list of names or `{name, options}` mappings."""
+    if raw is None:
+        return ()
+    where = f"tiers.{tier}.execution_providers"
+    if not isinstance(raw, list):
+        raise TierConfigError(
+            f"{where}: expected a list of provider names or {{name, options}}, got {raw!r}"
+        )
+    try:
+        return parse_providers(raw)
+    except ProviderError as exc:
+        raise TierConfigError(f"{where}: {exc}") from None
 
 
 def served_variants(tiers: Sequence[TierSpec], default_variant: str) -> dict[str, str]:

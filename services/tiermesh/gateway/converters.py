@@ -222,6 +222,10 @@ def _config_type(datatype: str) -> int:
     )
 
 
+# The ModelConfig parameter naming the execution providers the model's tiers ask for.
+EXECUTION_PROVIDERS = "execution_providers"
+
+
 def model_config(cfg: ModelConfig) -> service_pb2.ModelConfigResponse:
     config = model_config_pb2.ModelConfig(
         name=cfg.name,
@@ -245,4 +249,12 @@ def model_config(cfg: ModelConfig) -> service_pb2.ModelConfigResponse:
         config.parameters["max_text_bytes"].string_value = str(cfg.tokenize.max_text_bytes)
     if cfg.max_sequence:
         config.parameters["max_sequence"].string_value = str(cfg.max_sequence)
+    # The execution providers each tier's config asks its workers for (JSON: tier -> names
+    # in order). What a worker got (a worker's own setting wins, CPU may be a fallback) is
+    # its metric tiermesh_worker_session_info.
+    asked = {t.name: [p.name for p in t.execution_providers] for t in cfg.tiers}
+    if any(asked.values()):
+        config.parameters[EXECUTION_PROVIDERS].string_value = json.dumps(
+            {tier: names for tier, names in asked.items() if names}, separators=(",", ":")
+        )
     return service_pb2.ModelConfigResponse(config=config)

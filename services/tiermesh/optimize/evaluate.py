@@ -16,8 +16,8 @@ import numpy as np
 import numpy.typing as npt
 import onnxruntime as ort
 
+from tiermesh.core.sessions import open_session, session_options
 from tiermesh.router.text import TextEncoder
-from tiermesh.worker.runner import session_options
 
 Floats = npt.NDArray[np.float32]
 OUTPUT = "last_hidden_state"
@@ -39,9 +39,7 @@ class Speed:
 
 
 def session(path: Path, threads: int = 0) -> ort.InferenceSession:
-    return ort.InferenceSession(
-        str(path), session_options(threads), providers=["CPUExecutionProvider"]
-    )
+    return open_session(path, session_options(threads)).session
 
 
 def embed(
@@ -109,12 +107,12 @@ def speed(
 _RSS_PROBE = """
 import json, sys, time
 import numpy as np, onnxruntime as ort
-from tiermesh.worker.runner import session_options
+from tiermesh.core.sessions import open_session, session_options
 opts = session_options(0)
 if sys.argv[3] == "preoptimized":  # saved after graph optimisation: do not redo it
     opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
 t0 = time.perf_counter()
-s = ort.InferenceSession(sys.argv[1], opts, providers=["CPUExecutionProvider"])
+s = open_session(sys.argv[1], opts).session
 for n in json.loads(sys.argv[2]):
     ids = np.full((1, n), 1000, dtype=np.int64)
     s.run(None, {"input_ids": ids, "attention_mask": np.ones_like(ids)})

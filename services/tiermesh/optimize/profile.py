@@ -17,6 +17,8 @@ from dataclasses import asdict, dataclass
 import onnx
 from onnx import helper
 
+from tiermesh.core.sessions import CPU
+
 # Machine balance: peak FLOP/s over memory bandwidth. A server CPU core group does roughly
 # 1-2 TFLOP/s FP32 (AVX-512 FMA) against ~100-200 GB/s of DRAM bandwidth: ~10 FLOP/byte.
 # Work below this intensity waits on memory, above it on arithmetic. (A datacenter GPU sits
@@ -161,7 +163,7 @@ class _EpRule:
 
 
 EP_RULES: tuple[_EpRule, ...] = (
-    _EpRule("CPUExecutionProvider", "CPU", None, frozenset(), "reference EP: all standard ops"),
+    _EpRule(CPU, "CPU", None, frozenset(), "reference EP: all standard ops"),
     _EpRule(
         "CUDAExecutionProvider",
         "CUDA",
@@ -429,14 +431,15 @@ def _dummy_feed(session: object, seq: int) -> dict[str, object]:
 
 def _fallback_ops(model_bytes: bytes, provider: str, seq: int) -> tuple[str, ...]:
     """Op types the session placed on CPU although `provider` came first (one profiled run)."""
-    import onnxruntime as ort
-
-    from tiermesh.worker.runner import session_options
+    from tiermesh.core.sessions import ProviderSpec, open_session, session_options
 
     opts = session_options(1)
     opts.enable_profiling = True
     opts.log_severity_level = 3
-    session = ort.InferenceSession(model_bytes, opts, providers=[provider, "CPUExecutionProvider"])
+    # Refuse, never fall back: a session that silently lost `provider` would report every
+    # node on CPU as that provider's gap.
+    request = (ProviderSpec(provider), ProviderSpec(CPU))
+    session = open_session(model_bytes, opts, request, fallback="refuse").session
     session.run(None, _dummy_feed(session, seq))
     path = session.end_profiling()
     with open(path) as f:
@@ -444,7 +447,7 @@ def _fallback_ops(model_bytes: bytes, provider: str, seq: int) -> tuple[str, ...
     on_cpu = {
         e["args"]["op_name"]
         for e in events
-        if e.get("cat") == "Node" and e.get("args", {}).get("provider") == "CPUExecutionProvider"
+        if e.get("cat") == "Node" and e.get("args", {}).get("provider") == CPU
     }
     return tuple(sorted(on_cpu))
 
@@ -459,9 +462,7 @@ def verify_installed(
     profiled; the op types of nodes placed on CPU are reported (after graph optimisation,
     so fused op names may appear; CUDA also puts small shape computations on CPU on purpose).
     """
-    import onnxruntime as ort
-
-    from tiermesh.worker.runner import session_options
+    from tiermesh.core.sessions import ProviderSpec, open_session, session_options
 
     by_label = {rule.label: rule for rule in EP_RULES}
     rows: list[EpSupport] = []
@@ -471,8 +472,8 @@ def verify_installed(
             rows.append(row)
             continue
         try:
-            if provider == "CPUExecutionProvider":
-                ort.InferenceSession(model_bytes, session_options(1), providers=[provider])
+            if provider == CPU:
+                open_session(model_bytes, session_options(1), (ProviderSpec(CPU),))
                 fell_back: tuple[str, ...] = ()
                 note = "session created: every node has a CPU kernel"
             else:

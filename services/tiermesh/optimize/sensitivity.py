@@ -36,8 +36,8 @@ from onnxruntime.quantization.qdq_loss_debug import (
     modify_model_output_intermediate_tensors,
 )
 
+from tiermesh.core.sessions import open_session, session_options
 from tiermesh.optimize.variants import QUANTIZED_OP_TYPES, VariantError, int8_static
-from tiermesh.worker.runner import session_options
 
 
 def _candidates(model: onnx.ModelProto, candidates: Sequence[str] | None) -> list[str]:
@@ -65,7 +65,7 @@ def _activation_noise(
     }
     opts = session_options(2)
     opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    session = ort.InferenceSession(str(augmented), opts, providers=["CPUExecutionProvider"])
+    session = open_session(augmented, opts).session
     names = [o.name for o in session.get_outputs() if o.name in saved]
     totals: dict[str, tuple[float, float]] = {}
     while (batch := reader.get_next()) is not None:

@@ -43,7 +43,7 @@ from onnxruntime.quantization import (
 )
 
 from tiermesh.convert.minilm import quantize_int8, quiet_quantizer_hints
-from tiermesh.worker.runner import session_options
+from tiermesh.core.sessions import open_session, session_options
 
 QUANTIZED_OP_TYPES = ("MatMul", "Gemm")
 
@@ -84,7 +84,7 @@ def graph_optimized(src: Path, dst: Path) -> Path:
         opts = session_options(1)
         opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
         opts.optimized_model_filepath = str(out)
-        ort.InferenceSession(str(src), opts, providers=["CPUExecutionProvider"])
+        open_session(src, opts)
     return dst
 
 

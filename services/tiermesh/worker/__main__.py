@@ -42,7 +42,7 @@ from tiermesh.worker.loop import Worker
 from tiermesh.worker.metrics import GenerationMetrics, WorkerMetrics
 from tiermesh.worker.runner import ComputeTime, ModelRunner
 from tiermesh.worker.streams import StreamClient
-from tiermesh.worker.units import UnitControl, open_generative, open_runner
+from tiermesh.worker.units import UnitControl, open_generative, open_runner, provider_choice
 
 log = structlog.get_logger("tiermesh.worker")
 # Generative models are served on this tier only (they have no tiers of their own).
@@ -83,14 +83,22 @@ async def serve(
     compute = plan(settings.intra_op_threads, settings.compute_lanes, cores_available())
     compute_time = ComputeTime(registry, per_thread=compute.threads == 1)
 
+    # Execution providers: the worker's own setting, else each model's tier's, else CPU.
+    provider_request = settings.provider_request
+
     def opener(unit: str, cfg: ModelConfig) -> ModelRunner:
         # A batch computing alone on an idle worker may use every lane's threads.
         wide = compute.threads * compute.lanes
-        return open_runner(repo, unit, cfg, compute.threads, compute_time, wide)
+        providers = provider_choice(
+            provider_request, settings.provider_fallback, cfg, settings.worker_tier
+        )
+        return open_runner(repo, unit, cfg, compute.threads, compute_time, wide, providers)
 
     runners = {unit: opener(unit, cfg) for unit, cfg in served.items()}
     for unit, runner in runners.items():
-        log.info("model loaded", unit=unit, load_s=round(runner.load_s, 3))
+        log.info(
+            "model loaded", unit=unit, load_s=round(runner.load_s, 3), provider=runner.provider
+        )
     # Generative models run on the center tier, in a loop of their own per unit.
     generative = {
         unit: cfg
@@ -98,11 +106,24 @@ async def serve(
         if settings.worker_tier == GENERATION_TIER and settings.worker_online
     }
     opened = {
-        unit: open_generative(repo, unit, cfg, settings.intra_op_threads)
+        unit: open_generative(
+            repo,
+            unit,
+            cfg,
+            settings.intra_op_threads,
+            provider_choice(
+                provider_request, settings.provider_fallback, cfg, settings.worker_tier
+            ),
+        )
         for unit, cfg in generative.items()
     }
     for unit, gen in opened.items():
-        log.info("generative model loaded", unit=unit, load_s=round(gen.load_s, 3))
+        log.info(
+            "generative model loaded",
+            unit=unit,
+            load_s=round(gen.load_s, 3),
+            provider=gen.provider,
+        )
     channel = make_channel(
         settings.postprocess_address,
         settings.max_message_bytes,
@@ -131,6 +152,10 @@ async def serve(
         if settings.direct_delivery
         else to_postprocess
     )
+    worker_metrics = WorkerMetrics(registry)
+    # Generative units' providers here; batched units' as the loop opens them (Worker.open).
+    for unit, gen in opened.items():
+        worker_metrics.session_provider(unit, settings.worker_tier, gen.provider)
     worker = Worker(
         tier=settings.worker_tier,
         configs=served,
@@ -141,7 +166,7 @@ async def serve(
         poll_block_ms=settings.poll_block_ms,
         heartbeat_interval_ms=settings.heartbeat_interval_ms,
         heartbeat_ttl_ms=settings.heartbeat_ttl_ms,
-        metrics=WorkerMetrics(registry),
+        metrics=worker_metrics,
         reclaim_interval_ms=settings.reclaim_interval_ms,
         reclaim_min_idle_ms=settings.reclaim_min_idle_ms,
         max_deliveries=settings.max_deliveries,

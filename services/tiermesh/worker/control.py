@@ -88,7 +88,9 @@ class ModelControl:
                 log.error("model not loaded", unit=unit, problem=str(exc))
                 continue
             units.configs[unit], units.runners[unit] = wanted[unit], runner
-            log.info("model loaded", unit=unit, load_s=round(runner.load_s, 3))
+            log.info(
+                "model loaded", unit=unit, load_s=round(runner.load_s, 3), provider=runner.provider
+            )
         self._scheduler.set_units(units.configs)
         if self._background is not None:
             self._background.set_units(units.configs)
@@ -162,4 +164,6 @@ class ModelControl:
 
     def unit_metric(self, unit: str, loaded: bool) -> None:
         if self._metrics is not None:
-            self._metrics.unit_loaded(unit, self._units.tier, loaded)
+            runner = self._units.runners.get(unit) if loaded else None
+            provider = runner.provider if runner is not None else ""
+            self._metrics.unit_loaded(unit, self._units.tier, loaded, provider)

@@ -65,6 +65,15 @@ class WorkerMetrics:
             ("model", "version", "variant", "tier"),
             registry=registry,
         )
+        # Which execution provider each unit's session got (core/sessions.py), as a label:
+        # the provider asked for can differ (a CPU fallback is allowed by a setting).
+        self.session_info = Gauge(
+            "tiermesh_worker_session_info",
+            "1 for the execution provider the compute unit's onnxruntime session got",
+            ("model", "version", "variant", "tier", "provider"),
+            registry=registry,
+        )
+        self._providers: dict[tuple[str, str], str] = {}
         self.skipped = Counter(
             "tiermesh_requests_skipped",
             "Requests dropped before compute, by reason",
@@ -72,11 +81,24 @@ class WorkerMetrics:
             registry=registry,
         )
 
-    def unit_loaded(self, unit: str, tier: str, loaded: bool) -> None:
+    def unit_loaded(self, unit: str, tier: str, loaded: bool, provider: str = "") -> None:
         """1 while this worker has a session for the unit and reads its streams; 0 once
-        model control unloaded it and the session was dropped."""
+        model control unloaded it and the session was dropped. `provider`: the execution
+        provider the session got (`session_provider`)."""
         model, version, variant = split_unit(unit)
         self.loaded.labels(model, version, variant, tier).set(1 if loaded else 0)
+        self.session_provider(unit, tier, provider if loaded else "")
+
+    def session_provider(self, unit: str, tier: str, provider: str) -> None:
+        """tiermesh_worker_session_info: 1 labelled with the provider the unit's session got
+        ("": the unit has no session any more; its series goes)."""
+        model, version, variant = split_unit(unit)
+        before = self._providers.pop((unit, tier), None)
+        if before is not None and before != provider:
+            self.session_info.remove(model, version, variant, tier, before)
+        if provider:
+            self._providers[unit, tier] = provider
+            self.session_info.labels(model, version, variant, tier, provider).set(1)
 
     def batch(self, key: StreamKey, rows: int, compute_ns: int, tokens: int, padded: int) -> None:
         labels = stream_labels(key)

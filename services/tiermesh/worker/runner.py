@@ -20,6 +20,7 @@ from prometheus_client import CollectorRegistry, Counter
 from tiermesh.core.jobs import Job
 from tiermesh.core.model_files import VerifiedModel
 from tiermesh.core.repository import ModelConfig
+from tiermesh.core.sessions import CPU, Opened, ProviderChoice, open_session, session_options
 from tiermesh.core.tensors import TensorData, concat_batch, from_numpy, split_batch, to_numpy
 from tiermesh.worker.pooling_graph import with_pooling
 
@@ -38,33 +39,29 @@ def model_bytes(model: VerifiedModel | Path) -> int:
     return model.stat().st_size
 
 
-def session_options(intra_op_threads: int) -> ort.SessionOptions:
-    """Options of every onnxruntime session the mesh creates."""
-    opts = ort.SessionOptions()
-    opts.intra_op_num_threads = intra_op_threads
-    opts.inter_op_num_threads = 1
-    # Spinning threads make timings on small shared machines vary several-fold.
-    opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
-    return opts
-
-
 def new_session(
-    model: VerifiedModel | Path, intra_op_threads: int = 0, preoptimized: bool = False
-) -> ort.InferenceSession:
-    """A CPU session of `model`: verified bytes (external data included, nothing read from
-    disk) or a path the caller vouches for; `preoptimized` skips graph optimisation."""
+    model: VerifiedModel | Path,
+    intra_op_threads: int = 0,
+    preoptimized: bool = False,
+    providers: ProviderChoice | None = None,
+    unit: str = "",
+) -> Opened:
+    """A session of `model`: verified bytes (external data included, nothing read from
+    disk) or a path the caller vouches for; `preoptimized` skips graph optimisation.
+    `providers`: the execution providers asked for (None: CPU); the result says which one
+    the session got. `unit`: the compute unit it serves (logged with the provider)."""
     opts = session_options(intra_op_threads)
     if preoptimized:
         opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    if not isinstance(model, VerifiedModel):
-        return ort.InferenceSession(str(model), opts, providers=["CPUExecutionProvider"])
-    if model.external:
-        names = list(model.external)
-        buffers = [model.external[n] for n in names]
-        opts.add_external_initializers_from_files_in_memory(
-            names, buffers, [len(b) for b in buffers]
-        )
-    return ort.InferenceSession(model.data, opts, providers=["CPUExecutionProvider"])
+    choice = providers or ProviderChoice()
+    return open_session(
+        model.data if isinstance(model, VerifiedModel) else model,
+        opts,
+        choice.request,
+        fallback=choice.fallback,
+        external=model.external if isinstance(model, VerifiedModel) else None,
+        unit=unit,
+    )
 
 
 class Counted(enum.Enum):
@@ -184,6 +181,8 @@ class ModelRunner:
         preoptimized: bool = False,
         compute_time: ComputeTime | None = None,
         wide_threads: int = 0,
+        providers: ProviderChoice | None = None,
+        unit: str = "",
     ) -> None:
         """`model`: what `ModelRepository.verified_model` returned (the worker's way: the
         session is built from the bytes that matched their sha256, external data included,
@@ -191,7 +190,9 @@ class ModelRunner:
         tools). `preoptimized`: the file was saved after graph optimisation (tiermesh
         optimize's `graph` variant), so loading skips it instead of redoing it at every start.
         `wide_threads` above `intra_op_threads`: a second session of that many threads
-        (`wide`) for a batch computing alone, when the model is at most WIDE_MAX_BYTES."""
+        (`wide`) for a batch computing alone, when the model is at most WIDE_MAX_BYTES.
+        `providers`: the execution providers asked for (None: CPU; core/sessions.py);
+        `provider` is the one the session got. `unit`: the compute unit, for the log."""
         self.cfg = cfg
         self._compute_time = compute_time
         started = time.perf_counter()
@@ -203,10 +204,18 @@ class ModelRunner:
             model, spec = pooled, cfg.pool
             self._outputs = [spec.output if n == spec.source else n for n in self._outputs]
             self._types[spec.output] = "FP32"
-        self.session = new_session(model, intra_op_threads, preoptimized)
+        self.session, self.provider = new_session(
+            model, intra_op_threads, preoptimized, providers, unit
+        )
         self.wide: ort.InferenceSession | None = None
-        if wide_threads > intra_op_threads > 0 and model_bytes(model) <= WIDE_MAX_BYTES:
-            self.wide = new_session(model, wide_threads, preoptimized)
+        # More CPU threads help a CPU session only; another provider's would hold its
+        # weights twice on the device for nothing.
+        if (
+            self.provider == CPU
+            and wide_threads > intra_op_threads > 0
+            and model_bytes(model) <= WIDE_MAX_BYTES
+        ):
+            self.wide = new_session(model, wide_threads, preoptimized, providers).session
         self.load_s = time.perf_counter() - started
 
     def run(self, jobs: Sequence[Job], alone: bool = False) -> list[JobOutputs]:

@@ -17,11 +17,24 @@ from tiermesh.convert.gguf_tokenizer import ChatFile
 from tiermesh.core.control_watch import ControlWatch
 from tiermesh.core.keys import split_unit
 from tiermesh.core.repository import ModelConfig, ModelRepository
+from tiermesh.core.sessions import Fallback, ProviderChoice, ProviderRequest
 from tiermesh.generate.detok import TextStream, for_tokenizer
 from tiermesh.generate.engine import Engine
 from tiermesh.generate.scheduler import Limits
 from tiermesh.generate.service import GenerationService
 from tiermesh.worker.runner import ComputeTime, ModelRunner, new_session
+
+
+def provider_choice(
+    worker_request: ProviderRequest, fallback: Fallback, cfg: ModelConfig, tier: str
+) -> ProviderChoice:
+    """The execution providers a worker on `tier` asks for a model's sessions: its own
+    setting (TIERMESH_EXECUTION_PROVIDERS) when given, else the tier's `execution_providers`
+    in the model's config, else none (CPU)."""
+    if worker_request:
+        return ProviderChoice(worker_request, fallback)
+    spec = next((t for t in cfg.tiers if t.name == tier), None)
+    return ProviderChoice(spec.execution_providers if spec else (), fallback)
 
 
 def open_runner(
@@ -31,10 +44,13 @@ def open_runner(
     threads: int,
     compute_time: ComputeTime | None = None,
     wide_threads: int = 0,
+    providers: ProviderChoice | None = None,
 ) -> ModelRunner:
     """The session of one compute unit, built from bytes that matched their sha256
-    (`verified_model`: nothing changed on disk afterwards reaches it). Blocking: reads,
-    hashes and builds; the loop calls it in a thread. Raises RepositoryError on a mismatch."""
+    (`verified_model`: nothing changed on disk afterwards reaches it), on the execution
+    providers asked for (None: CPU). Blocking: reads, hashes and builds; the loop calls it
+    in a thread. Raises RepositoryError on a mismatch, ProviderUnavailable as
+    core/sessions.py says."""
     _, version, variant = split_unit(unit)
     return ModelRunner(
         cfg,
@@ -43,6 +59,8 @@ def open_runner(
         preoptimized=repo.preoptimized(cfg.name, variant, version),
         compute_time=compute_time,
         wide_threads=wide_threads,
+        providers=providers,
+        unit=unit,
     )
 
 
@@ -66,19 +84,25 @@ class GenerativeUnit:
     service: GenerationService
     text: Callable[[Sequence[str]], TextStream]
     load_s: float
+    provider: str = ""  # the execution provider its session got
 
 
 def open_generative(
-    repo: ModelRepository, unit: str, cfg: ModelConfig, threads: int
+    repo: ModelRepository,
+    unit: str,
+    cfg: ModelConfig,
+    threads: int,
+    providers: ProviderChoice | None = None,
 ) -> GenerativeUnit:
-    """The decoder session, tokenizer and stop tokens of a generative unit, from files that
-    matched their sha256. Blocking (reads, hashes, builds); raises RepositoryError."""
+    """The decoder session (on the execution providers asked for; None: CPU), tokenizer and
+    stop tokens of a generative unit, from files that matched their sha256. Blocking (reads,
+    hashes, builds); raises RepositoryError."""
     assert cfg.generation is not None
     spec = cfg.generation
     _, version, variant = split_unit(unit)
     started = time.perf_counter()
     model = repo.verified_model(cfg.name, version, variant)
-    session = new_session(model, threads)
+    session, provider = new_session(model, threads, providers=providers, unit=unit)
     folder = model.path.parent
     chat = ChatFile.read(folder / spec.chat_file)
     tokenizer = Tokenizer.from_file(str(folder / spec.tokenizer_file))
@@ -93,4 +117,5 @@ def open_generative(
         GenerationService(engine),
         partial(for_tokenizer, tokenizer),
         time.perf_counter() - started,
+        provider,
     )
