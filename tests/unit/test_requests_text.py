@@ -4,6 +4,7 @@ request/response parameters that carry them."""
 from __future__ import annotations
 
 import copy
+from dataclasses import replace
 from typing import Any
 
 import grpc
@@ -140,7 +141,28 @@ def test_sequence_limit_for_model_without_batching() -> None:
     ("requested", "chosen"), [("", "fp32"), ("fp32", "fp32"), ("int8", "int8")]
 )
 def test_variant_of(text_cfg: ModelConfig, requested: str, chosen: str) -> None:
-    assert variant_of(text_cfg, requested) == chosen
+    gated = replace(text_cfg, servable={"1": frozenset({"fp32", "int8"})})
+    assert variant_of(gated, requested) == chosen
+
+
+def test_a_variant_without_a_passing_gate_record_is_refused(text_cfg: ModelConfig) -> None:
+    with pytest.raises(MeshError) as exc:
+        variant_of(text_cfg, "int8")
+    assert exc.value.code == grpc.StatusCode.INVALID_ARGUMENT
+    assert exc.value.message.startswith(
+        "variant 'int8' of model 'txt' version 1 has no passing accuracy-gate record"
+    )
+    assert exc.value.message.endswith("variants that serve: fp32)")
+    # In a version where it passed, it serves; `ungated: true` serves it everywhere.
+    raw = copy.deepcopy(RAW)
+    raw["versions"]["2"] = raw["versions"]["1"]
+    two = replace(
+        parse_config(raw, "test"), servable={"1": frozenset({"fp32"}), "2": frozenset({"int8"})}
+    )
+    assert variant_of(two, "int8", "2") == "int8"
+    with pytest.raises(MeshError):
+        variant_of(two, "int8", "1")
+    assert variant_of(replace(text_cfg, ungated=True), "int8") == "int8"
 
 
 def test_variant_of_default_is_configurable() -> None:

@@ -3,6 +3,8 @@ statistics' Redis form (gateway/statistics_store.py), without Redis."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from tiermesh.core.control_watch import ControlState
 from tiermesh.core.jobs import Timing
 from tiermesh.core.model_config import parse_config
@@ -34,16 +36,24 @@ def test_a_model_or_one_version_is_unloaded() -> None:
     assert not state.served(_cfg("a"), "1") and state.served(_cfg("c"), "1")
 
 
-def test_a_worker_wants_every_version_and_variant_of_what_is_loaded() -> None:
-    configs = {"a": _cfg("a", ("1", "2"), ("fp32", "int8")), "b": _cfg("b")}
+def test_a_worker_wants_every_gated_version_and_variant_of_what_is_loaded() -> None:
+    a = _cfg("a", ("1", "2"), ("fp32", "int8"))
+    # int8 passed its accuracy gate in version 2 only: version 1's gets no session.
+    a = replace(a, servable={"1": frozenset({"fp32"}), "2": frozenset({"fp32", "int8"})})
+    configs = {"a": a, "b": _cfg("b")}
     assert sorted(worker_units(configs, [], set())) == [
         "a@1.fp32",
-        "a@1.int8",
         "a@2.fp32",
         "a@2.int8",
         "b@1.fp32",
     ]
     assert sorted(worker_units(configs, [], {"a:1", "b"})) == ["a@2.fp32", "a@2.int8"]
+    # Without a record anywhere only the reference serves, unless the config says ungated.
+    assert sorted(worker_units({"a": _cfg("a", ("1",), ("fp32", "int8"))}, [], set())) == [
+        "a@1.fp32"
+    ]
+    ungated = replace(_cfg("a", ("1",), ("fp32", "int8")), ungated=True)
+    assert sorted(worker_units({"a": ungated}, [], set())) == ["a@1.fp32", "a@1.int8"]
     # Only the models it was told to serve; one the repository lacks is skipped.
     assert sorted(worker_units(configs, ["b", "gone"], set())) == ["b@1.fp32"]
 

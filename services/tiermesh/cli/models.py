@@ -36,6 +36,11 @@ def cmd_models(args: argparse.Namespace) -> int:
             f"{name}: versions {versions}, variants {sorted(cfg.variants)}, "
             f"max_batch_size {cfg.max_batch_size}" + (" (sha256 ok)" if checked else "")
         )
+        if not cfg.companion_of:  # a companion serves its parent's variants
+            for version, verdicts in repo.verdicts(name).items():
+                for variant, verdict in verdicts.items():
+                    serves = "serves" if verdict.standing.serves else "does NOT serve"
+                    print(f"  {version}/{variant}: {serves}: {verdict.why}")
     return 0
 
 

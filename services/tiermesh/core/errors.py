@@ -74,6 +74,16 @@ def unknown_model(name: str, version: str = "") -> MeshError:
     return not_found(f"Request for unknown model: {which} is not found")
 
 
+def not_gated(model: str, variant: str, version: str, serving: list[str]) -> MeshError:
+    """INVALID_ARGUMENT for a named variant without a passing accuracy-gate record in the
+    version that would answer (core/gates.py): it answers nobody."""
+    return invalid(
+        f"variant '{shown(variant)}' of model '{model}' version {shown(version)} has no "
+        "passing accuracy-gate record, so it does not serve (`tiermesh models verify` shows "
+        f"why; variants that serve: {', '.join(sorted(serving))})"
+    )
+
+
 def unavailable(message: str) -> MeshError:
     return MeshError(grpc.StatusCode.UNAVAILABLE, message)
 

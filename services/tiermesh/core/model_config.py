@@ -22,6 +22,7 @@ from pydantic import BaseModel
 
 from tiermesh.core import config_schema as schema
 from tiermesh.core.canary_spec import CanarySpec, parse_canary
+from tiermesh.core.gates import reference_variant
 from tiermesh.core.tier_spec import (
     TierConfigError,
     TierSpec,
@@ -223,6 +224,26 @@ class ModelConfig:
     generation: GenerationSpec | None = None
     # Serve variants without a passing accuracy-gate record (`ungated: true`).
     ungated: bool = False
+    # version -> the variants with a passing gate record there (core/gates.py; filled by
+    # the repository from each version's gates.yaml). The reference variant always serves.
+    servable: Mapping[str, frozenset[str]] = field(default_factory=dict)
+
+    @property
+    def reference_variant(self) -> str:
+        """The variant accuracy gates compare against (fp32, else the default)."""
+        return reference_variant(self.variants, self.default_variant)
+
+    def serves(self, variant: str, version: str = "") -> bool:
+        """Whether `variant` may answer in `version` ("" = the default one): the reference
+        always, another only with a passing gate record or `ungated: true`."""
+        if self.ungated or variant == self.reference_variant:
+            return True
+        ver = self.version(version)
+        return ver is not None and variant in self.servable.get(ver.version, frozenset())
+
+    def servable_variants(self, version: str = "") -> list[str]:
+        """The variants that may answer in `version` ("" = the default one)."""
+        return [v for v in self.variants if self.serves(v, version)]
 
     @property
     def queue_model(self) -> str:
@@ -350,9 +371,7 @@ def _build(raw: schema.RawConfig, given: dict[str, Any]) -> ModelConfig:
         scheduling=SchedulingSpec(
             priority_weights=tuple(scheduling.priority_weights),
             age_limit_ms=tuple(scheduling.age_limit_ms),
-            yield_ms=DEFAULT_YIELD_MS
-            if scheduling.yield_ms is None
-            else scheduling.yield_ms,
+            yield_ms=DEFAULT_YIELD_MS if scheduling.yield_ms is None else scheduling.yield_ms,
         ),
         response_cache=CacheSpec(**_set(raw.response_cache)),
         variants=variants,
@@ -372,6 +391,13 @@ def _build(raw: schema.RawConfig, given: dict[str, Any]) -> ModelConfig:
         tiers=tiers,
         mixed_variants=mixed_variants,
         ungated=raw.ungated,
+        # The repository adds the variants with a passing gate record (core/gates.py).
+        servable={
+            version: frozenset(variants)
+            if raw.ungated
+            else frozenset({reference_variant(variants, raw.default_variant or "")})
+            for version in raw.versions
+        },
     )
 
 

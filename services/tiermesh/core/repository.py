@@ -8,11 +8,14 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import structlog
 import yaml
 
+from tiermesh.core.gates import GateRecord, Standing, Verdict, judge, read_records
 from tiermesh.core.model_config import (
     ModelConfig,
     ModelVersion,
@@ -43,6 +46,8 @@ __all__ = [
     "sha256_file",
 ]
 
+log = structlog.get_logger("tiermesh.repository")
+
 
 def sha256_file(path: Path) -> str:
     digest = hashlib.sha256()
@@ -58,6 +63,7 @@ class ModelRepository:
     def __init__(self, root: Path) -> None:
         self.root = root
         self._configs: dict[str, ModelConfig] = {}
+        self._verdicts: dict[str, dict[str, dict[str, Verdict]]] = {}
 
     def load(self) -> dict[str, ModelConfig]:
         """Read every models/<name>/config.yaml (and its companions); called once at start."""
@@ -72,12 +78,88 @@ class ModelRepository:
             cfg = parse_config(with_built_variants(raw, path.parent), str(path))
             if cfg.name != path.parent.name:
                 raise RepositoryError(f"{path}: name {cfg.name!r} != folder {path.parent.name!r}")
+            cfg = self._gated(cfg, path)
             for model in (cfg, *companions(raw, cfg, str(path))):
                 if model.name in configs:
                     raise RepositoryError(f"{path}: model {model.name!r} defined twice")
                 configs[model.name] = model
         self._configs = configs
         return configs
+
+    def _gated(self, cfg: ModelConfig, path: Path) -> ModelConfig:
+        """`cfg` with the variants each version may serve (core/gates.py); a default or tier
+        variant that cannot serve in every version falls back to the reference, logged."""
+        verdicts = {
+            ver.version: judge(
+                cfg.variants,
+                cfg.reference_variant,
+                self._records(cfg, ver, path),
+                lambda file, ver=ver: self._recorded_sha256(cfg, ver, file),  # type: ignore[misc]
+                cfg.ungated,
+            )
+            for ver in cfg.versions
+        }
+        self._verdicts[cfg.name] = verdicts
+        servable = {
+            version: frozenset(v for v, verdict in each.items() if verdict.standing.serves)
+            for version, each in verdicts.items()
+        }
+        everywhere = frozenset.intersection(*servable.values())
+        reference = cfg.reference_variant
+        for version, each in verdicts.items():
+            for verdict in each.values():
+                if verdict.standing is Standing.UNGATED:
+                    log.warning(
+                        "variant served without a passing gate record (ungated: true)",
+                        model=cfg.name,
+                        version=version,
+                        variant=verdict.variant,
+                        why=verdict.why,
+                    )
+        default = cfg.default_variant
+        if default not in everywhere:
+            log.warning(
+                "default variant has no passing gate record; the reference serves instead",
+                model=cfg.name,
+                variant=default,
+                reference=reference,
+            )
+            default = reference
+        tiers = []
+        for tier in cfg.tiers:
+            if tier.variant and tier.variant not in everywhere:
+                log.warning(
+                    "tier variant has no passing gate record; the reference serves instead",
+                    model=cfg.name,
+                    tier=tier.name,
+                    variant=tier.variant,
+                    reference=reference,
+                )
+                tier = replace(tier, variant=reference)
+            tiers.append(tier)
+        return replace(cfg, servable=servable, default_variant=default, tiers=tuple(tiers))
+
+    def _records(self, cfg: ModelConfig, ver: ModelVersion, path: Path) -> dict[str, GateRecord]:
+        folder = self.root / cfg.queue_model / ver.version
+        try:
+            return read_records(folder)
+        except ValueError as exc:
+            raise RepositoryError(f"{path}: {exc}") from None
+
+    def _recorded_sha256(self, cfg: ModelConfig, ver: ModelVersion, file: str) -> str:
+        """The checksum the repository holds `file` to; "" when unknown (not fetched)."""
+        expected = ver.files.get(file, "")
+        if expected != PROVENANCE:
+            return expected
+        folder = self.root / cfg.queue_model / ver.version
+        try:
+            return _provenance_files(self.root, folder).get(file, "")
+        except RepositoryError:
+            return ""
+
+    def verdicts(self, name: str) -> dict[str, dict[str, Verdict]]:
+        """version -> variant -> its gate standing, as load() judged it."""
+        return self._verdicts[self._configs[name].queue_model]
 
     @property
     def configs(self) -> dict[str, ModelConfig]:

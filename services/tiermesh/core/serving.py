@@ -46,7 +46,8 @@ def worker_units(
         for ver in cfg.versions:
             if not is_served(unloaded, cfg.name, ver.version):
                 continue
-            for variant in cfg.variants:
+            # A variant without a passing gate record gets no session (core/gates.py).
+            for variant in cfg.servable_variants(ver.version):
                 out[compute_unit(cfg.queue_model, variant, ver.version)] = cfg
     return out
 

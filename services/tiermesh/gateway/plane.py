@@ -332,7 +332,7 @@ class DataPlane:
             gateway=self._delivery_address,
             priority=priority_level(cfg, req.priority),
             # The router picks the variant of the tier it chooses unless the caller named one.
-            variant=req.variant and variant_of(cfg, req.variant),
+            variant=req.variant and variant_of(cfg, req.variant, req.version),
             deadline_ns=effective_deadline_ns(
                 received_ns,
                 caller.time_remaining_s,

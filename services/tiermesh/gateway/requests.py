@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from tiermesh.core.errors import invalid, shown, unknown_model
+from tiermesh.core.errors import invalid, not_gated, shown, unknown_model
 from tiermesh.core.repository import ModelConfig, ModelRepository
 from tiermesh.core.tensors import TensorData
 from tiermesh.core.validation import check_inputs, check_outputs
@@ -51,13 +51,18 @@ def validate(cfg: ModelConfig, req: InferRequest) -> None:
     check_outputs(cfg, req.requested_outputs)
 
 
-def variant_of(cfg: ModelConfig, requested: str) -> str:
-    """The variant to run: the requested one, or the model's default."""
+def variant_of(cfg: ModelConfig, requested: str, version: str = "") -> str:
+    """The variant to run: the requested one, or the model's default. A variant without a
+    passing accuracy-gate record in that version ("" = the default one) is refused."""
     if not requested:
         return cfg.default_variant
     if requested not in cfg.variants:
         known = ", ".join(sorted(cfg.variants))
         raise invalid(f"model '{cfg.name}' has no variant '{shown(requested)}' (variants: {known})")
+    if not cfg.serves(requested, version):
+        ver = cfg.version(version)
+        shown_version = ver.version if ver is not None else version
+        raise not_gated(cfg.name, requested, shown_version, cfg.servable_variants(version))
     return requested
 
 

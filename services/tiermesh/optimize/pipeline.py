@@ -13,9 +13,11 @@ from pathlib import Path
 import yaml
 from tqdm import tqdm
 
+from tiermesh.core.gates import write_record
 from tiermesh.core.repository import BUILT_VARIANTS, ModelRepository, sha256_file
 from tiermesh.optimize import calibrate, datasets, evaluate, sensitivity, variants
 from tiermesh.optimize.gate import Gate
+from tiermesh.optimize.gated import gate_record
 from tiermesh.optimize.report import VariantResult, write
 from tiermesh.router.text import TextEncoder
 
@@ -129,7 +131,8 @@ def _evaluate(
 
 def _write_back(folder: Path, passed: list[VariantResult], work: Path, plan: Plan) -> None:
     """Copy the passing variants next to the FP32 model; record checksums and how they were
-    made in provenance.yaml, and their names in variants.yaml."""
+    made in provenance.yaml, their names in variants.yaml and their gate records in
+    gates.yaml."""
     prov_path = folder / "provenance.yaml"
     prov = yaml.safe_load(prov_path.read_text()) if prov_path.exists() else {}
     built_path = folder / BUILT_VARIANTS
@@ -148,5 +151,13 @@ def _write_back(folder: Path, passed: list[VariantResult], work: Path, plan: Pla
             "preoptimized": r.name == "graph",
         }
         built[r.name] = target.name
+        # The record that lets the variant serve (core/gates.py).
+        write_record(
+            folder,
+            r.name,
+            gate_record(
+                target, r.accuracy, plan.gate, plan.calibration, plan.evaluation, r.excluded_nodes
+            ),
+        )
     prov_path.write_text(yaml.safe_dump(prov, sort_keys=False))
     built_path.write_text(yaml.safe_dump(built, sort_keys=False))

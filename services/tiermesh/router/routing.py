@@ -22,6 +22,7 @@ from tiermesh.core.control_watch import ControlWatch
 from tiermesh.core.errors import (
     MeshError,
     deadline_exceeded,
+    not_gated,
     unavailable,
     unknown_model,
 )
@@ -204,6 +205,11 @@ class BatchRouter:
                 annotations = {**annotations, ROLLOUT_ARM: placement.arm}
             w.job = w.job.with_(version=placement.version, annotations=annotations)
             w.placement = placement
+            variant, version = w.job.variant, w.job.version or cfg.stable.version
+            if variant and not cfg.serves(variant, version):
+                # The gateway checked the version it knew; a rollout may place it on another.
+                w.outcome = not_gated(cfg.name, variant, version, cfg.servable_variants(version))
+                continue
             if self._control is not None and not self._control.state.served(cfg, w.job.version):
                 unloaded.append(w)
         if not unloaded:
