@@ -19,7 +19,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
+import onnx
 import pytest
+from onnx import TensorProto, helper
 
 from tiermesh.cli import main as cli_main
 from tiermesh.cli.args import RUNTIME, USAGE, HelpFormatter, parsers
@@ -135,6 +137,12 @@ CASES = [
     Case("models list", "models list mlp", U, "unrecognized arguments: mlp"),
     Case("models build", "models build mlp", U, "unrecognized arguments: mlp"),
     Case("models schema", "models schema --repository {repo}", U, "arguments: --repository"),
+    Case("models add", "models add {missing}", U, "PATH.onnx: {missing}: no such file"),
+    Case("models add", "models add {file} --repository {repo}", U, "not an ONNX model"),
+    Case("models add", "models add {onnx} --repository {broken}", R, "does not load with"),
+    Case("models import-triton", "models import-triton {missing}", U, "no such directory"),
+    Case("models import-triton", "models import-triton {repo}", U, "no config.pbtxt"),
+    Case("models import-triton", "models import-triton {triton} --repository {broken}", R, "x/"),
     Case("models", "models rebuild", U, "invalid choice: 'rebuild'"),
     # bench: every scenario
     Case("bench", "bench", U, "the following arguments are required: SCENARIO"),
@@ -251,6 +259,19 @@ def where(
     shutil.copy(MODELS / "mlp" / "config.yaml", repo / "mlp" / "config.yaml")
     (tmp_path / "file.txt").write_text("plain text\n")
     (tmp_path / "empty.txt").write_text("\n")
+    # A model file, a Triton folder of it, and a repository whose config is broken.
+    triton = tmp_path / "triton" / "ident"
+    (triton / "1").mkdir(parents=True)
+    identity = helper.make_graph(
+        [helper.make_node("Identity", ["x"], ["y"])],
+        "ident",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 2])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 2])],
+    )
+    onnx.save(helper.make_model(identity), triton / "1" / "model.onnx")
+    (triton / "config.pbtxt").write_text('platform: "onnxruntime_onnx"\nmax_batch_size: 4\n')
+    (tmp_path / "broken" / "x").mkdir(parents=True)
+    (tmp_path / "broken" / "x" / "config.yaml").write_text("name: [\n")
     (tmp_path / "inputs.jsonl").write_text('{"text": "hello"}\n')
     (tmp_path / "capture.jsonl").write_text(
         '{"t_ms": 0, "model": "mlp", "priority": 0, '
@@ -270,6 +291,9 @@ def where(
             "tls": f"127.0.0.1:{tls_port}",
             "repo": str(repo),
             "missing": str(tmp_path / "missing"),
+            "onnx": str(triton / "1" / "model.onnx"),
+            "triton": str(triton),
+            "broken": str(tmp_path / "broken"),
             "file": str(tmp_path / "file.txt"),
             "empty": str(tmp_path / "empty.txt"),
             "jsonl": str(tmp_path / "inputs.jsonl"),

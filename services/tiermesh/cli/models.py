@@ -10,6 +10,7 @@ from pathlib import Path
 
 from tiermesh.cli.args import Subcommands, add_repository_arg, repository_of
 from tiermesh.cli.errors import UsageError
+from tiermesh.cli.models_add import add_adding_parsers
 
 
 def cmd_models(args: argparse.Namespace) -> int:
@@ -98,3 +99,4 @@ def add_models_parser(sub: Subcommands) -> None:
         "schema", help="print the JSON Schema of a model's config.yaml (for editors)"
     )
     schema.set_defaults(func=cmd_schema)
+    add_adding_parsers(actions)
