@@ -19,6 +19,7 @@ dimension), which `models add` must read as dynamic."""
 from __future__ import annotations
 
 import asyncio
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -28,6 +29,7 @@ import onnxruntime as ort
 import pytest
 import tritonclient.grpc.aio as aioclient
 
+from tests.conftest import MODELS
 from tests.integration.conftest import start_mesh
 from tests.unit.test_models_add import conv_graph, save
 from tiermesh.cli.main import main
@@ -186,3 +188,48 @@ async def test_added_ocr_models_with_dynamic_images_answer_as_onnxruntime(
     np.testing.assert_allclose(got_wide, direct(det, "x", wide), atol=1e-5, rtol=0)
     np.testing.assert_allclose(got_tall, direct(det, "x", tall), atol=1e-5, rtol=0)
     np.testing.assert_allclose(got_lines, direct(cls, "x", lines), atol=1e-5, rtol=0)
+
+
+async def test_a_shipped_text_model_added_from_its_onnx_answers_as_the_shipped_config(
+    redis_url: str,
+    tmp_path: Path,
+    fetched_models: tuple[str, ...],
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """MiniLM-L3's ONNX file and tokenizer, added with `models add --tokenizer` beside the
+    hand-written minilm-l3 config: the mesh embeds texts the same through both."""
+    shipped = MODELS / "minilm-l3"
+    repo = tmp_path / "models"
+    (repo / "minilm-l3").mkdir(parents=True)
+    (repo / "minilm-l3" / "config.yaml").write_text((shipped / "config.yaml").read_text())
+    shutil.copytree(shipped / "1", repo / "minilm-l3" / "1")
+    argv = [str(shipped / "1" / "model.onnx"), "--name", "l3-added", "--max-length", "128"]
+    tokenizer = ["--tokenizer", str(shipped / "1" / "tokenizer.json")]
+    assert main(["models", "add", *argv, *tokenizer, "--repository", str(repo)]) == 0
+    out = capsys.readouterr().out
+    assert "input text BYTES" in out and "sentence_embedding" in out, out
+    texts = ["a short one", "a longer sentence about batching requests on the edge tier"]
+    mesh = await start_mesh(redis_url, repo)
+    try:
+        client = aioclient.InferenceServerClient(mesh.gateway)
+        try:
+            added, original = await asyncio.gather(
+                *(embed(client, model, texts) for model in ("l3-added", "minilm-l3"))
+            )
+        finally:
+            await client.close()
+    finally:
+        await mesh.close()
+    assert added.shape == (2, 384)
+    np.testing.assert_allclose(added, original, atol=1e-5, rtol=0)
+
+
+async def embed(
+    client: aioclient.InferenceServerClient, model: str, texts: list[str]
+) -> npt.NDArray[np.float32]:
+    tensor = aioclient.InferInput("text", [len(texts), 1], "BYTES")
+    tensor.set_data_from_numpy(np.array([[t.encode()] for t in texts], dtype=np.object_))
+    result = await client.infer(model, [tensor])
+    array = result.as_numpy("sentence_embedding")
+    assert array is not None
+    return array
