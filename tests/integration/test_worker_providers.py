@@ -5,6 +5,9 @@ it, it refuses to start in one line, or serves on CPU when the fallback allows i
 from __future__ import annotations
 
 import asyncio
+import os
+import subprocess
+import sys
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -79,3 +82,36 @@ async def test_a_worker_asked_for_cuda_without_it_refuses_or_falls_back(
         redis_url, model_repo, execution_providers="cuda", provider_fallback="cpu"
     )
     assert await session_providers(fallback) == {"mlp@1.fp32": CPU}
+
+
+def test_the_worker_process_refuses_in_one_line(redis_url: str, model_repo: Path) -> None:
+    """`python -m tiermesh.worker`, as `tiermesh up` starts it: one line, no traceback."""
+    if "CUDAExecutionProvider" in ort.get_available_providers():
+        pytest.skip("this onnxruntime has CUDA: nothing to refuse")
+    env = {
+        **os.environ,
+        "TIERMESH_REDIS_URL": redis_url,
+        "TIERMESH_MODEL_REPOSITORY": str(model_repo),
+        "TIERMESH_WORKER_MODELS": "mlp",
+        "TIERMESH_WORKER_HEALTH_PORT": "0",
+        "TIERMESH_METRICS_PORT": "0",
+        "TIERMESH_EXECUTION_PROVIDERS": "cuda",
+    }
+    env.pop("TIERMESH_PROVIDER_FALLBACK", None)
+    done = subprocess.run(
+        [sys.executable, "-m", "tiermesh.worker"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 1
+    assert "Traceback" not in done.stderr, done.stderr
+    assert (
+        done.stderr.strip()
+        .splitlines()[-1]
+        .startswith(
+            "tiermesh worker: cannot start: execution provider CUDAExecutionProvider is not "
+            "available in this onnxruntime"
+        )
+    ), done.stderr

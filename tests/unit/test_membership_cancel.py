@@ -31,7 +31,9 @@ class CancelIntoTimeout:
                 raise
             raise TimeoutError("Timeout reading from socket") from None
 
-    async def heartbeat(self, units: list[str], tier: str, ttl_ms: int) -> None:
+    async def heartbeat(
+        self, units: list[str], tier: str, ttl_ms: int, providers: Any = None
+    ) -> None:
         await self._hang()
 
     async def reclaim_many(self, rooms: dict[Any, int], min_idle_ms: int) -> Any:

@@ -59,6 +59,8 @@ class MemoryStreams:
         self._deliveries: dict[str, int] = defaultdict(int)
         self.cancel_flags: set[str] = set()
         self.workers: dict[tuple[str, str], set[str]] = defaultdict(set)
+        # (model, tier) -> the execution provider of the model's session, by heartbeat
+        self.providers: dict[tuple[str, str], str] = {}
         self.dead: list[tuple[Entry, str]] = []
         self.calls: list[tuple[str, StreamKey | None, tuple[str, ...]]] = []
         # Called with (stream, acknowledged ids) as `done` starts.
@@ -160,15 +162,24 @@ class MemoryStreams:
         self._note("cancelled", None, request_ids)
         return self.cancel_flags & set(request_ids)
 
-    async def heartbeat(self, models: Iterable[str], tier: str, ttl_ms: int) -> None:
+    async def heartbeat(
+        self,
+        models: Iterable[str],
+        tier: str,
+        ttl_ms: int,
+        providers: Mapping[str, str] | None = None,
+    ) -> None:
         self._note("heartbeat")
         for model in models:
             self.workers[(model, tier)].add(self.consumer)
+            if providers and model in providers:
+                self.providers[(model, tier)] = providers[model]
 
     async def leave(self, models: Iterable[str], tier: str) -> None:
         self._note("leave")
         for model in models:
             self.workers[(model, tier)].discard(self.consumer)
+            self.providers.pop((model, tier), None)
 
 
 class Clock:
@@ -317,6 +328,16 @@ async def make(
         yield build
     finally:
         await channel.close()
+
+
+async def test_the_heartbeat_carries_the_provider_each_session_got(
+    make: Callable[..., Awaitable[Harness]],
+) -> None:
+    h = await make(tier="edge")
+    assert h.runner.provider == "CPUExecutionProvider"
+    assert h.streams.providers == {(UNIT, "edge"): "CPUExecutionProvider"}
+    await h.worker.leave()
+    assert h.streams.providers == {}
 
 
 async def test_a_streams_entries_compute_in_one_run_and_are_acked_in_one_done(

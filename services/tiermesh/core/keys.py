@@ -45,6 +45,13 @@ def workers_key(model: str, tier: str) -> str:
     return f"{PREFIX}:workers:{model}:{tier}"
 
 
+def providers_key(model: str, tier: str) -> str:
+    """Hash of the execution provider each worker's session of (model, tier) got, field =
+    worker id (as in the worker set; only a live member's field counts), expiring with the
+    heartbeat that last wrote it."""
+    return f"{PREFIX}:providers:{model}:{tier}"
+
+
 def rate_key(unit: str, tier: str) -> str:
     """Hash of measured drain rates (entries per second of compute), field b{bucket}."""
     return f"{PREFIX}:rate:{unit}:{tier}"

@@ -56,6 +56,7 @@ from tiermesh.gateway.decoding import (
 )
 from tiermesh.gateway.delivery import DeliveryServicer
 from tiermesh.gateway.hop_spans import HopSpans
+from tiermesh.gateway.live_providers import LiveProviders
 from tiermesh.gateway.metrics import GatewayMetrics
 from tiermesh.gateway.pending import PendingRequests
 from tiermesh.gateway.plane import DataPlane
@@ -161,6 +162,7 @@ async def serve(
     )
     export_prices(registry, load_prices(settings.prices_file))
     plane.capture = capture = _capture(settings, redis, tenants, registry)
+    plane.live_providers = LiveProviders(redis)
     # The calls a Go front door answered itself, booked here (books.py).
     books = DoorBooks(repo, plane.dispatcher, upstream.cancellations, recorder, capture, hop_spans)
     books_pb2_grpc.add_BooksServicer_to_server(BooksServicer(books), internal)

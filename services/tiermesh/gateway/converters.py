@@ -250,8 +250,9 @@ def model_config(cfg: ModelConfig) -> service_pb2.ModelConfigResponse:
     if cfg.max_sequence:
         config.parameters["max_sequence"].string_value = str(cfg.max_sequence)
     # The execution providers each tier's config asks its workers for (JSON: tier -> names
-    # in order). What a worker got (a worker's own setting wins, CPU may be a fallback) is
-    # its metric tiermesh_worker_session_info.
+    # in order). What the live workers' sessions got (a worker's own setting wins, CPU may
+    # be a fallback) is `execution_providers_live` (gateway/live_providers.py) and the
+    # workers' metric tiermesh_worker_session_info.
     asked = {t.name: [p.name for p in t.execution_providers] for t in cfg.tiers}
     if any(asked.values()):
         config.parameters[EXECUTION_PROVIDERS].string_value = json.dumps(

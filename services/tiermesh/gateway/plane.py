@@ -49,6 +49,7 @@ from tiermesh.gateway.dispatch import Answer, Call, Dispatcher
 from tiermesh.gateway.door_plans import DoorPlans
 from tiermesh.gateway.generation import generation_of
 from tiermesh.gateway.hop_spans import HopSpans
+from tiermesh.gateway.live_providers import LiveProviders, parameter_value
 from tiermesh.gateway.metrics import GatewayMetrics
 from tiermesh.gateway.pending import PartialCallback, PendingRequests
 from tiermesh.gateway.requests import (
@@ -144,6 +145,8 @@ class DataPlane:
         self._door_plans = DoorPlans(repo, settings.model_control == "explicit")
         # Traffic capture (gateway/capture.py), set by __main__ when configured.
         self.capture: Capture | None = None
+        # The providers live workers' sessions got (ModelConfig), set by __main__.
+        self.live_providers: LiveProviders | None = None
 
     @property
     def draining(self) -> bool:
@@ -396,6 +399,15 @@ class DataPlane:
     def direct_plan(self, cfg: ModelConfig) -> str:
         """The front door's placement plan for the model (core/direct_plan.py), as JSON."""
         return self._door_plans.parameter(cfg)
+
+    async def providers_live(self, cfg: ModelConfig, version: str) -> str | None:
+        """ModelConfig's `execution_providers_live` (live_providers.py) of the model in
+        `version` ("" = the default one), as JSON; None when unknown (no reader, or Redis
+        unreadable): both doors then answer without it."""
+        if self.live_providers is None:
+            return None
+        counts = await self.live_providers.read(cfg, version)
+        return None if counts is None else parameter_value(counts)
 
     async def model_ready(self, caller: Caller, name: str, version: str) -> bool:
         """ModelReady: loaded (model control) and served by a live worker."""

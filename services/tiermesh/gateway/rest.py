@@ -30,6 +30,7 @@ from tiermesh.core.grpc_errors import REDIS_OUTAGE, REDIS_OUTAGE_MESSAGE
 from tiermesh.core.settings import GatewaySettings
 from tiermesh.core.validation import Screen
 from tiermesh.gateway.audit import INFER
+from tiermesh.gateway.live_providers import EXECUTION_PROVIDERS_LIVE
 from tiermesh.gateway.plane import Caller, DataPlane
 from tiermesh.gateway.requests import InferRequest
 from tiermesh.gateway.rest_codec import (
@@ -279,7 +280,12 @@ class RestDoor:
 
     async def model_config(self, request: web.Request) -> web.StreamResponse:
         name, version = _model(request)
-        return _json(config_doc(self._plane.model(_caller(request), name, version)))
+        cfg = self._plane.model(_caller(request), name, version)
+        doc = config_doc(cfg)
+        live = await self._plane.providers_live(cfg, version)
+        if live is not None:  # as the gRPC door's parameter reads in JSON
+            doc.setdefault("parameters", {})[EXECUTION_PROVIDERS_LIVE] = {"string_value": live}
+        return _json(doc)
 
     async def stats(self, request: web.Request) -> web.StreamResponse:
         name, version = _model(request)

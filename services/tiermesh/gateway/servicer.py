@@ -17,6 +17,7 @@ from tiermesh.core.errors import invalid, shown
 from tiermesh.core.grpc_errors import grpc_method
 from tiermesh.gateway import converters
 from tiermesh.gateway.control import version_parameter
+from tiermesh.gateway.live_providers import EXECUTION_PROVIDERS_LIVE
 from tiermesh.gateway.plane import Caller, DataPlane
 from tiermesh.gateway.stream import stream_infer
 
@@ -64,6 +65,9 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
         caller = caller_of(context)
         cfg = self._plane.model(caller, request.name, request.version)
         response = converters.model_config(cfg)
+        live = await self._plane.providers_live(cfg, request.version)
+        if live is not None:
+            response.config.parameters[EXECUTION_PROVIDERS_LIVE].string_value = live
         if (PLAN_HEADER, "1") in caller.metadata:  # the front door reading its models
             plan = self._plane.direct_plan(cfg)
             if plan:

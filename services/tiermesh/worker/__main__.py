@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import os
 import socket
+import sys
 
 import redis.asyncio as aioredis
 import structlog
@@ -31,6 +32,7 @@ from tiermesh.core.server import (
     stop_probe,
 )
 from tiermesh.core.serving import worker_units
+from tiermesh.core.sessions import ProviderUnavailable
 from tiermesh.core.settings import WorkerSettings
 from tiermesh.core.telemetry import Telemetry
 from tiermesh.core.tls import internal_channel_credentials, internal_server_credentials
@@ -208,6 +210,7 @@ async def serve(
             ),
             metrics=gen_metrics,
             tracer=telemetry.tracer,
+            provider=gen.provider,
         )
         for unit, gen in opened.items()
     ]
@@ -307,4 +310,9 @@ async def _main() -> None:
 
 
 if __name__ == "__main__":
-    asyncio.run(_main())
+    try:
+        asyncio.run(_main())
+    except (ProviderUnavailable, RepositoryError) as exc:
+        # What the operator must change (a provider, the repository): one line, no traceback.
+        print(f"tiermesh worker: cannot start: {' '.join(str(exc).split())}", file=sys.stderr)
+        sys.exit(1)

@@ -94,11 +94,14 @@ class GenerationWorker:
         metrics: GenerationMetrics | None = None,
         tracer: trace.Tracer | None = None,
         clock_ns: Callable[[], int] = time.time_ns,
+        provider: str = "",
     ) -> None:
         self._tracer = tracer or trace.get_tracer("tiermesh.worker.generation")
         assert cfg.generation is not None
         self.unit = unit
         self.tier = tier
+        # The execution provider its session got, published with each heartbeat.
+        self._providers = {unit: provider} if provider else {}
         self._limit = cfg.generation.max_sequences + READ_AHEAD
         self._service = service
         self._text = text
@@ -292,7 +295,9 @@ class GenerationWorker:
     # -- background loops ----------------------------------------------------------------
 
     async def _beat(self) -> None:
-        await self._streams.heartbeat([self.unit], self.tier, self._timers.heartbeat_ttl_ms)
+        await self._streams.heartbeat(
+            [self.unit], self.tier, self._timers.heartbeat_ttl_ms, self._providers
+        )
 
     async def _heartbeat(self) -> None:
         interval = self._timers.heartbeat_interval_ms / 1000

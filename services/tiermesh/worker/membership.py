@@ -60,9 +60,12 @@ class Membership:
     # -- the worker sets -------------------------------------------------------------------
 
     async def beat(self, units: list[str]) -> None:
-        """Register `units` as served here for online admission (not from a batch pool)."""
+        """Register `units` as served here for online admission (not from a batch pool),
+        with the execution provider each one's session got."""
         if self._units.online:
-            await self._streams.heartbeat(units, self._units.tier, self._hb_ttl_ms)
+            await self._streams.heartbeat(
+                units, self._units.tier, self._hb_ttl_ms, self._units.providers(units)
+            )
 
     async def heartbeats(self) -> None:
         """Beat for the units served every interval, until `leave`."""

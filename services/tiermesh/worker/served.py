@@ -44,6 +44,15 @@ class ServedUnits:
         """The units this worker reads and heartbeats for."""
         return [u for u in self.configs if u not in self.closing]
 
+    def providers(self, units: list[str]) -> dict[str, str]:
+        """The execution provider each of `units` got its session on (unit -> provider), for
+        the heartbeat; units without a session (or whose provider is unknown) are left out."""
+        return {
+            unit: runner.provider
+            for unit in units
+            if (runner := self.runners.get(unit)) is not None and runner.provider
+        }
+
     def refresh_keys(self) -> None:
         self.keys = self.stream_keys()
 

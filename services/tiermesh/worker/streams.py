@@ -97,7 +97,13 @@ class WorkStreams(Protocol):
 
     async def cancelled(self, request_ids: Sequence[str]) -> set[str]: ...
 
-    async def heartbeat(self, models: Iterable[str], tier: str, ttl_ms: int) -> None: ...
+    async def heartbeat(
+        self,
+        models: Iterable[str],
+        tier: str,
+        ttl_ms: int,
+        providers: Mapping[str, str] | None = None,
+    ) -> None: ...
 
     async def leave(self, models: Iterable[str], tier: str) -> None: ...
 
@@ -428,22 +434,40 @@ class StreamClient:
             return set()
         return _flagged(request_ids, await self._redis.mget(_cancel_keys(request_ids)))
 
-    async def heartbeat(self, models: Iterable[str], tier: str, ttl_ms: int) -> None:
+    async def heartbeat(
+        self,
+        models: Iterable[str],
+        tier: str,
+        ttl_ms: int,
+        providers: Mapping[str, str] | None = None,
+    ) -> None:
         """Register this consumer in the worker set of each model on `tier` for `ttl_ms`
-        (routers admit work while one is live), dropping members whose time is up."""
+        (routers admit work while one is live), dropping members whose time is up; and, in
+        the same round trip, the execution provider its session of each model got
+        (`providers`: model -> provider; a model without one is left out), in a hash that
+        expires `ttl_ms` after the last beat of any of its workers (ModelConfig reads it)."""
         now_ms = int(time.time() * 1000)
+        providers = providers or {}
         async with self._redis.pipeline(transaction=False) as pipe:
             for model in models:
                 key = keys.workers_key(model, tier)
                 pipe.zadd(key, {self.consumer: now_ms + ttl_ms})
                 pipe.zremrangebyscore(key, "-inf", now_ms)
+                if provider := providers.get(model):
+                    # A dead worker's field stays until the hash expires; readers count
+                    # only the fields of live members of the set.
+                    by_worker = keys.providers_key(model, tier)
+                    pipe.hset(by_worker, self.consumer, provider)
+                    pipe.pexpire(by_worker, ttl_ms)
             await pipe.execute()
 
     async def leave(self, models: Iterable[str], tier: str) -> None:
-        """Deregister this consumer from the worker set of each model on `tier`."""
+        """Deregister this consumer from the worker set of each model on `tier`, and drop
+        its execution provider there."""
         async with self._redis.pipeline(transaction=False) as pipe:
             for model in models:
                 pipe.zrem(keys.workers_key(model, tier), self.consumer)
+                pipe.hdel(keys.providers_key(model, tier), self.consumer)
             await pipe.execute()
 
 

@@ -1,0 +1,110 @@
+"""The execution providers the live workers' sessions of a model actually got, for
+ModelConfig (`execution_providers_live`). Workers publish theirs with every heartbeat
+(worker/streams.py: a hash per compute unit and tier beside the worker set); a field counts
+only while its worker is a live member of the set, since a dead worker's field stays until
+the hash expires. What each tier's config asks for is `execution_providers`
+(converters.py); this is what the workers got (a worker's own setting wins, CPU may be a
+fallback)."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections import defaultdict
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+
+import redis.asyncio as aioredis
+import structlog
+
+from tiermesh.core import keys
+from tiermesh.core.repository import ModelConfig
+
+log = structlog.get_logger("tiermesh.gateway")
+
+# The ModelConfig parameter: JSON, tier -> provider -> live workers.
+EXECUTION_PROVIDERS_LIVE = "execution_providers_live"
+
+LiveCounts = dict[str, dict[str, int]]
+
+
+@dataclass(frozen=True, slots=True)
+class UnitOnTier:
+    """What one (compute unit, tier) holds: its live workers, and the provider each worker
+    that published one got."""
+
+    tier: str
+    live: frozenset[str]
+    providers: Mapping[str, str]
+
+
+def served_units(cfg: ModelConfig, version: str = "") -> list[tuple[str, str]]:
+    """(compute unit, tier) of every tier the model is served on (its tiers, else the default
+    tier), with the variant that tier serves a caller naming none, in `version` ("" = the
+    default one; an unknown one has none)."""
+    ver = cfg.version(version)
+    if ver is None:
+        return []
+    variants = cfg.tier_variants or {keys.DEFAULT_TIER: cfg.default_variant}
+    return [
+        (keys.compute_unit(cfg.queue_model, variant, ver.version), tier)
+        for tier, variant in variants.items()
+    ]
+
+
+def count_live(units: Iterable[UnitOnTier]) -> LiveCounts:
+    """tier -> provider -> how many live workers got it: a worker counts once per provider
+    on a tier, whichever units it serves there; fields of workers no longer live (or never
+    live) are left out. Every tier given is in the answer, one without any as {}."""
+    workers: dict[str, dict[str, set[str]]] = {}
+    for u in units:
+        by_provider = workers.setdefault(u.tier, defaultdict(set))
+        for worker, provider in u.providers.items():
+            if worker in u.live and provider:
+                by_provider[provider].add(worker)
+    return {
+        tier: {provider: len(ids) for provider, ids in sorted(by_provider.items())}
+        for tier, by_provider in workers.items()
+    }
+
+
+def parameter_value(counts: LiveCounts) -> str:
+    return json.dumps(counts, separators=(",", ":"), sort_keys=True)
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+class LiveProviders:
+    """Reads the live providers of a model from Redis; built once by the gateway's __main__."""
+
+    def __init__(
+        self, redis: aioredis.Redis, clock_ms: Callable[[], float] = lambda: time.time() * 1000
+    ) -> None:
+        self._redis = redis
+        # Wall clock: heartbeats score members by wall-clock expiry (worker/streams.py).
+        self._clock_ms = clock_ms
+
+    async def read(self, cfg: ModelConfig, version: str = "") -> LiveCounts | None:
+        """The counts of `cfg` in `version` ("" = the default one), read in one round trip;
+        None when Redis could not be read (logged: ModelConfig answers without them)."""
+        units = served_units(cfg, version)
+        now_ms = int(self._clock_ms())
+        try:
+            async with self._redis.pipeline(transaction=False) as pipe:
+                for unit, tier in units:
+                    pipe.zrangebyscore(keys.workers_key(unit, tier), now_ms, "+inf")
+                    pipe.hgetall(keys.providers_key(unit, tier))
+                replies = await pipe.execute()
+        except (aioredis.RedisError, OSError) as exc:
+            log.warning("live execution providers unreadable", model=cfg.name, error=str(exc))
+            return None
+        return count_live(
+            UnitOnTier(
+                tier,
+                frozenset(_text(m) for m in members),
+                {_text(k): _text(v) for k, v in fields.items()},
+            )
+            for (_, tier), members, fields in zip(units, replies[::2], replies[1::2], strict=True)
+        )
