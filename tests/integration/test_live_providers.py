@@ -1,5 +1,5 @@
 """The execution provider each live worker's session got, from its heartbeat to ModelConfig's
-`execution_providers_live`: the hash a heartbeat writes (bounded by the heartbeat's TTL,
+`execution_providers_live`: the key a heartbeat writes (bounded by the heartbeat's TTL,
 dropped on leave), the gateway's read of it against a real redis-server, and the whole mesh
 answering ModelConfig on both doors."""
 
@@ -44,12 +44,13 @@ async def test_a_heartbeat_publishes_providers_within_its_ttl(redis_url: str) ->
         worker = StreamClient(redis, "w1")
         # `other@1.fp32` has no session yet: it beats without a provider.
         await worker.heartbeat([UNIT, "other@1.fp32"], "edge", TTL_MS, {UNIT: CPU})
-        assert await redis.hgetall(keys.providers_key(UNIT, "edge")) == {"w1": CPU}
-        assert 0 < await redis.pttl(keys.providers_key(UNIT, "edge")) <= TTL_MS
-        assert not await redis.exists(keys.providers_key("other@1.fp32", "edge"))
+        assert await redis.get(keys.provider_key(UNIT, "edge", "w1")) == CPU
+        assert 0 < await redis.pttl(keys.provider_key(UNIT, "edge", "w1")) <= TTL_MS
+        assert not await redis.exists(keys.provider_key("other@1.fp32", "edge", "w1"))
         await StreamClient(redis, "w2").heartbeat([UNIT], "edge", TTL_MS, {UNIT: CUDA})
         await worker.leave([UNIT, "other@1.fp32"], "edge")
-        assert await redis.hgetall(keys.providers_key(UNIT, "edge")) == {"w2": CUDA}
+        assert not await redis.exists(keys.provider_key(UNIT, "edge", "w1"))
+        assert await redis.get(keys.provider_key(UNIT, "edge", "w2")) == CUDA
     finally:
         await redis.aclose()
 
@@ -60,9 +61,11 @@ async def test_only_live_members_are_counted(redis_url: str, tmp_path: Path) -> 
     try:
         await StreamClient(redis, "w1").heartbeat([UNIT], "center", TTL_MS, {UNIT: CPU})
         await StreamClient(redis, "w2").heartbeat([UNIT], "center", TTL_MS, {UNIT: CUDA})
-        # w3's heartbeat expired a moment ago; its field is still in the hash.
+        # w3's heartbeat expired a moment ago; its key has not yet.
         await redis.zadd(keys.workers_key(UNIT, "center"), {"w3": int(time.time() * 1000) - 1})
-        await redis.hset(keys.providers_key(UNIT, "center"), "w3", CPU)
+        await redis.set(keys.provider_key(UNIT, "center", "w3"), CPU, px=TTL_MS)
+        # w4 is live but published no provider (its session is not loaded yet).
+        await StreamClient(redis, "w4").heartbeat([UNIT], "center", TTL_MS)
         assert await LiveProviders(redis).read(cfg) == {"center": {CPU: 1, CUDA: 1}}
         # A clock past every heartbeat's expiry: nobody is live.
         later = LiveProviders(redis, clock_ms=lambda: time.time() * 1000 + 2 * TTL_MS)

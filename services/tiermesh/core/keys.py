@@ -45,11 +45,10 @@ def workers_key(model: str, tier: str) -> str:
     return f"{PREFIX}:workers:{model}:{tier}"
 
 
-def providers_key(model: str, tier: str) -> str:
-    """Hash of the execution provider each worker's session of (model, tier) got, field =
-    worker id (as in the worker set; only a live member's field counts), expiring with the
-    heartbeat that last wrote it."""
-    return f"{PREFIX}:providers:{model}:{tier}"
+def provider_key(model: str, tier: str, worker: str) -> str:
+    """The execution provider one worker's session of (model, tier) got (`worker` as in the
+    worker set), expiring with the heartbeat that last wrote it."""
+    return f"{PREFIX}:provider:{model}:{tier}:{worker}"
 
 
 def rate_key(unit: str, tier: str) -> str:

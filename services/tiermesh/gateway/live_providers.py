@@ -1,8 +1,8 @@
 """The execution providers the live workers' sessions of a model actually got, for
 ModelConfig (`execution_providers_live`). Workers publish theirs with every heartbeat
-(worker/streams.py: a hash per compute unit and tier beside the worker set); a field counts
-only while its worker is a live member of the set, since a dead worker's field stays until
-the hash expires. What each tier's config asks for is `execution_providers`
+(worker/streams.py: a key per worker, compute unit and tier, expiring with the membership);
+a worker counts only while it is a live member of the worker set (its key may outlive it by
+less than a heartbeat's TTL). What each tier's config asks for is `execution_providers`
 (converters.py); this is what the workers got (a worker's own setting wins, CPU may be a
 fallback)."""
 
@@ -87,24 +87,27 @@ class LiveProviders:
         self._clock_ms = clock_ms
 
     async def read(self, cfg: ModelConfig, version: str = "") -> LiveCounts | None:
-        """The counts of `cfg` in `version` ("" = the default one), read in one round trip;
-        None when Redis could not be read (logged: ModelConfig answers without them)."""
+        """The counts of `cfg` in `version` ("" = the default one), read in two round trips
+        (the live members, then their providers); None when Redis could not be read
+        (logged: ModelConfig answers without them)."""
         units = served_units(cfg, version)
         now_ms = int(self._clock_ms())
         try:
             async with self._redis.pipeline(transaction=False) as pipe:
                 for unit, tier in units:
                     pipe.zrangebyscore(keys.workers_key(unit, tier), now_ms, "+inf")
-                    pipe.hgetall(keys.providers_key(unit, tier))
-                replies = await pipe.execute()
+                members = [[_text(m) for m in live] for live in await pipe.execute()]
+            wanted = [
+                keys.provider_key(unit, tier, worker)
+                for (unit, tier), live in zip(units, members, strict=True)
+                for worker in live
+            ]
+            got = iter(await self._redis.mget(wanted) if wanted else [])
         except (aioredis.RedisError, OSError) as exc:
             log.warning("live execution providers unreadable", model=cfg.name, error=str(exc))
             return None
-        return count_live(
-            UnitOnTier(
-                tier,
-                frozenset(_text(m) for m in members),
-                {_text(k): _text(v) for k, v in fields.items()},
-            )
-            for (_, tier), members, fields in zip(units, replies[::2], replies[1::2], strict=True)
-        )
+        on_tiers = []
+        for (_, tier), live in zip(units, members, strict=True):
+            providers = {worker: _text(p) for worker in live if (p := next(got)) is not None}
+            on_tiers.append(UnitOnTier(tier, frozenset(live), providers))
+        return count_live(on_tiers)

@@ -444,8 +444,8 @@ class StreamClient:
         """Register this consumer in the worker set of each model on `tier` for `ttl_ms`
         (routers admit work while one is live), dropping members whose time is up; and, in
         the same round trip, the execution provider its session of each model got
-        (`providers`: model -> provider; a model without one is left out), in a hash that
-        expires `ttl_ms` after the last beat of any of its workers (ModelConfig reads it)."""
+        (`providers`: model -> provider; a model without one is left out), in a key of its
+        own that expires with the membership (ModelConfig reads it)."""
         now_ms = int(time.time() * 1000)
         providers = providers or {}
         async with self._redis.pipeline(transaction=False) as pipe:
@@ -454,11 +454,7 @@ class StreamClient:
                 pipe.zadd(key, {self.consumer: now_ms + ttl_ms})
                 pipe.zremrangebyscore(key, "-inf", now_ms)
                 if provider := providers.get(model):
-                    # A dead worker's field stays until the hash expires; readers count
-                    # only the fields of live members of the set.
-                    by_worker = keys.providers_key(model, tier)
-                    pipe.hset(by_worker, self.consumer, provider)
-                    pipe.pexpire(by_worker, ttl_ms)
+                    pipe.set(keys.provider_key(model, tier, self.consumer), provider, px=ttl_ms)
             await pipe.execute()
 
     async def leave(self, models: Iterable[str], tier: str) -> None:
@@ -467,7 +463,7 @@ class StreamClient:
         async with self._redis.pipeline(transaction=False) as pipe:
             for model in models:
                 pipe.zrem(keys.workers_key(model, tier), self.consumer)
-                pipe.hdel(keys.providers_key(model, tier), self.consumer)
+                pipe.delete(keys.provider_key(model, tier, self.consumer))
             await pipe.execute()
 
 
