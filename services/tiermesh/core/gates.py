@@ -14,6 +14,8 @@ a passing record in its version folder's `gates.yaml`, written by `tiermesh opti
       rows: 117
       eval_sha256: ...         # the texts it was judged on (calibration_sha256: built from)
       date: "2026-12-07"
+      excluded_nodes: [l0/ffn/out/matmul, l2/ffn/out/matmul]   # kept FP32
+      method: dynamic INT8, per channel
 
 A model's config may serve variants without one (`ungated: true`), logged at start.
 `judge` is pure: the repository gives it the records and the checksums it expects.
@@ -47,13 +49,22 @@ class GateRecord:
     eval_sha256: str
     calibration_sha256: str
     date: str
-    # The nodes kept in float (mixed precision), when any.
+    # The nodes kept in float (mixed precision), when any, and how it was quantized.
     excluded_nodes: tuple[str, ...] = ()
+    method: str = ""
 
     def summary(self) -> str:
         figures = ", ".join(f"{k} {v:.4f}" for k, v in self.cosine.items())
         verdict = "passed" if self.passed else "FAILED"
-        return f"{verdict} {self.gate} ({figures}; {self.rows} texts, {self.date})"
+        how = "".join(
+            f"; {part}"
+            for part in (
+                self.method,
+                f"{len(self.excluded_nodes)} nodes kept FP32" if self.excluded_nodes else "",
+            )
+            if part
+        )
+        return f"{verdict} {self.gate} ({figures}; {self.rows} texts, {self.date}{how})"
 
 
 class Standing(enum.Enum):

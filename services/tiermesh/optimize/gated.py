@@ -1,5 +1,9 @@
 """Gate records (core/gates.py) from measurements, and the INT8 variant a repository ships:
-static INT8 with the fewest most-sensitive nodes kept in FP32 that passes the gate.
+the first INT8 that passes the gate, the fastest kind tried first. Dynamic INT8 (weights
+per channel, activations quantized at run time: onnxruntime's integer kernels, 2.2-2.6x
+FP32's speed on MiniLM here) with the fewest most-sensitive MatMuls kept in FP32; else
+static INT8 (QDQ) the same way, which may pass where dynamic cannot but ran only 1.13x
+FP32's speed (benchmarks/RESULTS.md, issue 24).
 
 Used by `tiermesh optimize` (a record beside each variant it writes) and `tiermesh models
 fetch` (the MiniLM `int8` variant and its record).
@@ -11,6 +15,7 @@ import datetime
 from collections.abc import Sequence
 from pathlib import Path
 
+from tiermesh.convert.minilm import quantize_int8
 from tiermesh.core.gates import GateRecord
 from tiermesh.core.repository import sha256_file
 from tiermesh.optimize import calibrate, datasets, evaluate, sensitivity
@@ -19,6 +24,8 @@ from tiermesh.optimize.variants import VariantError
 from tiermesh.router.text import TextEncoder
 
 DEFAULT_GATE = Gate("cosine", 0.99)
+DYNAMIC = "dynamic INT8, per channel"
+STATIC = "static INT8 (QDQ)"
 
 
 def gate_record(
@@ -28,6 +35,7 @@ def gate_record(
     calibration: Sequence[str],
     evaluation: Sequence[str],
     excluded_nodes: Sequence[str] = (),
+    method: str = "",
 ) -> GateRecord:
     """The record of the variant at `path`, measured as `acc` against the reference."""
     return GateRecord(
@@ -42,6 +50,7 @@ def gate_record(
         calibration_sha256=datasets.texts_sha256(calibration),
         date=datetime.date.today().isoformat(),
         excluded_nodes=tuple(excluded_nodes),
+        method=method,
     )
 
 
@@ -53,10 +62,10 @@ def gated_int8(
     calibration: Sequence[str] | None = None,
     evaluation: Sequence[str] | None = None,
 ) -> GateRecord:
-    """Static INT8 of `fp32` at `dst`, with as few of its most sensitive MatMul/Gemm nodes
-    kept in float as passing `gate` needs (sensitivity.mixed_precision), and its record.
-    The built-in calibration and evaluation texts unless given. Raises VariantError when
-    no such model passes (nothing is left at `dst`)."""
+    """INT8 of `fp32` at `dst` that passes `gate`, and its record: dynamic INT8; else
+    dynamic, then static, with as few of the most sensitive MatMul/Gemm nodes kept in float
+    as passing needs (sensitivity.mixed_precision). The built-in calibration and evaluation
+    texts unless given. Raises VariantError when none passes (nothing is left at `dst`)."""
     calibration = calibration or datasets.builtin_texts("calibration")
     evaluation = evaluation or datasets.builtin_texts("eval")
     base = evaluate.embed(evaluate.session(fp32), encoder, evaluation)
@@ -67,11 +76,22 @@ def gated_int8(
     def accuracy(path: Path) -> evaluate.Accuracy:
         return evaluate.accuracy(base, evaluate.embed(evaluate.session(path), encoder, evaluation))
 
+    def passes(path: Path) -> bool:
+        return gate.passes(accuracy(path))
+
+    def dynamic(src: Path, out: Path, excluded: list[str]) -> None:
+        quantize_int8(src, out, excluded)
+
+    dynamic(fp32, dst, [])
+    if passes(dst):
+        return gate_record(dst, accuracy(dst), gate, calibration, evaluation, method=DYNAMIC)
     ranking = sensitivity.node_sensitivity(fp32, reader)
-    mixed = sensitivity.mixed_precision(
-        fp32, dst, reader, ranking, lambda path: gate.passes(accuracy(path))
-    )
+    method = DYNAMIC
+    mixed = sensitivity.mixed_precision(fp32, dst, reader, ranking, passes, step=2, build=dynamic)
+    if mixed is None:
+        method = STATIC
+        mixed = sensitivity.mixed_precision(fp32, dst, reader, ranking, passes)
     if mixed is None:
         raise VariantError(f"{fp32}: no set of FP32 nodes makes INT8 pass {gate}")
     path, excluded = mixed
-    return gate_record(path, accuracy(path), gate, calibration, evaluation, excluded)
+    return gate_record(path, accuracy(path), gate, calibration, evaluation, excluded, method)

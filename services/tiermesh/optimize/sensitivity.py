@@ -126,10 +126,12 @@ def mixed_precision(
     passes: Callable[[Path], bool],
     max_excluded: int = 24,
     step: int = 4,
+    build: Callable[[Path, Path, list[str]], object] | None = None,
 ) -> tuple[Path, list[str]] | None:
     """Static INT8 at `dst` with the fewest most-sensitive nodes (first of `ranking`) kept
     float such that `passes(dst)`: tries 0, step, 2*step, ... up to max_excluded (capped at
-    the ranking's length), re-calibrating each time with a fresh reader. Returns
+    the ranking's length), re-calibrating each time with a fresh reader. `build(fp32, dst,
+    excluded)` makes another kind of INT8 instead (dynamic: no calibration). Returns
     (dst, excluded nodes), or None, with `dst` removed, when even the last try fails."""
     if step < 1:
         raise ValueError(f"step must be at least 1, got {step}")
@@ -139,7 +141,10 @@ def mixed_precision(
     counts = [*range(0, limit, step), limit]
     for count in dict.fromkeys(counts):
         excluded = order[:count]
-        int8_static(fp32, dst, reader_factory(), exclude_nodes=excluded)
+        if build is None:
+            int8_static(fp32, dst, reader_factory(), exclude_nodes=excluded)
+        else:
+            build(fp32, dst, excluded)
         if passes(dst):
             return dst, excluded
     dst.unlink(missing_ok=True)
