@@ -77,6 +77,7 @@ def bounds(repo: ModelRepository) -> list[Bound]:
         Bound(r"tm:batch:\{[0-9a-f]+\}(:in|:out)?", "TTL", _ttl),
         Bound(r"tm:batch:open:.*", "TTL", _ttl),
         Bound(r"tm:(rollout|batch:feed):lock", "TTL", _ttl),
+        Bound(rf"tm:provider:{unit}:[a-z]+:[^:]+", "TTL", _ttl),
         Bound(rf"tm:workers:{unit}:[a-z]+", "one per unit and tier"),
         Bound(rf"tm:rate:{unit}:[a-z]+", "one per unit and tier"),
         Bound(rf"tm:cache:({name}):index", "one per model"),
