@@ -6,6 +6,7 @@ config before any service uses them. A mismatch refuses to load with a clear err
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from collections.abc import Sequence
 from dataclasses import replace
@@ -94,7 +95,7 @@ class ModelRepository:
                 cfg.variants,
                 cfg.reference_variant,
                 self._records(cfg, ver, path),
-                lambda file, ver=ver: self._recorded_sha256(cfg, ver, file),  # type: ignore[misc]
+                functools.partial(self._recorded_sha256, cfg, ver),
                 cfg.ungated,
             )
             for ver in cfg.versions
