@@ -16,6 +16,7 @@ import pytest
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
+from tests.conftest import door_cache
 from tiermesh.core.delivery_client import GatewayClients
 from tiermesh.core.message_bytes import MAX_MESSAGE_BYTES
 from tiermesh.core.server import make_server
@@ -39,9 +40,9 @@ from tiermesh.worker.__main__ import serve as serve_worker
 
 
 @pytest.fixture(scope="session")
-def door_binary(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def door_binary(tmp_path_factory: pytest.TempPathFactory, go_build_cache: Path) -> Path:
     """The Go front door, built once for the tests that run its subcommands (needs_go)."""
-    return build(tmp_path_factory.mktemp("frontdoor-cache"))
+    return build(door_cache(tmp_path_factory.mktemp("frontdoor-cache"), go_build_cache))
 
 
 def door_answers(door: Path, args: list[str], lines: list[Any]) -> list[Any]:

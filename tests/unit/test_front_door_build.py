@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from tests.conftest import door_cache
 from tests.go_toolchain import needs_go
 from tiermesh.frontdoor import build as door_build
 from tiermesh.frontdoor.build import FrontDoorUnavailable, build
@@ -47,9 +48,9 @@ def test_the_digest_follows_the_sources(tmp_path: Path) -> None:
 @pytest.mark.slow
 @needs_go
 def test_a_built_door_is_found_without_building_again(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, go_build_cache: Path
 ) -> None:
-    binary = build(tmp_path)
+    binary = build(door_cache(tmp_path, go_build_cache))
     assert binary.is_file() and binary.stat().st_mode & 0o111
 
     def no_build(*args: Any, **kwargs: Any) -> None:
@@ -61,12 +62,12 @@ def test_a_built_door_is_found_without_building_again(
 
 @pytest.mark.slow
 @needs_go
-def test_a_failed_build_says_why_and_leaves_nothing(tmp_path: Path) -> None:
+def test_a_failed_build_says_why_and_leaves_nothing(tmp_path: Path, go_build_cache: Path) -> None:
     sources = tmp_path / "go"
     shutil.copytree(door_build.SOURCES, sources)
     (sources / "broken.go").write_text("package main\n\nfunc broken() { return 1 }\n")
     with pytest.raises(FrontDoorUnavailable) as failed:
-        build(tmp_path / "cache", sources=sources)
+        build(door_cache(tmp_path / "cache", go_build_cache), sources=sources)
     assert "go build failed" in str(failed.value) and "broken.go" in str(failed.value)
     left = {p.name for p in (tmp_path / "cache" / "frontdoor").iterdir()}
     assert left <= {"gocache"}, left

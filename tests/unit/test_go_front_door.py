@@ -14,6 +14,8 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 
+from tests.conftest import door_cache
+
 BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 
 
@@ -41,9 +43,9 @@ def test_without_the_go_toolchain_it_names_the_debian_packages(
     any(shutil.which(t) is None for t in ("go", "protoc", "protoc-gen-go")),
     reason="Debian's Go toolchain is not installed (make test installs it: scripts/ensure_go.sh)",
 )
-def test_the_go_server_answers_a_tritonclient_call(tmp_path: Path) -> None:
+def test_the_go_server_answers_a_tritonclient_call(tmp_path: Path, go_build_cache: Path) -> None:
     hops = grpc_hops()
-    binary = hops.build_go_server(tmp_path)
+    binary = hops.build_go_server(door_cache(tmp_path, go_build_cache))
     proc = subprocess.Popen([binary], stdout=subprocess.PIPE)
     try:
         assert proc.stdout is not None
