@@ -196,6 +196,7 @@ CASES = [
     Case("optimize", "optimize m --repository {missing}", R, "does not exist"),
     Case("optimize", "optimize nosuch --repository {repo}", R, "unknown model 'nosuch'"),
     Case("optimize", "optimize m --gate bogus", U, "gate 'bogus' not understood"),
+    Case("optimize", "optimize m --variants fp16,int9", U, "unknown variant(s) int9: choose"),
     Case("optimize", "optimize m --calibration {missing}", U, "no such file"),
     Case("optimize", "optimize m --eval {empty}", U, "no texts"),
     # keys

@@ -337,3 +337,9 @@ def test_the_shipped_int8_is_dynamic_when_dynamic_passes_with_its_record(
     with pytest.raises(variants.VariantError, match="no set of FP32 nodes makes INT8 pass"):
         gated.gated_int8(tiny, dst, encoder, Gate("cosine", 1.0001), TEXTS, TEXTS)
     assert not dst.exists()
+
+
+def test_the_pipeline_names_every_builder_it_has() -> None:
+    from tiermesh.optimize.pipeline import BUILDERS, _builders
+
+    assert tuple(_builders(lambda: None)) == BUILDERS  # type: ignore[arg-type,return-value]

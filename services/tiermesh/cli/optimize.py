@@ -41,6 +41,7 @@ def cmd_optimize(args: argparse.Namespace) -> int:
             evaluation,
             write_back=not args.dry_run,
             progress=sys.stderr.isatty(),
+            variants=args.variants,
         )
     )
     print((out / "report.md").read_text())
@@ -57,6 +58,18 @@ def _gate(text: str) -> Any:
         return parse_gate(text)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _variants(text: str) -> tuple[str, ...]:
+    from tiermesh.optimize.pipeline import BUILDERS
+
+    names = tuple(dict.fromkeys(n.strip() for n in text.split(",") if n.strip()))
+    unknown = [n for n in names if n not in BUILDERS]
+    if unknown or not names:
+        raise argparse.ArgumentTypeError(
+            f"unknown variant(s) {', '.join(unknown) or 'none'}: choose from {', '.join(BUILDERS)}"
+        )
+    return names
 
 
 def add_optimize_parser(sub: Subcommands) -> None:
@@ -83,4 +96,11 @@ def add_optimize_parser(sub: Subcommands) -> None:
         "--out", default=None, help="report folder (default: optimize-reports/<model>-<time>)"
     )
     p.add_argument("--dry-run", action="store_true", help="report only; write no variant")
+    p.add_argument(
+        "--variants",
+        type=_variants,
+        default=(),
+        help="build only these, comma-separated: graph, fp16, int8dyn, int8qdq (its mixed "
+        "fallback, int8mixed, comes with it), int4 (default: all)",
+    )
     p.set_defaults(func=cmd_optimize)

@@ -35,6 +35,11 @@ class Plan:
     evaluation: Sequence[str]
     write_back: bool = True
     progress: bool = True
+    # Which variants to build (BUILDERS' names); empty: all of them.
+    variants: Sequence[str] = ()
+
+
+BUILDERS = ("graph", "fp16", "int8dyn", "int8qdq", "int4")
 
 
 def _builders(reader: Callable[[], calibrate.TextCalibrationReader]) -> dict[str, Builder]:
@@ -63,7 +68,12 @@ def run(plan: Plan) -> list[VariantResult]:
     try:
         base = evaluate.embed(evaluate.session(fp32), encoder, plan.evaluation)
         built: dict[str, tuple[Path, list[str], str]] = {"fp32": (fp32, [], "")}
-        stages = tqdm(_builders(reader).items(), desc="build", disable=not plan.progress)
+        builders = {
+            name: build
+            for name, build in _builders(reader).items()
+            if not plan.variants or name in plan.variants
+        }
+        stages = tqdm(builders.items(), desc="build", disable=not plan.progress)
         for name, build in stages:
             stages.set_postfix_str(name)
             try:
