@@ -65,13 +65,16 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
         caller = caller_of(context)
         cfg = self._plane.model(caller, request.name, request.version)
         response = converters.model_config(cfg)
-        live = await self._plane.providers_live(cfg, request.version)
-        if live is not None:
-            response.config.parameters[EXECUTION_PROVIDERS_LIVE].string_value = live
         if (PLAN_HEADER, "1") in caller.metadata:  # the front door reading its models
+            # It reads every model every 30 s for its plan: no Redis reads for providers
+            # it never looks at.
             plan = self._plane.direct_plan(cfg)
             if plan:
                 response.config.parameters[PLAN_PARAMETER].string_value = plan
+            return response
+        live = await self._plane.providers_live(cfg, request.version)
+        if live is not None:
+            response.config.parameters[EXECUTION_PROVIDERS_LIVE].string_value = live
         return response
 
     @grpc_method

@@ -76,15 +76,18 @@ def gated_int8(
     def accuracy(path: Path) -> evaluate.Accuracy:
         return evaluate.accuracy(base, evaluate.embed(evaluate.session(path), encoder, evaluation))
 
+    measured: list[evaluate.Accuracy] = []  # the last is the file now at `dst`
+
     def passes(path: Path) -> bool:
-        return gate.passes(accuracy(path))
+        measured.append(accuracy(path))
+        return gate.passes(measured[-1])
 
     def dynamic(src: Path, out: Path, excluded: list[str]) -> None:
         quantize_int8(src, out, excluded)
 
     dynamic(fp32, dst, [])
     if passes(dst):
-        return gate_record(dst, accuracy(dst), gate, calibration, evaluation, method=DYNAMIC)
+        return gate_record(dst, measured[-1], gate, calibration, evaluation, method=DYNAMIC)
     ranking = sensitivity.node_sensitivity(fp32, reader)
     method = DYNAMIC
     mixed = sensitivity.mixed_precision(fp32, dst, reader, ranking, passes, step=2, build=dynamic)
@@ -94,4 +97,4 @@ def gated_int8(
     if mixed is None:
         raise VariantError(f"{fp32}: no set of FP32 nodes makes INT8 pass {gate}")
     path, excluded = mixed
-    return gate_record(path, accuracy(path), gate, calibration, evaluation, excluded, method)
+    return gate_record(path, measured[-1], gate, calibration, evaluation, excluded, method)

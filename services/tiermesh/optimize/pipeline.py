@@ -14,8 +14,8 @@ import yaml
 from tqdm import tqdm
 
 from tiermesh.core.gates import write_record
-from tiermesh.core.repository import BUILT_VARIANTS, ModelRepository, sha256_file
-from tiermesh.optimize import calibrate, datasets, evaluate, sensitivity, variants
+from tiermesh.core.repository import BUILT_VARIANTS, ModelRepository
+from tiermesh.optimize import calibrate, evaluate, sensitivity, variants
 from tiermesh.optimize.gate import Gate
 from tiermesh.optimize.gated import gate_record
 from tiermesh.optimize.report import VariantResult, write
@@ -150,24 +150,22 @@ def _write_back(folder: Path, passed: list[VariantResult], work: Path, plan: Pla
     for r in passed:
         target = folder / f"model.{r.name}.onnx"
         shutil.copy(work / r.file, target)
-        prov.setdefault("files", {})[target.name] = sha256_file(target)
+        # The record that lets the variant serve (core/gates.py); it hashed the file and
+        # the text sets, which provenance.yaml repeats.
+        record = gate_record(
+            target, r.accuracy, plan.gate, plan.calibration, plan.evaluation, r.excluded_nodes
+        )
+        write_record(folder, r.name, record)
+        prov.setdefault("files", {})[target.name] = record.sha256
         prov.setdefault("optimize", {})[r.name] = {
-            "gate": str(plan.gate),
-            "calibration_sha256": datasets.texts_sha256(plan.calibration),
-            "eval_sha256": datasets.texts_sha256(plan.evaluation),
+            "gate": record.gate,
+            "calibration_sha256": record.calibration_sha256,
+            "eval_sha256": record.eval_sha256,
             "excluded_nodes": r.excluded_nodes,
             "cosine_mean": r.accuracy.mean,
             # Saved after graph optimisation: workers load it without redoing it.
             "preoptimized": r.name == "graph",
         }
         built[r.name] = target.name
-        # The record that lets the variant serve (core/gates.py).
-        write_record(
-            folder,
-            r.name,
-            gate_record(
-                target, r.accuracy, plan.gate, plan.calibration, plan.evaluation, r.excluded_nodes
-            ),
-        )
     prov_path.write_text(yaml.safe_dump(prov, sort_keys=False))
     built_path.write_text(yaml.safe_dump(built, sort_keys=False))
