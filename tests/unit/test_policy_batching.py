@@ -8,9 +8,10 @@ import pytest
 
 from tiermesh.core.jobs import Job, Timing
 from tiermesh.core.keys import DEFAULT_TIER, StreamKey, stream_keys
+from tiermesh.core.model_config import bucket_for
 from tiermesh.core.repository import ModelConfig, parse_config
 from tiermesh.core.tensors import TensorData
-from tiermesh.router.policy import bucket_for, choose_stream, job_length
+from tiermesh.router.policy import choose_stream, job_length
 from tiermesh.worker.batching import (
     QueuedJob,
     split_cancelled,

@@ -104,6 +104,9 @@ class Pool(Section):
     source: str
     mask: str
     output: str
+    # Sizes the embedding may be cut to (a Matryoshka-trained model), for the OpenAI door's
+    # `dimensions`; none: the model's whole size only.
+    dimensions: list[int] = []
 
 
 class Bucket(Section):

@@ -89,6 +89,11 @@ class Generation:
     seed: int = 0
     stop: tuple[str, ...] = ()
     stream: bool = False
+    # A conversation as (role, content) pairs, rendered by the chat template in place of the
+    # prompt as one user message (the OpenAI chat door); () for a prompt.
+    messages: tuple[tuple[str, str], ...] = ()
+    # The prompt as it is, without the chat template (the OpenAI completions door).
+    raw_prompt: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -11,6 +11,7 @@ Tiers (where a model is served, and which variant each tier serves) are core/tie
 
 from __future__ import annotations
 
+import bisect
 import itertools
 import math
 import re
@@ -58,6 +59,11 @@ class ModelVersion:
 TOKEN_IDS = "input_ids"
 TOKEN_MASK = "attention_mask"
 TRUNCATED = "truncated"
+# Asked by a job's caller (the OpenAI embeddings door): refuse a text longer than the model's
+# max_length instead of cutting it, and count the tokens of the job's texts (the caller's
+# `usage`), as the annotation TEXT_TOKENS of its result.
+WHOLE_TEXT = "whole_text"
+TEXT_TOKENS = "text_tokens"
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,6 +82,9 @@ class PoolSpec:
     source: str
     mask: str
     output: str
+    # Sizes the embedding may be cut to (its first d values, normalised again): a model
+    # trained for it (Matryoshka); () = none.
+    dimensions: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -382,7 +391,9 @@ def _build(raw: schema.RawConfig, given: dict[str, Any]) -> ModelConfig:
         tokenize=TokenizeSpec(tokenize.tokenizer, tokenize.max_length, tokenize.max_text_bytes)
         if tokenize
         else None,
-        pool=PoolSpec(raw.pool.source, raw.pool.mask, raw.pool.output) if raw.pool else None,
+        pool=PoolSpec(raw.pool.source, raw.pool.mask, raw.pool.output, tuple(raw.pool.dimensions))
+        if raw.pool
+        else None,
         max_sequence=tokenize.max_length if tokenize else 0,
         cascade=CascadeSpec(**raw.cascade.model_dump()) if raw.cascade else None,
         generation=_generation(raw.generation) if raw.generation is not None else None,
@@ -514,6 +525,8 @@ def _check(cfg: ModelConfig, where: str) -> None:
         raise RepositoryError(f"{where}: pool source/mask must be compute inputs or outputs")
     if cfg.pool and cfg.pool.output not in {t.name for t in cfg.outputs}:
         raise RepositoryError(f"{where}: pool output {cfg.pool.output!r} is not a model output")
+    if cfg.pool:
+        _check_dimensions(where, cfg)
 
 
 def companions(raw: Any, parent: ModelConfig, where: str) -> list[ModelConfig]:
@@ -547,3 +560,24 @@ def _same_interface(given: tuple[TensorSpec, ...], compute: tuple[TensorSpec, ..
         and all(want in (-1, got) for got, want in zip(a.dims, b.dims, strict=True))
         for a, b in zip(given, compute, strict=True)
     )
+
+
+def _check_dimensions(where: str, cfg: ModelConfig) -> None:
+    """pool.dimensions: sizes under the pooled output's own (its last dim)."""
+    assert cfg.pool is not None
+    out = next(t for t in cfg.outputs if t.name == cfg.pool.output)
+    size = out.dims[-1] if out.dims else 0
+    bad = [d for d in cfg.pool.dimensions if not 0 < d < size]
+    if bad:
+        raise RepositoryError(
+            f"{where}: pool.dimensions {bad} must lie between 1 and the output's size "
+            f"({size}) less one"
+        )
+
+
+def bucket_for(length: int, bounds: tuple[int, ...]) -> int:
+    """Index of the first bucket whose upper bound is >= length; the last bucket catches
+    everything longer. With no bounds there is one bucket, 0."""
+    if not bounds:
+        return 0
+    return min(bisect.bisect_left(bounds, length), len(bounds) - 1)

@@ -90,6 +90,8 @@ def generation_to_proto(g: Generation) -> job_pb2.Generation:
         seed=g.seed,
         stop=g.stop,
         stream=g.stream,
+        messages=[job_pb2.ChatMessage(role=r, content=c) for r, c in g.messages],
+        raw_prompt=g.raw_prompt,
     )
 
 
@@ -101,6 +103,8 @@ def generation_from_proto(msg: job_pb2.Generation) -> Generation:
         seed=msg.seed,
         stop=tuple(msg.stop),
         stream=msg.stream,
+        messages=tuple((m.role, m.content) for m in msg.messages),
+        raw_prompt=msg.raw_prompt,
     )
 
 

@@ -56,6 +56,10 @@ class Call:
     # A traced request's span ids (its hop spans are written when the result is back).
     hops: Hops | None = None
 
+    def part(self, request_id: str, model: str) -> Call:
+        """Another job of the same call (plane.infer_many), with its own request id."""
+        return Call(request_id, self.received_ns, model, self.version, self.tenant)
+
     def observed(self, code: str, ended_ns: int) -> Observed:
         return Observed(
             self.request_id,

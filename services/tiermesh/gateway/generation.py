@@ -30,6 +30,8 @@ def generation_of(
     parameters: dict[str, object],
     request_id: str,
     stream: bool,
+    messages: tuple[tuple[str, str], ...] = (),
+    raw_prompt: bool = False,
 ) -> Generation:
     """The checked generation request; INVALID_ARGUMENT for a bad prompt or parameter.
     Without a `seed`, one is drawn from the request id: the answer is random per request
@@ -50,6 +52,8 @@ def generation_of(
         seed=seed,
         stop=parsed.stop,
         stream=stream,
+        messages=messages,
+        raw_prompt=raw_prompt,
     )
 
 

@@ -15,6 +15,7 @@ model control. No proto types here (DESIGN.md, Style).
 
 from __future__ import annotations
 
+import asyncio
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
@@ -36,6 +37,7 @@ from tiermesh.core.errors import (
     unknown_model,
 )
 from tiermesh.core.jobs import Job, Timing
+from tiermesh.core.model_config import WHOLE_TEXT
 from tiermesh.core.repository import ModelConfig, ModelRepository
 from tiermesh.core.settings import GatewaySettings
 from tiermesh.core.telemetry import CallerTraces, trace_id_of, unsampled, w3c_context
@@ -187,17 +189,20 @@ class DataPlane:
         streaming caller) gets the pieces of a generative model's answer as they come,
         before the final answer is returned. Raises MeshError for every refusal; whatever
         the outcome, the call is counted once."""
-        known = self._repo.get(model_name)
-        if known is None or not self.control.is_served(known):
-            # Another gateway may have loaded it just now: look (one GET) before refusing.
-            await self.control.watch.catch_up()
+        return await self._counted(
+            model_name, caller, lambda call: self._infer(parse, caller, call, on_partial)
+        )
+
+    async def _counted(
+        self, model_name: str, caller: Caller, work: Callable[[Call], Awaitable[T]]
+    ) -> T:
+        """One call of a door, whatever its outcome counted once (and audited, captured)."""
+        await self._catch_up(model_name)
         call = Call(request_id=uuid.uuid4().hex, received_ns=self._clock_ns(), model=model_name)
         model = model_name if self._repo.get(model_name) else "unknown"
         code = grpc.StatusCode.OK
         try:
-            answer = await self._infer(parse, caller, call, on_partial)
-            call.result, call.cache_hit = answer.result, answer.cache_hit
-            return answer
+            return await work(call)
         except BaseException as exc:
             code = status_of(exc)
             raise
@@ -259,6 +264,81 @@ class DataPlane:
         call: Call,
         on_partial: PartialCallback | None,
     ) -> Answer:
+        tenant, known, held_until_ns = self._admit(caller, call)
+        async with self._gate.hold(tenant, call.request_id, held_until_ns):
+            # A tensor the model would refuse is refused from its shape, before it is built.
+            req = parse(lambda name, datatype, shape: check_tensor(known, name, datatype, shape))
+            cfg, job = self._checked_job(req, call, caller, on_partial is not None)
+            if cfg.generation is None:
+                on_partial = None
+            self._bind(job, tenant)
+            answer = await self._dispatch.answer(cfg, job, call, on_partial)
+            call.result, call.cache_hit = answer.result, answer.cache_hit
+            return answer
+
+    async def infer_many(
+        self,
+        model_name: str,
+        parse: Callable[[Callable[[str], Screen]], Sequence[InferRequest]],
+        caller: Caller,
+    ) -> list[Answer]:
+        """One call of several jobs (the OpenAI embeddings door: a list's rows, grouped by
+        length): the call's checks once (credentials, quota, its slot), then each request
+        validated and routed as a job of its own, all at once. `parse` gets the Screen of a
+        model by name (a request may name the model's companion). Answers come in the order
+        of `parse`'s requests; the first refusal cancels the other jobs and is the call's.
+        Counted, audited and captured as one call."""
+        return await self._counted(
+            model_name, caller, lambda call: self._infer_many(parse, caller, call)
+        )
+
+    async def _infer_many(
+        self,
+        parse: Callable[[Callable[[str], Screen]], Sequence[InferRequest]],
+        caller: Caller,
+        call: Call,
+    ) -> list[Answer]:
+        tenant, _, held_until_ns = self._admit(caller, call)
+        async with self._gate.hold(tenant, call.request_id, held_until_ns):
+            reqs = parse(self._screen)
+            if not reqs:
+                raise invalid("nothing to infer")
+            work = []
+            for i, req in enumerate(reqs):
+                part = call if i == 0 else call.part(uuid.uuid4().hex, req.model)
+                cfg, job = self._checked_job(req, part, caller, False)
+                work.append((cfg, job, part))
+            self._bind(work[0][1], tenant)
+            tasks = [
+                asyncio.ensure_future(self._dispatch.answer(cfg, job, part, None))
+                for cfg, job, part in work
+            ]
+            try:
+                answers = list(await asyncio.gather(*tasks))
+                call.result = answers[-1].result
+                return answers
+            finally:
+                # After a refusal the others are still on their way: their callers left.
+                for task in tasks:
+                    task.cancel()
+                await asyncio.gather(*tasks, return_exceptions=True)
+
+    def _screen(self, model_name: str) -> Screen:
+        cfg = self._repo.get(model_name)
+        if cfg is None:
+            raise unknown_model(model_name)
+        return lambda name, datatype, shape: check_tensor(cfg, name, datatype, shape)
+
+    async def _catch_up(self, model_name: str) -> None:
+        known = self._repo.get(model_name)
+        if known is None or not self.control.is_served(known):
+            # Another gateway may have loaded it just now: look (one GET) before refusing.
+            await self.control.watch.catch_up()
+
+    def _admit(self, caller: Caller, call: Call) -> tuple[Tenant | None, ModelConfig, int]:
+        """The checks before a call's body is read: draining, this gateway's in-flight cap,
+        credentials, the model; the caller's tenant, the model's config and the deadline of
+        the tenant's slot."""
         if self.draining:
             raise unavailable("gateway is draining; retry on another replica")
         if len(self._pending) >= self._settings.max_in_flight:
@@ -281,33 +361,41 @@ class DataPlane:
         held_until_ns = effective_deadline_ns(
             call.received_ns, caller.time_remaining_s, None, self._default_timeout_ms(known)
         )
-        async with self._gate.hold(tenant, call.request_id, held_until_ns):
-            # A tensor the model would refuse is refused from its shape, before it is built.
-            req = parse(lambda name, datatype, shape: check_tensor(known, name, datatype, shape))
-            self.control.check_served(known, req.version)
-            cfg = find_model(self._repo, req.model, req.version)
-            call.version = req.version
-            validate(cfg, req)
-            span = trace.get_current_span()
-            if self._hop_spans is not None and self._hop_spans.exporting and span.is_recording():
-                call.hops = self._hop_spans.choose(span.get_span_context())
-            job = self._job(cfg, req, call, caller, on_partial is not None)
-            if cfg.generation is None:
-                on_partial = None
-            call.variant = job.variant
-            call.job = job
-            bound = {"request_id": job.request_id, "model": job.model}
-            if not span.get_span_context().is_valid and (tid := trace_id_of(job.trace_context)):
-                bound["trace_id"] = tid  # no span here: the logs still name the caller's trace
-            structlog.contextvars.bind_contextvars(**bound)
-            if span.is_recording():
-                span.set_attribute("tiermesh.request_id", job.request_id)
-                span.set_attribute(
-                    "tiermesh.client_request_id", job.client_request_id[:MAX_RECORDED_NAME]
-                )
-                if tenant is not None:
-                    span.set_attribute("tiermesh.tenant", tenant.name)
-            return await self._dispatch.answer(cfg, job, call, on_partial)
+        return tenant, known, held_until_ns
+
+    def _checked_job(
+        self, req: InferRequest, call: Call, caller: Caller, stream: bool
+    ) -> tuple[ModelConfig, Job]:
+        """The job of a parsed request, once checked against its model and version."""
+        known = self._repo.get(req.model)
+        if known is None:
+            raise unknown_model(req.model)
+        self.control.check_served(known, req.version)
+        cfg = find_model(self._repo, req.model, req.version)
+        call.version = req.version
+        validate(cfg, req)
+        span = trace.get_current_span()
+        if self._hop_spans is not None and self._hop_spans.exporting and span.is_recording():
+            call.hops = self._hop_spans.choose(span.get_span_context())
+        job = self._job(cfg, req, call, caller, stream)
+        call.variant = job.variant
+        call.job = job
+        return cfg, job
+
+    def _bind(self, job: Job, tenant: Tenant | None) -> None:
+        """The request's ids in its logs and on its span."""
+        span = trace.get_current_span()
+        bound = {"request_id": job.request_id, "model": job.model}
+        if not span.get_span_context().is_valid and (tid := trace_id_of(job.trace_context)):
+            bound["trace_id"] = tid  # no span here: the logs still name the caller's trace
+        structlog.contextvars.bind_contextvars(**bound)
+        if span.is_recording():
+            span.set_attribute("tiermesh.request_id", job.request_id)
+            span.set_attribute(
+                "tiermesh.client_request_id", job.client_request_id[:MAX_RECORDED_NAME]
+            )
+            if tenant is not None:
+                span.set_attribute("tiermesh.tenant", tenant.name)
 
     def _default_timeout_ms(self, cfg: ModelConfig) -> int:
         """The wait of a call that names none (no gRPC deadline, no `timeout`)."""
@@ -322,7 +410,15 @@ class DataPlane:
         generation = None
         if cfg.generation is not None:
             params = dict(req.parameters)
-            generation = generation_of(cfg.generation, req.inputs, params, call.request_id, stream)
+            generation = generation_of(
+                cfg.generation,
+                req.inputs,
+                params,
+                call.request_id,
+                stream,
+                req.messages,
+                req.raw_prompt,
+            )
         received_ns = call.received_ns
         return Job(
             request_id=call.request_id,
@@ -345,7 +441,7 @@ class DataPlane:
             requested_outputs=req.requested_outputs,
             timing=Timing(received_ns=received_ns),
             trace_context=self._trace_context(call, caller),
-            annotations={STICKY_KEY: req.sticky_key} if req.sticky_key else {},
+            annotations=_annotations(req),
             generation=generation,
         )
 
@@ -391,6 +487,14 @@ class DataPlane:
     def config(self, name: str) -> ModelConfig | None:
         return self._repo.get(name)
 
+    def models(self) -> list[ModelConfig]:
+        """Every model of the repository (companions included)."""
+        return list(self._repo.configs.values())
+
+    @property
+    def metrics(self) -> GatewayMetrics:
+        return self._metrics
+
     def model(self, caller: Caller, name: str, version: str) -> ModelConfig:
         """ModelMetadata and ModelConfig: the config of a model the caller may use."""
         self.authorize(caller, name)
@@ -417,7 +521,7 @@ class DataPlane:
             return False
         return await self.control.ready(cfg, version)
 
-    def _visible(self, caller: Caller) -> list[ModelConfig]:
+    def visible(self, caller: Caller) -> list[ModelConfig]:
         """The models the caller may use (all of them when the port is unauthenticated)."""
         tenant = self.authenticate(caller)
         models = list(self._repo.configs.values())
@@ -436,7 +540,7 @@ class DataPlane:
         else:
             if version:
                 raise invalid("a version needs a model name")
-            models = sorted(self._visible(caller), key=lambda c: c.name)
+            models = sorted(self.visible(caller), key=lambda c: c.name)
         wanted = [
             (cfg.name, v)
             for cfg in models
@@ -453,7 +557,7 @@ class DataPlane:
 
     async def index_docs(self, caller: Caller, ready_only: bool) -> list[dict[str, str]]:
         """Triton's repository index of the models the caller may use."""
-        return await self.control.index(self._visible(caller), ready_only)
+        return await self.control.index(self.visible(caller), ready_only)
 
     async def load(self, caller: Caller, name: str, version: str = "") -> None:
         await self.audited(caller, "load", name, lambda: self._control(caller, name, version))
@@ -503,3 +607,11 @@ class DataPlane:
                 peer=caller.peer,
                 duration_ms=(ended_ns - started_ns) / 1e6,
             )
+
+
+def _annotations(req: InferRequest) -> dict[str, str]:
+    """What a request asks of the mesh beside its inputs."""
+    annotations = {STICKY_KEY: req.sticky_key} if req.sticky_key else {}
+    if req.whole_text:
+        annotations[WHOLE_TEXT] = "true"
+    return annotations

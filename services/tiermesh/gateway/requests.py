@@ -33,6 +33,12 @@ class InferRequest:
     # Generation parameters (max_new_tokens, temperature, ...) as the caller sent them
     # (int, float, str or bool); only a generative model reads them.
     parameters: Mapping[str, object] = field(default_factory=dict)
+    # The OpenAI door's: a conversation for the chat template ((role, content) pairs), a
+    # prompt without the template (a completion), a text refused rather than cut (an
+    # embedding, whose tokens its result counts).
+    messages: tuple[tuple[str, str], ...] = ()
+    raw_prompt: bool = False
+    whole_text: bool = False
 
 
 def find_model(repo: ModelRepository, name: str, version: str) -> ModelConfig:

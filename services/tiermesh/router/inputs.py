@@ -7,8 +7,8 @@ from collections.abc import Sequence
 
 from tiermesh.core.errors import MeshError, invalid, unavailable
 from tiermesh.core.jobs import Job
-from tiermesh.core.model_config import TRUNCATED
-from tiermesh.core.tensors import TensorData
+from tiermesh.core.model_config import TEXT_TOKENS, TRUNCATED, WHOLE_TEXT
+from tiermesh.core.tensors import TensorData, to_numpy
 from tiermesh.generate.inputs import GenerationInputError
 from tiermesh.generate.tensors import prompt_of
 from tiermesh.router.prompt import PromptEncoder
@@ -19,15 +19,26 @@ from tiermesh.router.text import TextEncoder
 TOKENIZE_IN_THREAD = 8
 
 
-async def tokenized(encoder: TextEncoder, jobs: Sequence[Job]) -> list[Job]:
+async def tokenized(encoder: TextEncoder, jobs: Sequence[Job]) -> list[Job | MeshError]:
     """Each job's text as token ids and attention mask, `truncated` told to the caller: one
-    encode_batch call for all of them (it runs without the GIL)."""
+    encode_batch call for all of them (it runs without the GIL). A job whose caller asked
+    for its whole text (WHOLE_TEXT) and whose text was cut is refused INVALID_ARGUMENT."""
     tensors = [job.inputs[0] for job in jobs]
     if len(tensors) >= TOKENIZE_IN_THREAD:
         encoded = await asyncio.to_thread(encoder.encode_many, tensors)
     else:
         encoded = encoder.encode_many(tensors)
-    return [with_tokens(job, e) for job, e in zip(jobs, encoded, strict=True)]
+    out: list[Job | MeshError] = []
+    for job, e in zip(jobs, encoded, strict=True):
+        if WHOLE_TEXT not in job.annotations:
+            out.append(with_tokens(job, e))
+        elif e[1]:
+            out.append(invalid(f"a text is longer than the model's {encoder.max_length} tokens"))
+        else:
+            done = with_tokens(job, e)
+            tokens = str(int(to_numpy(e[0][1]).sum()))
+            out.append(done.with_(annotations={**done.annotations, TEXT_TOKENS: tokens}))
+    return out
 
 
 def with_tokens(job: Job, encoded: tuple[tuple[TensorData, TensorData], bool]) -> Job:
@@ -44,7 +55,7 @@ def prompted(encoder: PromptEncoder | None, model: str, job: Job) -> Job | MeshE
     if encoder is None or job.generation is None:
         return unavailable(f"model '{model}': its tokenizer is not loaded on this router")
     try:
-        ids = encoder.encode(prompt_of(job.inputs), job.generation.max_new_tokens)
+        ids = encoder.encode(prompt_of(job.inputs), job.generation)
     except GenerationInputError as exc:
         return invalid(str(exc))
     annotations = {**job.annotations, "prompt_tokens": str(ids.shape[1])}

@@ -3,13 +3,12 @@ Redis, no clock."""
 
 from __future__ import annotations
 
-import bisect
-
 import grpc
 
 from tiermesh.core.errors import MeshError, exhausted, unavailable
 from tiermesh.core.jobs import Job
 from tiermesh.core.keys import DEFAULT_TIER, StreamKey, compute_unit, stream_keys
+from tiermesh.core.model_config import bucket_for
 from tiermesh.core.repository import ModelConfig
 from tiermesh.core.tier_spec import TierSpec
 from tiermesh.router.admission import Admission
@@ -20,14 +19,6 @@ def job_length(job: Job, batched: bool = True) -> int:
     the batch dimension when the model batches."""
     skip = 1 if batched else 0
     return max((max(t.shape[skip:], default=1) for t in job.inputs), default=1)
-
-
-def bucket_for(length: int, bounds: tuple[int, ...]) -> int:
-    """Index of the first bucket whose upper bound is >= length; the last bucket catches
-    everything longer. With no bounds there is one bucket, 0."""
-    if not bounds:
-        return 0
-    return min(bisect.bisect_left(bounds, length), len(bounds) - 1)
 
 
 def choose_stream(cfg: ModelConfig, job: Job, tier: str = DEFAULT_TIER) -> StreamKey:

@@ -1,5 +1,6 @@
-"""Input processing of a generative model: the prompt as one user message through the
-model's chat template, tokenized, and checked against the context length."""
+"""Input processing of a generative model: the prompt as one user message (or the caller's
+conversation) through the model's chat template, or the prompt as it is (a completion),
+tokenized, and checked against the context length."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import numpy as np
 from tokenizers import Tokenizer
 
 from tiermesh.convert.gguf_tokenizer import ChatFile
+from tiermesh.core.jobs import Generation
 from tiermesh.core.model_config import GenerationSpec
 from tiermesh.core.tensors import TensorData, from_numpy
 from tiermesh.generate.inputs import check_prompt_length
@@ -28,8 +30,15 @@ class PromptEncoder:
         self._template = ChatFile.read(folder / spec.chat_file).template
         self.context_length = spec.context_length
 
-    def encode(self, prompt: str, max_new_tokens: int) -> TensorData:
-        text = self._template.render([{"role": "user", "content": prompt}])
+    def encode(self, prompt: str, generation: Generation) -> TensorData:
+        if generation.raw_prompt:
+            text = prompt
+        elif generation.messages:
+            text = self._template.render(
+                [{"role": r, "content": c} for r, c in generation.messages]
+            )
+        else:
+            text = self._template.render([{"role": "user", "content": prompt}])
         ids = self._tokenizer.encode(text).ids
-        check_prompt_length(len(ids), max_new_tokens, self.context_length)
+        check_prompt_length(len(ids), generation.max_new_tokens, self.context_length)
         return from_numpy(PROMPT_IDS, np.asarray([ids], dtype=np.int64), "INT64")

@@ -188,7 +188,10 @@ class BatchRouter:
                     w.outcome = unavailable(f"model '{model}': its tokenizer is not loaded")
                 continue
             for w, job in zip(group, await tokenized(encoder, [w.job for w in group]), strict=True):
-                w.job = job
+                if isinstance(job, MeshError):
+                    w.outcome = job
+                else:
+                    w.job = job
 
     async def _versions(self, work: list[_Work]) -> None:
         """The version that serves each job: its own, or the rollout's choice (from the

@@ -28,20 +28,32 @@ class Timing(_message.Message):
     def __init__(self, received_ns: _Optional[int] = ..., routed_ns: _Optional[int] = ..., dequeued_ns: _Optional[int] = ..., batch_start_ns: _Optional[int] = ..., batch_end_ns: _Optional[int] = ..., postprocessed_ns: _Optional[int] = ..., delivered_ns: _Optional[int] = ..., enqueued_ns: _Optional[int] = ...) -> None: ...
 
 class Generation(_message.Message):
-    __slots__ = ("max_new_tokens", "temperature", "top_p", "seed", "stop", "stream")
+    __slots__ = ("max_new_tokens", "temperature", "top_p", "seed", "stop", "stream", "messages", "raw_prompt")
     MAX_NEW_TOKENS_FIELD_NUMBER: _ClassVar[int]
     TEMPERATURE_FIELD_NUMBER: _ClassVar[int]
     TOP_P_FIELD_NUMBER: _ClassVar[int]
     SEED_FIELD_NUMBER: _ClassVar[int]
     STOP_FIELD_NUMBER: _ClassVar[int]
     STREAM_FIELD_NUMBER: _ClassVar[int]
+    MESSAGES_FIELD_NUMBER: _ClassVar[int]
+    RAW_PROMPT_FIELD_NUMBER: _ClassVar[int]
     max_new_tokens: int
     temperature: float
     top_p: float
     seed: int
     stop: _containers.RepeatedScalarFieldContainer[str]
     stream: bool
-    def __init__(self, max_new_tokens: _Optional[int] = ..., temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., seed: _Optional[int] = ..., stop: _Optional[_Iterable[str]] = ..., stream: _Optional[bool] = ...) -> None: ...
+    messages: _containers.RepeatedCompositeFieldContainer[ChatMessage]
+    raw_prompt: bool
+    def __init__(self, max_new_tokens: _Optional[int] = ..., temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., seed: _Optional[int] = ..., stop: _Optional[_Iterable[str]] = ..., stream: _Optional[bool] = ..., messages: _Optional[_Iterable[_Union[ChatMessage, _Mapping]]] = ..., raw_prompt: _Optional[bool] = ...) -> None: ...
+
+class ChatMessage(_message.Message):
+    __slots__ = ("role", "content")
+    ROLE_FIELD_NUMBER: _ClassVar[int]
+    CONTENT_FIELD_NUMBER: _ClassVar[int]
+    role: str
+    content: str
+    def __init__(self, role: _Optional[str] = ..., content: _Optional[str] = ...) -> None: ...
 
 class Job(_message.Message):
     __slots__ = ("request_id", "client_request_id", "tenant", "model", "version", "variant", "priority", "bucket", "tier", "deadline_ns", "gateway", "inputs", "requested_outputs", "timing", "trace_context", "annotations", "generation")
