@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
+import openai
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.grpc.aio as aioclient
@@ -224,3 +225,28 @@ def test_rest_sends_the_same_names_with_the_documented_types(default_up: UpProce
     python_type = {"double": float, "int64": int, "string": str, "bool": bool}
     table = documented()
     assert {k: type(v) for k, v in params.items()} == {k: python_type[table[k][0]] for k in params}
+
+
+# -- the OpenAI door (issue 25) ----------------------------------------------------------
+
+
+async def test_the_openai_door_gives_each_text_its_vector_in_order(default_up: UpProcess) -> None:
+    """The default mesh (the Go front door on gRPC, no keys): a list of texts of every
+    length through `/v1/embeddings` (jobs grouped by length bucket, on both tiers) answers
+    each text with its vector alone, in the caller's order."""
+    client = aioclient.InferenceServerClient(default_up.url)
+    try:
+        alone = [(await ask(client, "minilm-l6", [i])).vectors[0] for i in range(len(TEXTS))]
+    finally:
+        await client.close()
+    order = [i % len(TEXTS) for i in range(7 * len(TEXTS))][::-1]
+    oa = openai.AsyncOpenAI(
+        base_url=f"http://{default_up.rest_url()}/v1", api_key="unused", max_retries=0
+    )
+    try:
+        got = await oa.embeddings.create(model="minilm-l6", input=[TEXTS[i] for i in order])
+    finally:
+        await oa.close()
+    assert [d.index for d in got.data] == list(range(len(order)))
+    for d, text in zip(got.data, order, strict=True):
+        assert float(np.abs(np.array(d.embedding, np.float32) - alone[text]).max()) <= ATOL

@@ -66,6 +66,21 @@ class GatewayMetrics:
             "Audited calls refused UNAVAILABLE while the audit log could not be written",
             registry=registry,
         )
+        # The OpenAI door's calls (gateway/openai_door.py): its own, since its status is an
+        # HTTP one and a call of a list may be several jobs; `model` is a known name or
+        # "unknown", `endpoint` one of its routes.
+        self.openai_calls = Counter(
+            "tiermesh_openai_requests",
+            "Calls of the OpenAI door, by endpoint, model and HTTP status",
+            ["endpoint", "model", "status"],
+            registry=registry,
+        )
+        self.openai_rows = Counter(
+            "tiermesh_openai_embedding_inputs",
+            "Inputs (texts or token-id lists) embedded through the OpenAI door, by model",
+            ["model"],
+            registry=registry,
+        )
         # Children of the labelled metrics by their labels, looked up once (all bounded: the
         # repository's models, the status codes, the tiers, buckets and variants).
         self._answered: dict[tuple[str, grpc.StatusCode], Counter] = {}

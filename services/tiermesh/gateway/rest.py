@@ -31,6 +31,7 @@ from tiermesh.core.settings import GatewaySettings
 from tiermesh.core.validation import Screen
 from tiermesh.gateway.audit import INFER
 from tiermesh.gateway.live_providers import EXECUTION_PROVIDERS_LIVE
+from tiermesh.gateway.openai_door import OpenAIDoor, error_response
 from tiermesh.gateway.plane import Caller, DataPlane
 from tiermesh.gateway.requests import InferRequest
 from tiermesh.gateway.rest_codec import (
@@ -50,6 +51,9 @@ log = structlog.get_logger("tiermesh.gateway.rest")
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
+# The OpenAI door's routes (openai_door.py), whose refusals take OpenAI's shape.
+OPENAI_PREFIX = "/v1/"
+
 
 def _caller(request: web.Request) -> Caller:
     """The caller of a REST request: its headers (the credentials), no transport deadline."""
@@ -61,7 +65,9 @@ def _json(doc: Any, status: int = 200) -> web.Response:
     return web.json_response(doc, status=status)
 
 
-def _error(status: int, message: str, retry_after_ms: int | None = None) -> web.Response:
+def _error(
+    status: int, message: str, param: str = "", retry_after_ms: int | None = None
+) -> web.Response:
     response = _json({"error": message}, status)
     if retry_after_ms is not None:
         response.headers["Retry-After"] = str(retry_after_s(retry_after_ms))
@@ -124,6 +130,7 @@ class RestDoor:
         self._settings = settings
         self._tracer = tracer
         self._runner: web.AppRunner | None = None
+        self._openai = OpenAIDoor(plane, self._body, log)
         self.app = self._app()
 
     def _app(self) -> web.Application:
@@ -146,6 +153,7 @@ class RestDoor:
         r.add_post("/v2/repository/index", self.index, **expect)
         r.add_post("/v2/repository/models/{model}/load", self.load, **expect)
         r.add_post("/v2/repository/models/{model}/unload", self.unload, **expect)
+        self._openai.add_routes(r, expect)
         return app
 
     async def _expect(self, request: web.Request) -> web.StreamResponse | None:
@@ -153,7 +161,8 @@ class RestDoor:
         limit is refused 413 before the caller sends it; otherwise "continue"."""
         if (length := self._oversize(request)) is not None:
             limit = self._settings.max_request_bytes
-            response = _error(413, f"the request body ({length} bytes) is over the limit ({limit})")
+            error = error_response if request.path.startswith(OPENAI_PREFIX) else _error
+            response = error(413, f"the request body ({length} bytes) is over the limit ({limit})")
             await _answer_and_close(request, response)
             return response
         await _default_expect_handler(request)
@@ -244,19 +253,20 @@ class RestDoor:
         return response
 
     async def _handled(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        error = error_response if request.path.startswith(OPENAI_PREFIX) else _error
         try:
             return await handler(request)
         except MeshError as err:
-            return _error(http_status(err.code), err.message, err.retry_after_ms)
+            return error(http_status(err.code), err.message, retry_after_ms=err.retry_after_ms)
         except web.HTTPException as exc:  # unknown route, method, body too large
-            return _error(exc.status, exc.reason)
+            return error(exc.status, exc.reason)
         except asyncio.CancelledError:
             raise
         except REDIS_OUTAGE:
-            return _error(503, REDIS_OUTAGE_MESSAGE)
+            return error(503, REDIS_OUTAGE_MESSAGE)
         except Exception:
             log.exception("unexpected error", path=request.path)
-            return _error(500, INTERNAL_MESSAGE)
+            return error(500, INTERNAL_MESSAGE)
 
     # -- handlers ----------------------------------------------------------------------
 
