@@ -4,7 +4,7 @@ child process and Redis' memory for data (used_memory_dataset). After a warm-up,
 them may grow; once the load stops, Redis gives its memory back (streams are XDEL'd after
 the hand-off, per-request keys expire). Nothing accepted is lost, nothing is INTERNAL.
 
-TIERMESH_SOAK_S sets the length of the loaded part (default 120 s, so CI stays short).
+TIERMESH_SOAK_S sets the length of the loaded part (default 100 s, so CI stays short).
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from tiermesh.bench.stats import figures
 from tiermesh.bench.workload import Workload
 from tiermesh.core.redis_client import MAX_CONNECTIONS
 
-SOAK_S = float(os.environ.get("TIERMESH_SOAK_S", "120"))
+SOAK_S = float(os.environ.get("TIERMESH_SOAK_S", "100"))
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(SOAK_S + 240)]
 
 MODEL = "mlp"

@@ -64,6 +64,8 @@ TRUNCATED = "truncated"
 # `usage`), as the annotation TEXT_TOKENS of its result.
 WHOLE_TEXT = "whole_text"
 TEXT_TOKENS = "text_tokens"
+# How the router's refusal of such a text begins.
+TOO_LONG = "a text is longer than the model's"
 
 
 @dataclass(frozen=True, slots=True)

@@ -29,6 +29,7 @@ from aiohttp import web
 from tiermesh.core.errors import INTERNAL_MESSAGE, RETRY_AFTER_KEY, MeshError, unknown_model
 from tiermesh.core.grpc_errors import REDIS_OUTAGE, REDIS_OUTAGE_MESSAGE
 from tiermesh.core.jobs import JobResult
+from tiermesh.core.model_config import TOO_LONG
 from tiermesh.core.repository import ModelConfig
 from tiermesh.core.tensors import to_numpy
 from tiermesh.core.validation import Screen
@@ -114,7 +115,6 @@ class OpenAIDoor:
         """The handler, its refusals in OpenAI's shape, each call counted by status."""
 
         async def counted(request: web.Request) -> web.StreamResponse:
-            model = ""
             try:
                 response = await handler(request)
             except MeshError as err:
@@ -184,15 +184,15 @@ class OpenAIDoor:
         except ParamError:
             raise
         except MeshError as err:
-            if err.code != grpc.StatusCode.INVALID_ARGUMENT:
-                raise
-            raise ParamError("input", err.message) from None  # the router's: a text too long
+            if err.code == grpc.StatusCode.INVALID_ARGUMENT and err.message.startswith(TOO_LONG):
+                raise ParamError("input", err.message) from None  # found as the router tokenized
+            raise
         plan = planned[0]
         self._plane.metrics.openai_rows.labels(body.model).inc(plan.count)
         parts = []
         for answer, (_, positions) in zip(answers, plan.jobs, strict=True):
-            values = to_numpy(answer.result.outputs[0]).astype(np.float32, copy=False)
-            parts.append((values, positions))
+            tensor = next(t for t in answer.result.outputs if t.name == plan.output)
+            parts.append((to_numpy(tensor).astype(np.float32, copy=False), positions))
         tokens = plan.id_tokens or text_tokens([a.result.annotations for a in answers])
         doc = document(
             vectors(parts, plan.count, body.dimensions), body.encoding_format, body.model, tokens

@@ -46,6 +46,8 @@ class Rows:
     model: str
     jobs: tuple[tuple[tuple[TensorData, ...], tuple[int, ...]], ...]
     count: int
+    # The answer's output that holds the vectors.
+    output: str
     # Tokens of token-id input (known here); text's are counted by the router.
     id_tokens: int = 0
 
@@ -102,7 +104,8 @@ def _text_rows(texts: Sequence[str], cfg: ModelConfig) -> Rows:
     for positions in _grouped(estimate, cfg):
         column = np.array([encoded[i] for i in positions], dtype=object).reshape(-1, 1)
         jobs.append(((from_numpy(name, column, BYTES),), positions))
-    return Rows(cfg.name, tuple(jobs), len(texts))
+    assert cfg.pool is not None
+    return Rows(cfg.name, tuple(jobs), len(texts), cfg.pool.output)
 
 
 def _id_rows(items: Sequence[Sequence[int]], cfg: ModelConfig, ids_model: ModelConfig) -> Rows:
@@ -126,7 +129,10 @@ def _id_rows(items: Sequence[Sequence[int]], cfg: ModelConfig, ids_model: ModelC
             mask[row, : len(items[i])] = 1
         inputs = (from_numpy(TOKEN_IDS, id_array, "INT64"), from_numpy(TOKEN_MASK, mask, "INT64"))
         jobs.append((inputs, positions))
-    return Rows(ids_model.name, tuple(jobs), len(items), sum(len(x) for x in items))
+    assert cfg.pool is not None
+    return Rows(
+        ids_model.name, tuple(jobs), len(items), cfg.pool.output, sum(len(x) for x in items)
+    )
 
 
 def _grouped(lengths: Sequence[int], cfg: ModelConfig) -> list[tuple[int, ...]]:

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 from tiermesh.core.errors import MeshError, invalid, unavailable
 from tiermesh.core.jobs import Job
-from tiermesh.core.model_config import TEXT_TOKENS, TRUNCATED, WHOLE_TEXT
+from tiermesh.core.model_config import TEXT_TOKENS, TOO_LONG, TRUNCATED, WHOLE_TEXT
 from tiermesh.core.tensors import TensorData, to_numpy
 from tiermesh.generate.inputs import GenerationInputError
 from tiermesh.generate.tensors import prompt_of
@@ -33,7 +33,7 @@ async def tokenized(encoder: TextEncoder, jobs: Sequence[Job]) -> list[Job | Mes
         if WHOLE_TEXT not in job.annotations:
             out.append(with_tokens(job, e))
         elif e[1]:
-            out.append(invalid(f"a text is longer than the model's {encoder.max_length} tokens"))
+            out.append(invalid(f"{TOO_LONG} {encoder.max_length} tokens"))
         else:
             done = with_tokens(job, e)
             tokens = str(int(to_numpy(e[0][1]).sum()))
