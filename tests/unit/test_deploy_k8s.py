@@ -28,9 +28,8 @@ import yaml
 from prometheus_client import CollectorRegistry
 
 from tests.unit.test_deploy_dockerfile import final_image_env, gateway_binds
-from tiermesh.core import keys
 from tiermesh.gateway.metrics import GatewayMetrics
-from tiermesh.router.metrics import RouterMetrics
+from tiermesh.router.metrics import QueueCollector, RouterMetrics
 
 ROOT = Path(__file__).resolve().parents[2]
 K8S = ROOT / "deploy" / "k8s"
@@ -252,61 +251,29 @@ def test_the_keda_schema_check_rejects_broken_objects(
 # ------------------------------------------------------------------------- autoscaling
 
 
-def _generator() -> Any:
-    sys.path.insert(0, str(K8S))
-    try:
-        import keda_worker_triggers
-
-        return keda_worker_triggers
-    finally:
-        sys.path.remove(str(K8S))
-
-
-def test_worker_scaled_objects_are_generated_from_the_model_repository() -> None:
-    for rel, text in _generator().render().items():
-        assert (K8S / rel).read_text() == text, (
-            f"deploy/k8s/{rel} is stale: run .venv/bin/python deploy/k8s/keda_worker_triggers.py"
-        )
-
-
 @pytest.mark.parametrize("tier", ["center", "edge"])
-def test_workers_scale_on_the_lag_of_their_tiers_consumer_groups(
+def test_workers_scale_on_their_tiers_whole_backlog(
     tier: str, rendered: dict[str, list[dict[str, Any]]]
 ) -> None:
+    """One trigger per tier, on the backlog the router sums over every work stream of the
+    tier: nothing to regenerate when a model, version, variant or bucket is added."""
     docs = rendered["dev"]
-    obj = of_kind(docs, "ScaledObject")[f"worker-{tier}"]
-    spec = obj["spec"]
+    spec = of_kind(docs, "ScaledObject")[f"worker-{tier}"]["spec"]
     assert spec["minReplicaCount"] >= 1  # the router refuses a model without live workers
     assert spec["maxReplicaCount"] > spec["minReplicaCount"]
     assert spec["cooldownPeriod"] > 0
+    assert spec["fallback"]["replicas"] >= spec["minReplicaCount"]
     behavior = spec["advanced"]["horizontalPodAutoscalerConfig"]["behavior"]
     assert behavior["scaleDown"]["stabilizationWindowSeconds"] >= 60
-    streams = set()
-    for trigger in spec["triggers"]:
-        assert trigger["type"] == "redis-streams"
-        meta = trigger["metadata"]
-        assert meta["consumerGroup"] == keys.GROUP
-        assert int(meta["lagCount"]) > 0
-        assert meta["activationLagCount"] == "0"  # active from a single entry
-        key = keys.StreamKey.parse(meta["stream"])
-        assert key.tier == tier
-        streams.add(meta["stream"])
-        # KEDA reads the address from the worker container's environment.
-        assert meta["addressFromEnv"] == "TIERMESH_REDIS_ADDRESS"
-    assert len(streams) == len(spec["triggers"])
-    deployment = of_kind(docs, "Deployment")[f"worker-{tier}"]
-    (worker,) = deployment["spec"]["template"]["spec"]["containers"]
-    sources = [s["configMapRef"]["name"] for s in worker.get("envFrom", [])]
-    assert "TIERMESH_REDIS_ADDRESS" in of_kind(docs, "ConfigMap")["tiermesh-redis"]["data"]
-    assert "tiermesh-redis" in sources
-    expected = set(_generator().streams(_repository(), tier))
-    assert streams == expected
-
-
-def _repository() -> Any:
-    from tiermesh.core.repository import ModelRepository
-
-    return ModelRepository(ROOT / "models").load()
+    (trigger,) = spec["triggers"]
+    assert trigger["type"] == "prometheus" and trigger["metricType"] == "AverageValue"
+    meta = trigger["metadata"]
+    # max over router replicas: every router reads the same streams.
+    assert meta["query"] == f'max(tiermesh_tier_backlog{{tier="{tier}"}})'
+    assert int(meta["threshold"]) > 0 and meta["activationThreshold"] == "0"
+    registry = CollectorRegistry()
+    registry.register(QueueCollector("redis://127.0.0.1:1/0", {}))  # never connects: no figures
+    assert "tiermesh_tier_backlog" in {family.name for family in registry.collect()}
 
 
 def test_gateway_and_router_scale_on_work_in_flight_never_on_cpu(
@@ -547,20 +514,18 @@ def test_redis_refuses_writes_past_its_bound_rather_than_evicting(
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
-def test_keda_reads_redis_with_its_password(
-    overlay: str, rendered: dict[str, list[dict[str, Any]]]
-) -> None:
-    """Every trigger that reads Redis names the TriggerAuthentication that gives KEDA the
-    Secret's password; the overlays with Redis's clients' Secret ship it."""
+def test_keda_never_reads_redis(overlay: str, rendered: dict[str, list[dict[str, Any]]]) -> None:
+    """Every trigger reads Prometheus: KEDA holds no Redis password and Redis admits only the
+    mesh's own pods."""
     docs = rendered[overlay]
-    auths = of_kind(docs, "TriggerAuthentication")
+    assert not of_kind(docs, "TriggerAuthentication")
     for obj in of_kind(docs, "ScaledObject").values():
-        for trigger in obj["spec"]["triggers"]:
-            if trigger["type"].startswith("redis"):
-                assert trigger["authenticationRef"] == {"name": "tiermesh-redis"}
-    if overlay != "edge":  # edge workers use center's Redis, Secret and TriggerAuthentication
-        (target,) = auths["tiermesh-redis"]["spec"]["secretTargetRef"]
-        assert target == {"parameter": "password", **REDIS_SECRET}
+        assert {t["type"] for t in obj["spec"]["triggers"]} == {"prometheus"}
+    policy = of_kind(docs, "NetworkPolicy").get("redis")
+    if policy is not None:
+        (rule,) = policy["spec"]["ingress"]
+        (source,) = rule["from"]
+        assert set(source) == {"podSelector"}
 
 
 def _gateway(docs: list[dict[str, Any]]) -> tuple[dict[str, Any], dict[str, Any]]:

@@ -1,5 +1,6 @@
 """The router's metrics: admissions by outcome, and - read from Redis at scrape time - the
-depth, consumer-group lag and pending count of every work stream."""
+depth, consumer-group lag and pending count of every work stream, and each tier's backlog
+(what the workers' autoscaling reads: deploy/k8s/base/worker-*/scaledobject.yaml)."""
 
 from __future__ import annotations
 
@@ -62,15 +63,25 @@ class QueueCollector(Collector):
             "Entries read but not yet acknowledged",
             labels=STREAM_LABELS,
         )
-        for key, length, group in self._read():
+        backlog = GaugeMetricFamily(
+            "tiermesh_tier_backlog",
+            "Entries of a tier's work streams not yet acknowledged: waiting for a worker "
+            "or read and being computed (every model, version, priority and bucket)",
+            labels=["tier"],
+        )
+        read = self._read()
+        for key, length, group in read:
             labels = list(stream_labels(key).values())
             depth.add_metric(labels, length)
             if group is not None:
-                lag.add_metric(labels, group.get("lag") or 0)
-                pending.add_metric(labels, group.get("pending") or 0)
-        yield from (depth, lag, pending)
+                lag.add_metric(labels, max(group.get("lag", 0), 0))
+                pending.add_metric(labels, group.get("pending", 0))
+        if read:  # nothing when Redis could not be read: no figure rather than a false 0
+            for tier, entries in tier_backlog(read).items():
+                backlog.add_metric([tier], entries)
+        yield from (depth, lag, pending, backlog)
 
-    def _read(self) -> Iterable[tuple[keys.StreamKey, int, dict[str, int] | None]]:
+    def _read(self) -> list[tuple[keys.StreamKey, int, dict[str, int] | None]]:
         try:
             with self._redis.pipeline(transaction=False) as pipe:
                 for key in self._streams:
@@ -84,7 +95,7 @@ class QueueCollector(Collector):
                 groups = self._redis.xinfo_groups(key.name)
                 group = next(
                     (
-                        {"lag": int(g.get("lag") or 0), "pending": int(g.get("pending") or 0)}
+                        {"lag": _count(g.get("lag")), "pending": _count(g.get("pending"))}
                         for g in groups
                         if g.get("name") in (keys.GROUP, keys.GROUP.encode())
                     ),
@@ -97,3 +108,24 @@ class QueueCollector(Collector):
 
     def close(self) -> None:
         self._redis.close()
+
+
+def tier_backlog(
+    streams: Iterable[tuple[keys.StreamKey, int, dict[str, int] | None]],
+) -> dict[str, int]:
+    """Per tier, the entries no worker has acknowledged: each stream's lag plus pending
+    (its whole length where its consumer group does not exist yet: nobody read any)."""
+    out = dict.fromkeys(TIERS, 0)
+    for key, length, group in streams:
+        if group is None or group.get("lag", -1) < 0:
+            waiting = length  # acknowledged entries are deleted: what is left is the backlog
+        else:
+            waiting = group["lag"] + group.get("pending", 0)
+        out[key.tier] = out.get(key.tier, 0) + waiting
+    return out
+
+
+def _count(value: object) -> int:
+    """A count of XINFO GROUPS; -1 for a lag Redis cannot tell (entries deleted past the
+    group's last read)."""
+    return -1 if value is None else int(value)  # type: ignore[call-overload]
