@@ -2,10 +2,18 @@
 
 from __future__ import annotations
 
+from urllib.parse import urlsplit
+
 import redis.asyncio as aioredis
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
-from redis.exceptions import ConnectionError
+from redis.exceptions import (
+    AuthenticationError,
+    ConnectionError,
+    NoPermissionError,
+    RedisError,
+    ResponseError,
+)
 
 # Enough for a service's concurrent calls; beyond it callers wait for a free connection
 # (redis-py's default pool raises MaxConnectionsError at 100 instead, which surfaced as
@@ -35,3 +43,36 @@ def connect(url: str) -> aioredis.Redis:
         retry_on_error=[ConnectionError],
     )
     return aioredis.Redis.from_pool(pool)  # owns the pool: aclose() closes it
+
+
+class RedisRefused(Exception):
+    """Redis refused this service's credentials: waiting would not help, so the service does
+    not start (its __main__ says so in one line)."""
+
+
+# How Redis words a refusal of credentials or rights (redis-py raises some of them as
+# ResponseError).
+_REFUSALS = ("NOAUTH", "WRONGPASS", "NOPERM", "invalid password", "Authentication required")
+
+
+async def check_access(client: aioredis.Redis, url: str) -> None:
+    """Called once at start: RedisRefused when Redis refuses the credentials of `url` (none
+    given to a Redis with a password, a wrong one, an ACL user without rights). Redis down
+    or loading is not fatal: the services wait for it and answer UNAVAILABLE meanwhile."""
+    try:
+        await client.ping()
+    except (AuthenticationError, NoPermissionError, ResponseError) as exc:
+        if isinstance(exc, ResponseError) and not any(r in str(exc) for r in _REFUSALS):
+            return
+        raise RedisRefused(
+            f"Redis at {where(url)} refused this service's credentials ({exc}); give the "
+            "password (and user) in TIERMESH_REDIS_URL: redis://[USER]:PASSWORD@HOST:PORT/0"
+        ) from None
+    except (RedisError, OSError):
+        return
+
+
+def where(url: str) -> str:
+    """host:port of a Redis URL, without its credentials."""
+    parts = urlsplit(url)
+    return f"{parts.scheme}://{parts.hostname or ''}:{parts.port or 6379}"

@@ -17,7 +17,7 @@ from tiermesh.core.heap import settle_heap
 from tiermesh.core.logging import configure_logging
 from tiermesh.core.metrics import MetricsServer, new_registry
 from tiermesh.core.prices import export_prices, load_prices
-from tiermesh.core.redis_client import connect
+from tiermesh.core.redis_client import RedisRefused, check_access, connect
 from tiermesh.core.repository import ModelRepository
 from tiermesh.core.server import (
     ReadyCallback,
@@ -92,6 +92,7 @@ async def serve(
     repo = ModelRepository(settings.model_repository)
     repo.load()
     redis = connect(settings.redis_url)
+    await check_access(redis, settings.redis_url)  # wrong credentials: not started
     router_channel = make_channel(
         settings.router_address,
         settings.max_message_bytes,
@@ -337,6 +338,9 @@ async def _main() -> None:
     except StartRefused as exc:
         log.error("gateway not started", problem=str(exc))
         sys.exit(2)
+    except RedisRefused as exc:  # what the operator must change: one line, no traceback
+        print(f"tiermesh gateway: cannot start: {exc}", file=sys.stderr)
+        sys.exit(1)
 
 
 if __name__ == "__main__":

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import os
 import socket
+import sys
 import uuid
 
 import redis.asyncio as aioredis
@@ -16,7 +17,7 @@ from tiermesh.core.control_watch import ControlState, ControlWatch
 from tiermesh.core.heap import settle_heap
 from tiermesh.core.logging import configure_logging
 from tiermesh.core.metrics import MetricsServer, new_registry
-from tiermesh.core.redis_client import connect
+from tiermesh.core.redis_client import RedisRefused, check_access, connect
 from tiermesh.core.repository import ModelRepository, RepositoryError
 from tiermesh.core.server import (
     ReadyCallback,
@@ -69,6 +70,7 @@ async def serve(
     repo = ModelRepository(settings.model_repository)
     repo.load()
     redis = connect(settings.redis_url)
+    await check_access(redis, settings.redis_url)  # wrong credentials: not started
     server = make_server(telemetry, guards=caller_checks(settings))  # gateways, front doors
     encoders: dict[str, TextEncoder] = {}
     prompts: dict[str, PromptEncoder] = {}
@@ -215,4 +217,8 @@ async def _main() -> None:
 
 
 if __name__ == "__main__":
-    asyncio.run(_main())
+    try:
+        asyncio.run(_main())
+    except RedisRefused as exc:  # what the operator must change: one line, no traceback
+        print(f"tiermesh router: cannot start: {exc}", file=sys.stderr)
+        sys.exit(1)

@@ -17,7 +17,7 @@ from tiermesh.core.delivery_client import GatewayClients, deliveries_counter
 from tiermesh.core.heap import settle_heap
 from tiermesh.core.logging import configure_logging
 from tiermesh.core.metrics import MetricsServer, new_registry
-from tiermesh.core.redis_client import connect
+from tiermesh.core.redis_client import RedisRefused, check_access, connect
 from tiermesh.core.repository import ModelConfig, ModelRepository, RepositoryError
 from tiermesh.core.server import (
     ReadyCallback,
@@ -70,6 +70,7 @@ async def serve(
     if unknown:
         raise RepositoryError(f"worker asked to serve unknown model(s): {', '.join(unknown)}")
     redis = connect(settings.redis_url)
+    await check_access(redis, settings.redis_url)  # wrong credentials: not started
     watch = ControlWatch(redis, repo)
     try:
         await watch.read()  # a model unloaded through model control gets no session
@@ -312,7 +313,8 @@ async def _main() -> None:
 if __name__ == "__main__":
     try:
         asyncio.run(_main())
-    except (ProviderUnavailable, RepositoryError) as exc:
-        # What the operator must change (a provider, the repository): one line, no traceback.
+    except (ProviderUnavailable, RepositoryError, RedisRefused) as exc:
+        # What the operator must change (a provider, the repository, Redis's credentials): one
+        # line, no traceback.
         print(f"tiermesh worker: cannot start: {' '.join(str(exc).split())}", file=sys.stderr)
         sys.exit(1)

@@ -198,14 +198,19 @@ const (
 )
 
 func newPlacer(url string, most int) *placer {
+	options, err := redisTLS(url)
+	if err != nil {
+		log.Fatalf("frontdoor: cannot start: TIERMESH_REDIS_URL: %v", err)
+	}
+	options = append(options, redis.DialConnectTimeout(time.Second),
+		redis.DialReadTimeout(5*time.Second), redis.DialWriteTimeout(5*time.Second))
 	return &placer{most: most, queues: map[string]*admitQueue{}, pool: &redis.Pool{
 		MaxIdle:     redisConnections,
 		MaxActive:   redisConnections,
 		Wait:        true,
 		IdleTimeout: time.Minute,
 		Dial: func() (redis.Conn, error) {
-			return redis.DialURL(url, redis.DialConnectTimeout(time.Second),
-				redis.DialReadTimeout(5*time.Second), redis.DialWriteTimeout(5*time.Second))
+			return redis.DialURL(url, options...)
 		},
 	}}
 }
