@@ -272,7 +272,7 @@ class OpenAIDoor:
         parse: Callable[[Screen], InferRequest],
         caller: Caller,
         completion: Completion,
-        include_usage: bool,
+        usage: bool,
     ) -> web.StreamResponse:
         """Server-sent events: the pieces as the worker makes them, the last chunk with the
         finish_reason, the usage when asked, `[DONE]`. A refusal before the first piece is
@@ -295,29 +295,50 @@ class OpenAIDoor:
             )
             _id_header(response, request)
             await response.prepare(request)
-            if completion.chat:  # the role first, as OpenAI's chat streams begin
-                await _event(response, completion.chunk(None))
-            text = first
-            while text is not None:
-                await _event(response, completion.chunk(text))
-                text = await _next_piece(pieces, task)
             try:
-                result = task.result().result
-            except MeshError as err:
-                await _event(response, sse_error(http_status(err.code), err.message))
-            else:
-                if rest := cursor.rest(output_text(result.outputs)):
-                    await _event(response, completion.chunk(rest))
-                await _event(response, completion.chunk(None, finish_reason_of(result.annotations)))
-                if include_usage:
-                    await _event(response, completion.usage_chunk(usage_of(result.annotations)))
-            await response.write(b"data: [DONE]\n\n")
-            await response.write_eof()
+                await self._events(response, completion, first, pieces, task, cursor, usage)
+            except ConnectionResetError:  # the caller left between two events: its job ends
+                pass
             return response
         finally:
             if not task.done():
                 task.cancel()
                 await asyncio.gather(task, return_exceptions=True)
+
+    async def _events(
+        self,
+        response: web.StreamResponse,
+        completion: Completion,
+        first: str | None,
+        pieces: asyncio.Queue[str],
+        task: asyncio.Future[Answer],
+        cursor: TextCursor,
+        usage: bool,
+    ) -> None:
+        """A stream's events from its first piece to `[DONE]`."""
+        if completion.chat:  # the role first, as OpenAI's chat streams begin
+            await _event(response, completion.chunk(None))
+        text = first
+        while text is not None:
+            await _event(response, completion.chunk(text))
+            text = await _next_piece(pieces, task)
+        try:
+            result = task.result().result
+        except MeshError as err:
+            await _event(response, sse_error(http_status(err.code), err.message))
+        except REDIS_OUTAGE:
+            await _event(response, sse_error(503, REDIS_OUTAGE_MESSAGE))
+        except Exception:  # the status is sent: the stream ends with the error as an event
+            self._log.exception("unexpected error in a stream")
+            await _event(response, sse_error(500, INTERNAL_MESSAGE))
+        else:
+            if rest := cursor.rest(output_text(result.outputs)):
+                await _event(response, completion.chunk(rest))
+            await _event(response, completion.chunk(None, finish_reason_of(result.annotations)))
+            if usage:
+                await _event(response, completion.usage_chunk(usage_of(result.annotations)))
+        await response.write(b"data: [DONE]\n\n")
+        await response.write_eof()
 
     async def _body(self, request: web.Request) -> bytes:
         """The body, once the caller's key passed (a stranger's body is never read)."""

@@ -305,6 +305,9 @@ class DataPlane:
                 raise invalid("nothing to infer")
             work = []
             for i, req in enumerate(reqs):
+                if req.model != call.model and self._companion_of(req.model) != call.model:
+                    # The caller's key was checked for the model it named, and its companions.
+                    raise invalid(f"model '{req.model}' is not a part of '{call.model}'")
                 part = call if i == 0 else call.part(uuid.uuid4().hex, req.model)
                 cfg, job = self._checked_job(req, part, caller, False)
                 work.append((cfg, job, part))
@@ -322,6 +325,10 @@ class DataPlane:
                 for task in tasks:
                     task.cancel()
                 await asyncio.gather(*tasks, return_exceptions=True)
+
+    def _companion_of(self, model_name: str) -> str:
+        cfg = self._repo.get(model_name)
+        return cfg.companion_of if cfg is not None else ""
 
     def _screen(self, model_name: str) -> Screen:
         cfg = self._repo.get(model_name)
