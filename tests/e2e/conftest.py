@@ -267,6 +267,13 @@ def scrape_metrics(url: str) -> dict[tuple[str, frozenset[tuple[str, str]]], flo
     }
 
 
+def service_metric(up: UpProcess, service: str, name: str, **labels: str) -> float:
+    """The sum of a service's series `name` whose labels include `labels` (0 without one)."""
+    wanted = set(labels.items())
+    samples = scrape_metrics(up.metrics_urls()[service])
+    return sum(v for (n, have), v in samples.items() if n == name and wanted <= have)
+
+
 def report_figures(
     name: str, figures: dict[str, Any], out: Path, record_property: Callable[[str, Any], None]
 ) -> str:

@@ -14,7 +14,6 @@ import subprocess
 import sys
 import threading
 import time
-import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,11 +23,10 @@ import grpc
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
-from prometheus_client.parser import text_string_to_metric_families
 from tritonclient.utils import InferenceServerException
 
 from tests.documented_parameters import documented, documented_for
-from tests.e2e.conftest import UpProcess, start_up
+from tests.e2e.conftest import UpProcess, service_metric, start_up
 from tests.polling import eventually
 from tiermesh.bench.calls import is_final, values_of
 
@@ -134,14 +132,7 @@ def infer(mesh: UpProcess, prompt: str, **parameters: Any) -> Any:
 
 
 def worker_metric(mesh: UpProcess, name: str, **labels: str) -> float:
-    with urllib.request.urlopen(mesh.metrics_urls()["worker"], timeout=10) as resp:
-        text = resp.read().decode()
-    total = 0.0
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
-                total += sample.value
-    return total
+    return service_metric(mesh, "worker", name, **labels)
 
 
 def test_model_config_says_decoupled(mesh: UpProcess) -> None:

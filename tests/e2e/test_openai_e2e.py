@@ -20,11 +20,11 @@ import numpy as np
 import openai
 import pytest
 import tritonclient.grpc as grpcclient
-from prometheus_client.parser import text_string_to_metric_families
 from tokenizers import Tokenizer
 
-from tests.e2e.conftest import UpProcess, start_up
+from tests.e2e.conftest import UpProcess, service_metric, start_up
 from tests.e2e.sentences import sentences
+from tests.e2e.test_generation_e2e import worker_metric
 from tests.polling import eventually
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
@@ -341,21 +341,6 @@ def test_the_async_client(mesh: UpProcess) -> None:
     assert count == 3 and text == v2_greedy(mesh, QUESTION, 12)
 
 
-def worker_metric(mesh: UpProcess, name: str, **labels: str) -> float:
-    return metric(mesh, "worker", name, **labels)
-
-
-def metric(mesh: UpProcess, service: str, name: str, **labels: str) -> float:
-    with urllib.request.urlopen(mesh.metrics_urls()[service], timeout=10) as resp:
-        text = resp.read().decode()
-    return sum(
-        sample.value
-        for family in text_string_to_metric_families(text)
-        for sample in family.samples
-        if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items())
-    )
-
-
 def test_closing_a_stream_early_frees_its_slot(mesh: UpProcess) -> None:
     cancelled = worker_metric(mesh, "tiermesh_generation_requests_total", reason="cancelled")
     stream = client(mesh).chat.completions.create(
@@ -467,7 +452,7 @@ def test_refusals_are_the_clients_typed_exceptions(mesh: UpProcess) -> None:
     assert missing.value.code == 404
     assert b'"type": "invalid_request_error"' in missing.value.read()
     # Counted by door, endpoint and status.
-    counted = metric(
+    counted = service_metric(
         mesh, "gateway", "tiermesh_openai_requests_total", endpoint="embeddings", status="400"
     )
     assert counted >= 6

@@ -11,8 +11,6 @@ import secrets
 import shutil
 import subprocess
 import sys
-import time
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -20,9 +18,9 @@ import numpy as np
 import pytest
 import redis
 import tritonclient.grpc as grpcclient
-from prometheus_client.parser import text_string_to_metric_families
 
-from tests.e2e.conftest import running
+from tests.e2e.conftest import running, service_metric
+from tests.polling import eventually
 from tiermesh.up.certs import DevCerts
 from tiermesh.up.processes import free_port
 
@@ -59,14 +57,14 @@ def tls_redis(tmp_path_factory: pytest.TempPathFactory, certs: DevCerts) -> Iter
     client = redis.Redis(
         port=port, password=PASSWORD, ssl=True, ssl_ca_certs=str(certs.ca), socket_timeout=1
     )
-    deadline = time.monotonic() + 20
-    while True:
+
+    def answers() -> bool:
         try:
-            if client.ping():
-                break
+            return bool(client.ping())
         except redis.RedisError:
-            assert time.monotonic() < deadline, "the TLS redis-server did not start"
-            time.sleep(0.05)
+            return False
+
+    eventually(answers, "the TLS redis-server to answer", timeout_s=20)
     client.close()
     try:
         yield port
@@ -107,17 +105,6 @@ def test_without_the_password_nothing_starts(
     assert "Traceback" not in router.stderr
 
 
-def door_placed(metrics_url: str) -> float:
-    with urllib.request.urlopen(metrics_url, timeout=10) as resp:
-        text = resp.read().decode()
-    return sum(
-        s.value
-        for family in text_string_to_metric_families(text)
-        for s in family.samples
-        if s.name == "tiermesh_front_door_placed_total" and s.labels.get("by") == "door"
-    )
-
-
 def test_the_mesh_serves_over_tls_with_the_password(
     tls_redis: int, certs: DevCerts, tmp_path: Path, fetched_models: tuple[str, ...]
 ) -> None:
@@ -141,7 +128,8 @@ def test_the_mesh_serves_over_tls_with_the_password(
         finally:
             client.close()
         # The door queued jobs itself, over its own TLS connection to Redis.
-        assert door_placed(up.metrics_urls()["frontdoor"]) >= 5
+        placed = service_metric(up, "frontdoor", "tiermesh_front_door_placed_total", by="door")
+        assert placed >= 5
     # What the mesh left in that Redis: its streams, read over TLS with the password.
     check = redis.Redis(port=tls_redis, password=PASSWORD, ssl=True, ssl_ca_certs=str(certs.ca))
     try:

@@ -115,7 +115,7 @@ def _redis_answers(url: str) -> None:
     would fail without it). Messages name its address, never its password."""
     import redis
 
-    from tiermesh.core.redis_client import where
+    from tiermesh.core.redis_client import refuses_credentials, where
 
     try:
         client = redis.Redis.from_url(url, socket_connect_timeout=1.0, socket_timeout=5.0)
@@ -123,12 +123,12 @@ def _redis_answers(url: str) -> None:
         raise UsageError(f"TIERMESH_REDIS_URL={url}: {exc}") from None
     try:
         client.ping()
-    except (redis.AuthenticationError, redis.exceptions.NoPermissionError) as exc:
-        raise CliError(
-            f"Redis at {where(url)} refused the credentials of TIERMESH_REDIS_URL: {exc}",
-            "give its password (and user) in the URL: redis://[USER]:PASSWORD@HOST:PORT/0",
-        ) from None
     except redis.RedisError as exc:
+        if refuses_credentials(exc):
+            raise CliError(
+                f"Redis at {where(url)} refused the credentials of TIERMESH_REDIS_URL: {exc}",
+                "give its password (and user) in the URL: redis://[USER]:PASSWORD@HOST:PORT/0",
+            ) from None
         raise CliError(
             f"cannot reach Redis at {where(url)}: {exc}",
             "start it, or unset TIERMESH_REDIS_URL for a private one",

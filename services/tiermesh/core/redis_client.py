@@ -61,15 +61,21 @@ async def check_access(client: aioredis.Redis, url: str) -> None:
     or loading is not fatal: the services wait for it and answer UNAVAILABLE meanwhile."""
     try:
         await client.ping()
-    except (AuthenticationError, NoPermissionError, ResponseError) as exc:
-        if isinstance(exc, ResponseError) and not any(r in str(exc) for r in _REFUSALS):
-            return
+    except (RedisError, OSError) as exc:
+        if not refuses_credentials(exc):
+            return  # down or loading: not fatal
         raise RedisRefused(
             f"Redis at {where(url)} refused this service's credentials ({exc}); give the "
             "password (and user) in TIERMESH_REDIS_URL: redis://[USER]:PASSWORD@HOST:PORT/0"
         ) from None
-    except (RedisError, OSError):
-        return
+
+
+def refuses_credentials(exc: BaseException) -> bool:
+    """Whether a Redis error is a refusal of the client's credentials or rights (waiting
+    would not help), not Redis being down or loading."""
+    if isinstance(exc, AuthenticationError | NoPermissionError):
+        return True
+    return isinstance(exc, ResponseError) and any(r in str(exc) for r in _REFUSALS)
 
 
 def where(url: str) -> str:

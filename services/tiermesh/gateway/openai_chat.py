@@ -146,16 +146,18 @@ class Completion:
                 choice["delta"] = {"content": text}
         else:
             choice["text"] = text or ""
-        head = self.head()
-        if self.chat:
-            head["object"] = "chat.completion.chunk"
-        return {**head, "choices": [choice], "system_fingerprint": None}
+        return {**self._chunk_head(), "choices": [choice], "system_fingerprint": None}
 
     def usage_chunk(self, usage: dict[str, int]) -> dict[str, Any]:
+        return {**self._chunk_head(), "choices": [], "usage": usage}
+
+    def _chunk_head(self) -> dict[str, Any]:
+        """A stream chunk's: a chat's object is `chat.completion.chunk`, a completion's the
+        same as its whole answer's."""
         head = self.head()
         if self.chat:
             head["object"] = "chat.completion.chunk"
-        return {**head, "choices": [], "usage": usage}
+        return head
 
 
 def usage_of(annotations: Mapping[str, str]) -> dict[str, int]:

@@ -20,13 +20,14 @@ import json
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import grpc
 import numpy as np
+import structlog
 from aiohttp import web
 
-from tiermesh.core.errors import INTERNAL_MESSAGE, RETRY_AFTER_KEY, MeshError, unknown_model
+from tiermesh.core.errors import INTERNAL_MESSAGE, MeshError, unknown_model
 from tiermesh.core.grpc_errors import REDIS_OUTAGE, REDIS_OUTAGE_MESSAGE
 from tiermesh.core.jobs import JobResult
 from tiermesh.core.model_config import TOO_LONG
@@ -37,6 +38,7 @@ from tiermesh.gateway.audit import INFER
 from tiermesh.gateway.dispatch import Answer
 from tiermesh.gateway.facts import RESPONSE_PREFIX, response_facts
 from tiermesh.gateway.generation import TextCursor
+from tiermesh.gateway.http_calls import caller_of, json_refusal
 from tiermesh.gateway.openai_chat import (
     Completion,
     Headers,
@@ -58,11 +60,10 @@ from tiermesh.gateway.openai_schema import (
 )
 from tiermesh.gateway.plane import Caller, DataPlane
 from tiermesh.gateway.requests import InferRequest
-from tiermesh.gateway.rest_codec import http_status, retry_after_s
+from tiermesh.gateway.rest_codec import http_status
 from tiermesh.generate.tensors import output_text
 
-if TYPE_CHECKING:
-    import structlog
+log = structlog.get_logger("tiermesh.gateway.openai")
 
 PRIORITY_HEADER = "x-tiermesh-priority"
 TIMEOUT_HEADER = "x-tiermesh-timeout-ms"
@@ -71,36 +72,24 @@ MAX_REQUEST_ID = 128
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 ReadBody = Callable[[web.Request], Awaitable[bytes]]
+Handled = Callable[[web.Request, Handler], Awaitable[web.StreamResponse]]
 
 
 def error_response(
     status: int, message: str, param: str = "", retry_after_ms: int | None = None
 ) -> web.Response:
-    response = web.json_response(error_document(status, message, param), status=status)
-    if retry_after_ms is not None:
-        response.headers["Retry-After"] = str(retry_after_s(retry_after_ms))
-        response.headers[RETRY_AFTER_KEY] = str(retry_after_ms)
-    return response
-
-
-def caller_of(request: web.Request) -> Caller:
-    metadata = tuple((k.lower(), v) for k, v in request.headers.items())
-    return Caller(metadata, None, f"http:{request.remote or ''}")
+    return json_refusal(error_document(status, message, param), status, retry_after_ms)
 
 
 class OpenAIDoor:
-    """Built by the REST door, which routes `/v1/...` here and renders what fails outside
-    a handler (an unknown route, a body too large) with `error_response`."""
+    """Built by the REST door, which routes `/v1/...` here, reads bodies for it and turns
+    every failure into a refusal (`handled`: the REST door's one ladder of errors, which
+    renders `/v1` refusals with `error_response`)."""
 
-    def __init__(
-        self,
-        plane: DataPlane,
-        read_body: ReadBody,
-        log: structlog.typing.FilteringBoundLogger,
-    ) -> None:
+    def __init__(self, plane: DataPlane, read_body: ReadBody, handled: Handled) -> None:
         self._plane = plane
         self._read_body = read_body
-        self._log = log
+        self._handled = handled
         self._created = int(time.time())
 
     def add_routes(self, router: web.UrlDispatcher, expect: dict[str, Any]) -> None:
@@ -115,17 +104,7 @@ class OpenAIDoor:
         """The handler, its refusals in OpenAI's shape, each call counted by status."""
 
         async def counted(request: web.Request) -> web.StreamResponse:
-            try:
-                response = await handler(request)
-            except MeshError as err:
-                response = _refusal(err)
-            except asyncio.CancelledError:
-                raise
-            except REDIS_OUTAGE:
-                response = error_response(503, REDIS_OUTAGE_MESSAGE)
-            except Exception:
-                self._log.exception("unexpected error", path=request.path)
-                response = error_response(500, INTERNAL_MESSAGE)
+            response = await self._handled(request, handler)
             model = request.get("model", "")
             known = model if model and self._plane.config(model) is not None else "unknown"
             status = str(response.status)
@@ -329,7 +308,7 @@ class OpenAIDoor:
         except REDIS_OUTAGE:
             await _event(response, sse_error(503, REDIS_OUTAGE_MESSAGE))
         except Exception:  # the status is sent: the stream ends with the error as an event
-            self._log.exception("unexpected error in a stream")
+            log.exception("unexpected error in a stream")
             await _event(response, sse_error(500, INTERNAL_MESSAGE))
         else:
             if rest := cursor.rest(output_text(result.outputs)):
@@ -386,11 +365,6 @@ async def _next_piece(pieces: asyncio.Queue[str], task: asyncio.Future[Answer]) 
 
 async def _event(response: web.StreamResponse, doc: dict[str, Any]) -> None:
     await response.write(b"data: " + json.dumps(doc, separators=(",", ":")).encode() + b"\n\n")
-
-
-def _refusal(err: MeshError) -> web.Response:
-    param = err.param if isinstance(err, ParamError) else ""
-    return error_response(http_status(err.code), err.message, param, err.retry_after_ms)
 
 
 def _infer_request(model: str, inputs: Any, headers: Headers, whole_text: bool) -> InferRequest:

@@ -25,14 +25,16 @@ from aiohttp.web_urldispatcher import _default_expect_handler
 from opentelemetry import propagate, trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
-from tiermesh.core.errors import INTERNAL_MESSAGE, RETRY_AFTER_KEY, MeshError, invalid
+from tiermesh.core.errors import INTERNAL_MESSAGE, MeshError, invalid
 from tiermesh.core.grpc_errors import REDIS_OUTAGE, REDIS_OUTAGE_MESSAGE
 from tiermesh.core.settings import GatewaySettings
 from tiermesh.core.validation import Screen
 from tiermesh.gateway.audit import INFER
+from tiermesh.gateway.http_calls import caller_of, json_refusal
 from tiermesh.gateway.live_providers import EXECUTION_PROVIDERS_LIVE
 from tiermesh.gateway.openai_door import OpenAIDoor, error_response
-from tiermesh.gateway.plane import Caller, DataPlane
+from tiermesh.gateway.openai_schema import ParamError
+from tiermesh.gateway.plane import DataPlane
 from tiermesh.gateway.requests import InferRequest
 from tiermesh.gateway.rest_codec import (
     HEADER_LENGTH,
@@ -43,7 +45,6 @@ from tiermesh.gateway.rest_codec import (
     json_object,
     metadata_doc,
     parse_infer,
-    retry_after_s,
     server_doc,
 )
 
@@ -55,12 +56,6 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 OPENAI_PREFIX = "/v1/"
 
 
-def _caller(request: web.Request) -> Caller:
-    """The caller of a REST request: its headers (the credentials), no transport deadline."""
-    metadata = tuple((k.lower(), v) for k, v in request.headers.items())
-    return Caller(metadata, None, f"http:{request.remote or ''}")
-
-
 def _json(doc: Any, status: int = 200) -> web.Response:
     return web.json_response(doc, status=status)
 
@@ -68,11 +63,8 @@ def _json(doc: Any, status: int = 200) -> web.Response:
 def _error(
     status: int, message: str, param: str = "", retry_after_ms: int | None = None
 ) -> web.Response:
-    response = _json({"error": message}, status)
-    if retry_after_ms is not None:
-        response.headers["Retry-After"] = str(retry_after_s(retry_after_ms))
-        response.headers[RETRY_AFTER_KEY] = str(retry_after_ms)
-    return response
+    """The v2 door's refusal, `{"error": message}` (`param` is the OpenAI door's, unused)."""
+    return json_refusal({"error": message}, status, retry_after_ms)
 
 
 # What of a body answered unread aiohttp reads and drops after the answer ("lingering
@@ -130,7 +122,7 @@ class RestDoor:
         self._settings = settings
         self._tracer = tracer
         self._runner: web.AppRunner | None = None
-        self._openai = OpenAIDoor(plane, self._body, log)
+        self._openai = OpenAIDoor(plane, self._body, self._handled)
         self.app = self._app()
 
     def _app(self) -> web.Application:
@@ -202,7 +194,7 @@ class RestDoor:
     def _key_first(self, request: web.Request, operation: str, model: str = "") -> None:
         """The caller's key before its body: a stranger's 64 MiB is never read. A refusal
         here is counted and audited as the data plane's own (`refused_unread`)."""
-        caller = _caller(request)
+        caller = caller_of(request)
         try:
             if operation == INFER:
                 self._plane.authorize(caller, model)
@@ -253,11 +245,14 @@ class RestDoor:
         return response
 
     async def _handled(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        """The handler's answer, or its failure as a refusal in its door's shape (the
+        OpenAI door's for its routes, with the field a ParamError names)."""
         error = error_response if request.path.startswith(OPENAI_PREFIX) else _error
         try:
             return await handler(request)
         except MeshError as err:
-            return error(http_status(err.code), err.message, retry_after_ms=err.retry_after_ms)
+            param = err.param if isinstance(err, ParamError) else ""
+            return error(http_status(err.code), err.message, param, err.retry_after_ms)
         except web.HTTPException as exc:  # unknown route, method, body too large
             return error(exc.status, exc.reason)
         except asyncio.CancelledError:
@@ -281,16 +276,16 @@ class RestDoor:
 
     async def model_metadata(self, request: web.Request) -> web.StreamResponse:
         name, version = _model(request)
-        return _json(metadata_doc(self._plane.model(_caller(request), name, version)))
+        return _json(metadata_doc(self._plane.model(caller_of(request), name, version)))
 
     async def model_ready(self, request: web.Request) -> web.StreamResponse:
         name, version = _model(request)
-        ready = await self._plane.model_ready(_caller(request), name, version)
+        ready = await self._plane.model_ready(caller_of(request), name, version)
         return web.Response(status=200 if ready else 400)
 
     async def model_config(self, request: web.Request) -> web.StreamResponse:
         name, version = _model(request)
-        cfg = self._plane.model(_caller(request), name, version)
+        cfg = self._plane.model(caller_of(request), name, version)
         doc = config_doc(cfg)
         live = await self._plane.providers_live(cfg, version)
         if live is not None:  # as the gRPC door's parameter reads in JSON
@@ -299,14 +294,14 @@ class RestDoor:
 
     async def stats(self, request: web.Request) -> web.StreamResponse:
         name, version = _model(request)
-        docs = await self._plane.statistics_docs(_caller(request), name, version)
+        docs = await self._plane.statistics_docs(caller_of(request), name, version)
         return _json({"model_stats": docs})
 
     async def index(self, request: web.Request) -> web.StreamResponse:
         doc = await self._optional_json(request, "")
         if doc.get("repository_name"):
             raise invalid("this server has one model repository, named ''")
-        return _json(await self._plane.index_docs(_caller(request), doc.get("ready") is True))
+        return _json(await self._plane.index_docs(caller_of(request), doc.get("ready") is True))
 
     async def load(self, request: web.Request) -> web.StreamResponse:
         doc = await self._optional_json(request, "load", request.match_info["model"])
@@ -317,14 +312,14 @@ class RestDoor:
                 "committed (only 'version' may be given)"
             )
         version = params.get("version", "")
-        await self._plane.load(_caller(request), request.match_info["model"], str(version))
+        await self._plane.load(caller_of(request), request.match_info["model"], str(version))
         return web.Response(status=200)
 
     async def unload(self, request: web.Request) -> web.StreamResponse:
         doc = await self._optional_json(request, "unload", request.match_info["model"])
         params = doc.get("parameters") or {}
         version = str(params.get("version", "")) if isinstance(params, dict) else ""
-        await self._plane.unload(_caller(request), request.match_info["model"], version)
+        await self._plane.unload(caller_of(request), request.match_info["model"], version)
         return web.Response(status=200)
 
     async def infer(self, request: web.Request) -> web.StreamResponse:
@@ -339,7 +334,7 @@ class RestDoor:
             chosen.append(choice)
             return req
 
-        answer = await self._plane.infer(name, parse, _caller(request))
+        answer = await self._plane.infer(name, parse, caller_of(request))
         data, json_length = infer_body(
             answer.result, answer.responded_ns, answer.cache_hit, chosen[0]
         )
