@@ -1,5 +1,9 @@
 """`tiermesh up` as a real subprocess: its own redis-server on a free port, the four
-services as separate processes, spans written to JSON-lines files."""
+services as separate processes, spans written to JSON-lines files.
+
+With TIERMESH_TEST_REDIS=cluster every mesh of the session uses one local Redis Cluster
+(three primaries with a replica each, tests/redis_cluster.py) instead, emptied before each
+mesh starts: the e2e suites run unchanged in cluster mode."""
 
 from __future__ import annotations
 
@@ -21,8 +25,26 @@ import grpc
 import pytest
 
 from tests.conftest import copy_repository
+from tests.redis_cluster import LocalCluster
+from tiermesh.core.redis_client import is_cluster_url
 from tiermesh.up.processes import free_port
 from tiermesh.up.supervisor import Service, wait_healthy
+
+CLUSTER_RUN = os.environ.get("TIERMESH_TEST_REDIS", "") == "cluster"
+# The session's cluster in a cluster-mode run (started by the fixture below).
+_cluster: list[LocalCluster] = []
+
+
+@pytest.fixture(scope="session", autouse=CLUSTER_RUN)
+def session_redis_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    """The local Redis Cluster every mesh of a cluster-mode run uses."""
+    cluster = LocalCluster(tmp_path_factory.mktemp("redis-cluster")).start()
+    _cluster.append(cluster)
+    try:
+        yield cluster
+    finally:
+        _cluster.remove(cluster)
+        cluster.stop()
 
 
 @dataclass
@@ -31,6 +53,7 @@ class UpProcess:
     url: str
     trace_dir: Path
     log: Path
+    external_redis: str = ""
 
     def children(self) -> dict[str, int]:
         """pid of each direct child of `tiermesh up`, by service (redis-server and the Go front
@@ -79,7 +102,10 @@ class UpProcess:
 
     def redis_url(self) -> str:
         """The private redis-server `tiermesh up` started, password included: its banner
-        shows the URL masked and names the owner-only file holding it whole."""
+        shows the URL masked and names the owner-only file holding it whole. In a cluster
+        mode run, the cluster's URL."""
+        if self.external_redis:
+            return self.external_redis
         found = re.search(r"Redis: its password is in (\S+) ", self.banner())
         assert found, "no redis URL file in the tiermesh up banner"
         return Path(found.group(1)).read_text().strip()
@@ -133,6 +159,9 @@ def start_up(
     port = free_port()
     env = dict(os.environ)
     env.pop("TIERMESH_REDIS_URL", None)
+    if _cluster:
+        _cluster[0].flush()
+        env["TIERMESH_REDIS_URL"] = _cluster[0].url
     env.update(TIERMESH_LOG_FORMAT="json", TIERMESH_HEARTBEAT_TTL_MS="30000")
     if span_files:
         env["TIERMESH_TRACE_DIR"] = str(tmp / "traces")
@@ -170,7 +199,9 @@ def start_up(
         # (autogroup), and this process, their client, has another.
         start_new_session=True,
     )
-    up = UpProcess(proc, f"127.0.0.1:{port}", tmp / "traces", log)
+    up = UpProcess(
+        proc, f"127.0.0.1:{port}", tmp / "traces", log, env.get("TIERMESH_REDIS_URL", "")
+    )
     try:
         wait_healthy(Service("gateway", proc, up.url), timeout_s=90, credentials=credentials)
         # `up` has finished starting only once it printed its banner: until then a service
@@ -252,6 +283,30 @@ def door_serves(up: UpProcess) -> bool:
     """Whether the Go front door holds the public port (`tiermesh up --front-door auto`
     chose it, or it was asked for)."""
     return "frontdoor" in up.metrics_urls()
+
+
+def fail_redis(up: UpProcess, key: str, timeout_s: float = 30) -> None:
+    """SIGKILL the Redis holding `key`: the private redis-server (`tiermesh up` starts it
+    again from its AOF), or in a cluster-mode run the primary of `key`'s slot (its replica
+    takes over; the killed node comes back as a replica, so later tests keep one)."""
+    if _cluster and up.external_redis == _cluster[0].url:
+        killed, _ = _cluster[0].fail_over(key)
+        _cluster[0].restart(killed)
+        return
+    server = up.children()["redis"]
+    os.kill(server, signal.SIGKILL)
+    deadline = time.monotonic() + timeout_s
+    while up.children().get("redis", server) == server:
+        assert time.monotonic() < deadline, (
+            f"redis was not restarted:\n{up.log.read_text()[-3000:]}"
+        )
+        time.sleep(0.02)
+
+
+def door_places(up: UpProcess) -> bool:
+    """Whether the Go front door queues jobs itself (core/direct_plan.py): it serves, and
+    Redis is one server (on a cluster the router places every job)."""
+    return door_serves(up) and not is_cluster_url(up.redis_url())
 
 
 def scrape_metrics(url: str) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:

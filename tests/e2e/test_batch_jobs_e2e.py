@@ -12,13 +12,13 @@ from pathlib import Path
 import grpc
 import numpy as np
 import pytest
-import redis
 import tritonclient.grpc as grpcclient
 
-from tests.e2e.conftest import UpProcess
+from tests.e2e.conftest import UpProcess, fail_redis
 from tests.e2e.test_faults_e2e import FAST_RECOVERY, wait_replaced
 from tests.polling import eventually
 from tiermesh.core import keys
+from tiermesh.core.redis_client import connect_sync
 from tiermesh.core.tensors import split_bytes
 from tiermesh.core.wire import tensor_from_proto
 from tiermesh.v1 import batch_pb2, batch_pb2_grpc
@@ -68,9 +68,7 @@ def test_5000_texts_exactly_once_through_worker_and_redis_kills(
 
         before_redis = _wait_done(stub, job.job_id, 2500, 90)
         assert before_redis < N, "the job finished before Redis could be killed midway"
-        server = up.children()["redis"]
-        os.kill(server, signal.SIGKILL)
-        wait_replaced(up, "redis", server)
+        fail_redis(up, keys.batch_job_key(job.job_id))
 
         _wait_done(stub, job.job_id, N, 150)
         final = _status(stub, job.job_id)
@@ -80,7 +78,7 @@ def test_5000_texts_exactly_once_through_worker_and_redis_kills(
 
     # Every index exactly once, and nothing written twice in Redis (HSETNX per index).
     assert [r.index for r in results] == list(range(N))
-    r = redis.Redis.from_url(up.redis_url())
+    r = connect_sync(up.redis_url())
     assert r.hlen(keys.batch_results_key(job.job_id)) == N
     assert int(r.hget(keys.batch_job_key(job.job_id), "done") or 0) == N
 
@@ -121,7 +119,7 @@ def test_a_batch_pool_takes_the_job_at_the_lowest_cpu_priority(
         _wait_done(stub, job.job_id, len(texts), 90)
         results = list(stub.Results(batch_pb2.ResultsRequest(job_id=job.job_id), timeout=60))
     assert [r.index for r in results] == list(range(len(texts)))
-    r = redis.Redis.from_url(up.redis_url())
+    r = connect_sync(up.redis_url())
     unit = "echo@1.fp32"
     background = keys.background_streams(unit, "center", 1)[0].name
     readers = [c["name"] for c in r.xinfo_consumers(background, keys.GROUP)]

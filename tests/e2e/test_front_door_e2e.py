@@ -21,7 +21,6 @@ from typing import Any
 import grpc
 import numpy as np
 import pytest
-import redis
 import redis.asyncio as aioredis
 import tritonclient.grpc as grpcclient
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -49,6 +48,7 @@ from tests.polling import eventually
 from tiermesh.bench import replay
 from tiermesh.core.jobs import Job, Timing
 from tiermesh.core.keys import cancel_key, rollout_key
+from tiermesh.core.redis_client import connect_sync
 from tiermesh.core.wire import decode_job
 from tiermesh.gateway.books import MODEL_INFER
 from tiermesh.rollout.state import RolloutState
@@ -280,7 +280,7 @@ def placed(up: UpProcess, by: str) -> float:
 def placed_by_router(up: UpProcess, model: str) -> Iterator[None]:
     """The model has a rollout record (no rollout running), which the door's placement
     checks job by job: meanwhile the router places every job of it."""
-    store = redis.Redis.from_url(up.redis_url())
+    store = connect_sync(up.redis_url())
     store.hset(rollout_key(model), mapping=RolloutState(model=model, stable="1").to_fields())
     try:
         yield
@@ -291,7 +291,7 @@ def placed_by_router(up: UpProcess, model: str) -> Iterator[None]:
 
 def queued_jobs(up: UpProcess, model: str) -> list[Job]:
     """The jobs waiting in the model's work streams, oldest first."""
-    store = redis.Redis.from_url(up.redis_url())
+    store = connect_sync(up.redis_url())
     try:
         entries = [
             (entry_id, fields)
@@ -528,7 +528,7 @@ def test_a_flow_of_refusals_is_booked_once_a_gather(door_up: UpProcess) -> None:
 
 
 def test_a_caller_who_leaves_is_marked_for_the_workers(door_up: UpProcess) -> None:
-    store = redis.Redis.from_url(door_up.redis_url())
+    store = connect_sync(door_up.redis_url())
     pattern = cancel_key("*")
     marked = set(store.scan_iter(match=pattern))
     x = np.ones((1, 4), np.float32)

@@ -11,7 +11,6 @@ from collections.abc import Iterator
 
 import numpy as np
 import pytest
-import redis
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from prometheus_client.parser import text_string_to_metric_families
@@ -30,6 +29,7 @@ from tests.e2e.test_triton_clients_e2e import (
 from tests.polling import eventually
 from tests.tenants import ADMIN, USER, write_tenants
 from tiermesh.core import keys
+from tiermesh.core.redis_client import connect_sync
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -98,7 +98,7 @@ def test_model_control_reaches_the_workers(mesh: UpProcess) -> None:
     """Unload closes the worker's session and deregisters it; load serves again; a model
     copied in after the start is loadable; a tampered one is refused."""
     client = grpcclient.InferenceServerClient(mesh.url)
-    r = redis.Redis.from_url(mesh.redis_url())
+    r = connect_sync(mesh.redis_url())
     worker_set = keys.workers_key(keys.compute_unit("simple", "fp32", "1"), "center")
     metrics = mesh.metrics_urls()["worker"]
     assert r.zcard(worker_set) == 1 and _loaded_gauge(metrics, "simple") == 1.0

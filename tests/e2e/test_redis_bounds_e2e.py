@@ -25,6 +25,7 @@ from tritonclient.utils import InferenceServerException
 from tests.e2e.conftest import UpProcess, running
 from tests.tenants import ADMIN_KEY, USER_KEY, write_tenants
 from tiermesh.core import keys
+from tiermesh.core.redis_client import connect_sync
 from tiermesh.core.repository import ModelRepository
 from tiermesh.core.settings import GatewaySettings, WorkerSettings
 from tiermesh.v1 import batch_pb2, batch_pb2_grpc
@@ -61,31 +62,34 @@ def bounds(repo: ModelRepository) -> list[Bound]:
     queue = max(cfg.queue_bound for cfg in repo.configs.values())
     dead = WorkerSettings().dead_letter_max_len
     gateway = GatewaySettings()
-    name = r"[^:@]+"
-    unit = rf"({name})@[^:]+"
+    name = r"[^:@{}]+"
+    unit = rf"\{{({name})\}}@[^:]+"  # a compute unit, its model's name the hash tag
+    tag = rf"\{{({name})\}}"
     return [
         Bound(rf"tm:q:{unit}:[a-z]+:p\d+:b\d+", "admission bound", _stream_within(queue)),
         Bound(rf"tm:dlq:{unit}:[a-z]+", "MAXLEN", _stream_within(dead)),
         Bound(r"tm:audit", "MAXLEN ~", _stream_within(2 * gateway.audit_max_len)),
         Bound(r"tm:capture", "MAXLEN ~", _stream_within(2 * gateway.capture_max_len)),
-        Bound(r"tm:changes", "MAXLEN ~", _stream_within(2 * keys.CHANGE_LOG_MAX_LEN)),
-        Bound(r"tm:(cancel|enq):[0-9a-f]+", "TTL", _ttl),
-        Bound(rf"tm:cache:{name}:e:[0-9a-f]+", "TTL", _ttl),
+        Bound(r"tm:\{rollout\}:changes", "MAXLEN ~", _stream_within(2 * keys.CHANGE_LOG_MAX_LEN)),
+        Bound(r"tm:cancel:[0-9a-f]+", "TTL", _ttl),
+        Bound(rf"tm:enq:{tag}:[0-9a-f]+", "TTL", _ttl),
+        Bound(rf"tm:cache:{tag}:e:[0-9a-f]+", "TTL", _ttl),
         Bound(r"tm:quota:\{.*\}:(rate|inflight)", "TTL", _ttl),
-        Bound(r"tm:(win|stats:batch):.+", "TTL", _ttl),
+        Bound(r"tm:win:.+", "TTL", _ttl),
+        Bound(rf"tm:stats:{tag}:batch:.+", "TTL", _ttl),
         Bound(r"tm:capture:content:.+", "TTL", _ttl),
-        Bound(r"tm:batch:\{[0-9a-f]+\}(:in|:out)?", "TTL", _ttl),
-        Bound(r"tm:batch:open:.*", "TTL", _ttl),
-        Bound(r"tm:(rollout|batch:feed):lock", "TTL", _ttl),
+        Bound(r"tm:\{batch\}:job:[0-9a-f]+(:in|:out)?", "TTL", _ttl),
+        Bound(r"tm:\{batch\}:open:.*", "TTL", _ttl),
+        Bound(r"tm:\{(rollout|batch)\}:(feed:)?lock", "TTL", _ttl),
         Bound(rf"tm:provider:{unit}:[a-z]+:[^:]+", "TTL", _ttl),
         Bound(rf"tm:workers:{unit}:[a-z]+", "one per unit and tier"),
         Bound(rf"tm:rate:{unit}:[a-z]+", "one per unit and tier"),
-        Bound(rf"tm:cache:({name}):index", "one per model"),
-        Bound(rf"tm:stats:({name}):[^:]+", "one per model version"),
-        Bound(rf"tm:rollout:({name})", "one per model"),
-        Bound(r"tm:control:(unloaded|generation)", "one", _one),
+        Bound(rf"tm:cache:{tag}:index", "one per model"),
+        Bound(rf"tm:stats:{tag}:[^:]+", "one per model version"),
+        Bound(rf"tm:\{{rollout\}}:({name})", "one per model"),
+        Bound(r"tm:\{control\}:(unloaded|generation)", "one", _one),
         Bound(r"tm:capture:control", "one", _one),
-        Bound(r"tm:batch:active", "one; its ids are open jobs'", _one),
+        Bound(r"tm:\{batch\}:active", "one; its ids are open jobs'", _one),
     ]
 
 
@@ -122,14 +126,14 @@ def used(tmp_path_factory: pytest.TempPathFactory) -> Iterator[UpProcess]:
 
 
 def test_every_key_the_mesh_wrote_has_a_bound(used: UpProcess) -> None:
-    r = redis.Redis.from_url(used.redis_url())
+    r = connect_sync(used.redis_url())
     repo = ModelRepository(used.trace_dir.parent / "models")  # the mesh's own
     repo.load()
     models = set(repo.configs)
     table = bounds(repo)
     names = sorted(k.decode() for k in r.scan_iter(match="*", count=1000))
     assert any(k.startswith("tm:q:") for k in names)
-    assert any(k.startswith("tm:batch:{") for k in names)
+    assert any(k.startswith("tm:{batch}:job:") for k in names)
     unbounded = []
     classes: set[str] = set()
     for key in names:

@@ -16,15 +16,15 @@ import grpc
 import numpy as np
 import onnxruntime as ort
 import pytest
-import redis
 import tritonclient.grpc as grpcclient
 import tritonclient.grpc.aio as aioclient
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
-from tests.e2e.conftest import UpProcess, door_serves, scrape_metrics
+from tests.e2e.conftest import UpProcess, door_places, door_serves, scrape_metrics
 from tests.polling import eventually
 from tiermesh.core.keys import StreamKey, compute_unit
+from tiermesh.core.redis_client import connect_sync
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -226,7 +226,7 @@ def test_full_queue_is_resource_exhausted_quickly(mesh_up: UpProcess) -> None:
     x = np.ones((1, 4), np.float32)
     client = grpcclient.InferenceServerClient(mesh_up.url)
     stream = StreamKey(compute_unit("mlp_bounded", "fp32", "1"), "center", 2, 0).name
-    queue = redis.Redis.from_url(mesh_up.redis_url())
+    queue = connect_sync(mesh_up.redis_url())
     # The pool outlives the pause: its exit waits for answers that need the worker.
     with ThreadPoolExecutor(2) as pool, worker_paused(mesh_up):
         # mlp_bounded has queue_bound 2: two requests wait in the stream...
@@ -274,7 +274,7 @@ def test_one_trace_spans_every_hop(mesh_up: UpProcess) -> None:
     # the worker's), tests/integration/test_trace.py has the trace through postprocess. The
     # default mesh's Go front door queues mlp's jobs itself (core/direct_plan.py): the route
     # span is then the gateway's; without the door the router places them.
-    placer = "tiermesh-gateway" if "frontdoor" in mesh_up.children() else "tiermesh-router"
+    placer = "tiermesh-gateway" if door_places(mesh_up) else "tiermesh-router"
     assert services == {"tiermesh-gateway", placer, "tiermesh-worker"}
     spans = [s for s in mesh_up.spans() if s["context"]["trace_id"] == trace_id]
     names = {s["name"] for s in spans}

@@ -12,7 +12,6 @@ from collections.abc import Iterator
 
 import numpy as np
 import pytest
-import redis
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
@@ -20,6 +19,7 @@ from tritonclient.utils import InferenceServerException
 from tests.e2e.conftest import UpProcess, start_up
 from tests.e2e.test_triton_clients_e2e import X0, X1, check_sums, http_inputs
 from tiermesh.core import keys
+from tiermesh.core.redis_client import connect_sync
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -96,7 +96,7 @@ def test_rest_checks_keys_models_quota_and_admin(secured: UpProcess) -> None:
     index = client.get_model_repository_index(headers=bearer(USER))
     assert {m["name"] for m in index} == {"simple"}  # a tenant sees only its models
     # Refused before their bodies were read, still audited as the gRPC door's refusals are.
-    r = redis.Redis.from_url(secured.redis_url())
+    r = connect_sync(secured.redis_url())
     wanted = {
         ("infer", "-", "simple", "UNAUTHENTICATED"),
         ("unload", "user", "simple", "PERMISSION_DENIED"),

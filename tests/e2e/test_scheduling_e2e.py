@@ -12,7 +12,6 @@ from typing import Any
 import grpc
 import numpy as np
 import pytest
-import redis.asyncio as aioredis
 import tritonclient.grpc as grpcclient
 import tritonclient.grpc.aio as aioclient
 from tritonclient.grpc import service_pb2, service_pb2_grpc
@@ -22,6 +21,7 @@ from tests.e2e.conftest import UpProcess, start_up
 from tests.e2e.test_requests_e2e import mlp_input, worker_paused
 from tests.polling import eventually
 from tiermesh.core.keys import StreamKey, compute_unit
+from tiermesh.core.redis_client import connect
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 MODEL_INFER = "/inference.GRPCInferenceService/ModelInfer"
@@ -59,7 +59,7 @@ def test_cancelled_request_is_not_computed(up: UpProcess) -> None:
         try:
             inp = aioclient.InferInput("INPUT0", [1, 4], "FP32")
             inp.set_data_from_numpy(np.ones((1, 4), np.float32))
-            queue = aioredis.Redis.from_url(up.redis_url())
+            queue = connect(up.redis_url())
             stream = StreamKey(compute_unit("mlp", "fp32", "1"), "center", 2, 0).name
             before = await queue.xlen(stream)
             call = asyncio.ensure_future(client.infer("mlp", [inp], request_id="bye"))

@@ -28,7 +28,6 @@ from typing import Any
 import grpc
 import numpy as np
 import pytest
-import redis
 import tritonclient.grpc as grpcclient
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from tritonclient.grpc import service_pb2, service_pb2_grpc
@@ -37,6 +36,7 @@ from tritonclient.utils import InferenceServerException
 from tests.e2e.conftest import UpProcess, running, start_up
 from tests.polling import eventually
 from tiermesh.core.keys import AUDIT_STREAM
+from tiermesh.core.redis_client import connect_sync
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -140,7 +140,7 @@ def raw_infer(up: UpProcess, model: str, metadata: list[tuple[str, str]]) -> grp
 
 
 def audit_entries(up: UpProcess) -> list[dict[str, str]]:
-    with redis.Redis.from_url(up.redis_url()) as client:
+    with connect_sync(up.redis_url()) as client:
         return [
             {k.decode(): v.decode() for k, v in fields.items()}
             for _, fields in client.xrange(AUDIT_STREAM)

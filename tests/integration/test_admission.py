@@ -109,7 +109,7 @@ async def test_enqueue_is_idempotent_by_request_id(redis_url: str) -> None:
     assert (await admitter.admit(STREAM, 2, b"j3", {}, request_id="r3")).outcome == "full"
     assert (await admitter.admit(STREAM, 2, b"job", {}, request_id="r1")).outcome == "dup"
     # Remembered until the deadline has passed (plus a margin), not for ever.
-    ttl_ms = await redis.pttl(keys.enqueued_key("r1"))
+    ttl_ms = await redis.pttl(keys.enqueued_key(STREAM.model, "r1"))
     assert 10_000 < ttl_ms <= 15_000
     await redis.aclose()
 
@@ -174,7 +174,7 @@ async def test_a_guard_key_sends_the_job_back_to_the_router(redis_url: str) -> N
             STREAM.name,
             keys.workers_key("m", "center"),
             keys.rate_key("m", "center"),
-            keys.enqueued_key(request_id),
+            keys.enqueued_key(STREAM.model, request_id),
             guard,
         ]
         fields = [keys.JOB_FIELD, keys.TRACEPARENT_FIELD, keys.TRACESTATE_FIELD]

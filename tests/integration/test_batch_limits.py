@@ -47,7 +47,7 @@ pytestmark = pytest.mark.integration
 KEY = new_key()
 AUTH = (("authorization", f"Bearer {KEY}"),)
 # The one key pattern of a job's own keys (record, inputs, results: one hash tag per job).
-JOB_KEYS = "tm:batch:{*}*"
+JOB_KEYS = "tm:{batch}:job:*"
 
 
 def tenants_yaml(extra: str = "", rate: str = "{requests_per_s: 1000, burst: 1000}") -> str:
@@ -387,7 +387,7 @@ async def test_a_cancelled_submit_leaves_no_key_without_a_ttl(door_factory: Open
     call = door.stub.Submit(leaving(), metadata=AUTH)
 
     async def all_stored() -> bool:
-        found = [k async for k in door.redis.scan_iter(match="tm:batch:{*}:in")]
+        found = [k async for k in door.redis.scan_iter(match="tm:{batch}:job:*:in")]
         return len(found) == 1 and await door.redis.llen(found[0]) == 2000
 
     await until(all_stored, "2,000 inputs to be stored")
@@ -446,7 +446,7 @@ async def test_a_running_job_keys_expire_and_an_expired_job_is_forgotten(
                 return bool((await stub.Status(ref)).done > 0)
 
             await until(running, "the first results", 30)
-            batch_keys = [k async for k in redis.scan_iter(match="tm:batch:*")]
+            batch_keys = [k async for k in redis.scan_iter(match="tm:{batch}:*")]
             assert keys.batch_results_key(job.job_id).encode() in batch_keys
             assert [k for k in batch_keys if await redis.ttl(k) == -1] == [
                 keys.BATCH_ACTIVE.encode()

@@ -75,7 +75,7 @@ def test_the_plan_places_a_job_where_the_router_would(
     assert tier["rate"] == keys.rate_key(stream.model, stream.tier)
     assert tier["model_streams"] == [s.name for s in model_streams(cfg, stream)]
     assert (plan["queue_bound"], plan["model_bound"]) == (cfg.queue_bound, cfg.model_queue_bound)
-    assert plan["enqueued_prefix"] + "r1" == keys.enqueued_key("r1")
+    assert plan["enqueued_prefix"] + "r1" == keys.enqueued_key(cfg.queue_model, "r1")
     assert plan["guard"] == keys.rollout_key(cfg.queue_model)
 
 

@@ -180,10 +180,51 @@ def test_split_expired_deadline_zero_never_expires() -> None:
 
 
 def test_stream_key_name_format() -> None:
-    assert StreamKey("mlp@1.fp32", "edge", 1, 0).name == "tm:q:mlp@1.fp32:edge:p1:b0"
+    """The model's name is the Redis Cluster hash tag: every stream of a model in one slot."""
+    assert StreamKey("mlp@1.fp32", "edge", 1, 0).name == "tm:q:{mlp}@1.fp32:edge:p1:b0"
     assert (
-        StreamKey("bert-base@2.int8", "center", 2, 13).name == "tm:q:bert-base@2.int8:center:p2:b13"
+        StreamKey("bert-base@2.int8", "center", 2, 13).name
+        == "tm:q:{bert-base}@2.int8:center:p2:b13"
     )
+
+
+def test_every_key_of_a_models_work_shares_its_slot() -> None:
+    from redis.cluster import key_slot
+
+    from tiermesh.core import keys
+
+    unit, other = "mlp@1.fp32", "mlp@2.int8"
+    together = [
+        StreamKey(unit, "edge", 1, 0).name,
+        StreamKey(other, "center", 0, 3).name,
+        keys.workers_key(unit, "edge"),
+        keys.provider_key(unit, "edge", "w1"),
+        keys.rate_key(other, "center"),
+        keys.dead_letter_key(unit, "center"),
+        keys.enqueued_key(unit, "r1"),
+        keys.enqueued_key("mlp", "r2"),
+        keys.cache_entry_key("mlp", "d1"),
+        keys.cache_index_key("mlp"),
+        keys.stats_key("mlp", "1"),
+        keys.stats_batch_key("mlp", "w1", 5),
+    ]
+    assert {key_slot(k.encode()) for k in together} == {key_slot(b"mlp")}
+    assert key_slot(StreamKey("bert@1.fp32", "edge", 1, 0).name.encode()) == key_slot(b"bert")
+    # What one script or transaction writes together, beyond a model's work.
+    for group in (
+        [keys.rollout_key("mlp"), keys.CHANGE_LOG, keys.ROLLOUT_LOCK],
+        [keys.UNLOADED_MODELS, keys.CONTROL_GENERATION],
+        [keys.quota_rate_key("t"), keys.quota_in_flight_key("t")],
+        [
+            keys.batch_job_key("j"),
+            keys.batch_inputs_key("j"),
+            keys.batch_results_key("j"),
+            keys.batch_open_key("t"),
+            keys.BATCH_ACTIVE,
+            keys.BATCH_FEED_LOCK,
+        ],
+    ):
+        assert len({key_slot(k.encode()) for k in group}) == 1, group
 
 
 @pytest.mark.parametrize(
@@ -205,6 +246,7 @@ def test_stream_key_parse_round_trip(key: StreamKey) -> None:
         "tm:q:mlp:edge:p1:b0:extra",
         "tm:q:mlp:edge:px:b0",
         "tm:q:mlp:edge:p1:b",
+        "tm:q:mlp@1.fp32:edge:p1:b0",  # no hash tag
         "",
     ],
 )

@@ -31,7 +31,7 @@ def test_compute_unit_carries_the_version() -> None:
     assert unit == "mlp@1.fp32"
     assert split_unit(unit) == ("mlp", "1", "fp32")
     assert split_unit(compute_unit("minilm-l6", "int8", "v2_b")) == ("minilm-l6", "v2_b", "int8")
-    assert StreamKey(unit, "center", 2, 0).name == "tm:q:mlp@1.fp32:center:p2:b0"
+    assert StreamKey(unit, "center", 2, 0).name == "tm:q:{mlp}@1.fp32:center:p2:b0"
     assert StreamKey.parse(StreamKey(unit, "edge", 1, 3).name).model == unit
 
 

@@ -75,7 +75,7 @@ def test_statistics_survive_the_round_trip_through_their_redis_hash() -> None:
     stats.failed("m", "1", 0, 4)
     drained = stats.drain()
     keys_, args = _flush_args("m", "1", drained[("m", "1")])
-    assert keys_[0] == "tm:stats:m:1" and len(keys_) == 2  # the hash, one new batch
+    assert keys_[0] == "tm:stats:{m}:1" and len(keys_) == 2  # the hash, one new batch
     # What the flush script writes for a first-seen batch, as Redis would hold it.
     pairs = args[1 : 1 + 2 * int(args[0])]
     row = {str(k): str(v) for k, v in zip(pairs[::2], pairs[1::2], strict=True)}

@@ -4,10 +4,13 @@ Everything a job is lives under its own keys (core/keys.py): the record hash, th
 inputs by index, and the results hash by index; its id is also in its tenant's set of open
 jobs and, from its seal to its end, in the set of active jobs. Writes that must hold
 together run as one script: creating (the open-jobs cap + the record), appending and
-sealing (only while the job is loading), feeding (XADDs + cursor, only while the cursor is
-where the feeder read it) and recording results (HSETNX per index + the counts + the end of
-the job), so a redelivered input computed twice is written once, and a Redis restarted
-from its AOF never sees a cursor ahead of what it queued.
+sealing (only while the job is loading), advancing the feed cursor (only while it is where
+the feeder read it) and recording results (HSETNX per index + the counts + the end of the
+job), so a redelivered input computed twice is written once. A feed queues its entries
+first and advances the cursor after (the streams live in their models' slots of a Redis
+Cluster, the bookkeeping in its own): a Redis restarted from its AOF, or a primary failed
+over, never sees a cursor ahead of what it queued; a feeder that dies between the two
+queues those inputs again, which costs compute, never a result.
 
 Every key has a TTL from its first write: a loading job's record and inputs expire
 `loading_ttl_ms` after its creation (a Submit that never ends, or whose gateway died,
@@ -28,6 +31,7 @@ import redis.asyncio as aioredis
 from tiermesh.batch.plan import CANCELLED, FINISHED, LOADING, RUNNING, JobRecord
 from tiermesh.core import keys
 from tiermesh.core.keys import StreamKey
+from tiermesh.core.redis_client import execute_replicated, run_script
 
 # How long a finished job's record and results are kept (a week).
 DEFAULT_RETENTION_S = 7 * 24 * 3600
@@ -105,18 +109,15 @@ end
 return ok + err
 """
 
-# KEYS: record, inputs, results, then one stream per entry. ARGV: expected cursor, job id,
-# retention_ms, payloads. A job being fed lives `retention_ms` past its latest feed.
-_FEED = """
+# KEYS: record, inputs, results. ARGV: expected cursor, entries queued, retention_ms. A job
+# being fed lives `retention_ms` past its latest feed.
+_ADVANCE = """
 local st = redis.call('HGET', KEYS[1], 'status')
 if st ~= 'queued' and st ~= 'running' then return -1 end
 if tonumber(redis.call('HGET', KEYS[1], 'fed')) ~= tonumber(ARGV[1]) then return -1 end
-for i = 4, #KEYS do
-  redis.call('XADD', KEYS[i], '*', 'job', ARGV[i], 'batch', ARGV[2])
-end
 for i = 1, 3 do redis.call('PEXPIRE', KEYS[i], ARGV[3]) end
 if st == 'queued' then redis.call('HSET', KEYS[1], 'status', 'running') end
-return redis.call('HINCRBY', KEYS[1], 'fed', #KEYS - 3)
+return redis.call('HINCRBY', KEYS[1], 'fed', ARGV[2])
 """
 
 _LOCK = """
@@ -149,7 +150,7 @@ class BatchStore:
         self._append = redis.register_script(_APPEND)
         self._seal = redis.register_script(_SEAL)
         self._record = redis.register_script(_RECORD)
-        self._feed = redis.register_script(_FEED)
+        self._advance = redis.register_script(_ADVANCE)
         self._lock = redis.register_script(_LOCK)
 
     async def create(
@@ -257,17 +258,21 @@ class BatchStore:
     async def feed(
         self, job_id: str, cursor: int, entries: Sequence[tuple[StreamKey, bytes]]
     ) -> int:
-        """Queue `entries` (the job's inputs from `cursor` on) and advance the cursor, all at
-        once; -1 (nothing queued) when the cursor moved meanwhile or the job stopped."""
+        """Queue `entries` (the job's inputs from `cursor` on), then advance the cursor past
+        them: the new cursor, or -1 when it moved meanwhile or the job stopped (what was
+        queued then is skipped by the workers or written once)."""
+        async with self._redis.pipeline(transaction=False) as pipe:
+            for stream, payload in entries:
+                pipe.xadd(stream.name, {keys.JOB_FIELD: payload, BATCH_FIELD: job_id})
+            await execute_replicated(self._redis, pipe, {s.name for s, _ in entries})
         return int(
-            await self._feed(
+            await self._advance(
                 keys=[
                     keys.batch_job_key(job_id),
                     keys.batch_inputs_key(job_id),
                     keys.batch_results_key(job_id),
-                    *(s.name for s, _ in entries),
                 ],
-                args=[cursor, job_id, self._retention_ms, *(p for _, p in entries)],
+                args=[cursor, len(entries), self._retention_ms],
             )
         )
 
@@ -278,17 +283,14 @@ class BatchStore:
         args: list[Any] = [int(time.time() * 1000), job_id, self._retention_ms]
         for index, payload, ok in results:
             args += [index, payload, "1" if ok else "0"]
-        return int(
-            await self._record(
-                keys=[
-                    keys.batch_job_key(job_id),
-                    keys.batch_results_key(job_id),
-                    keys.BATCH_ACTIVE,
-                    keys.batch_inputs_key(job_id),
-                ],
-                args=args,
-            )
-        )
+        script_keys = [
+            keys.batch_job_key(job_id),
+            keys.batch_results_key(job_id),
+            keys.BATCH_ACTIVE,
+            keys.batch_inputs_key(job_id),
+        ]
+        # Written on a cluster's replica too before the worker acknowledges the entries.
+        return int(await run_script(self._redis, self._record, script_keys, args))
 
     async def results(self, job_id: str, start: int, count: int) -> list[tuple[int, bytes]]:
         """The finished results among indices [start, start + count), in index order."""

@@ -26,14 +26,14 @@ REDIS_TIMEOUT_S = 10.0
 
 def cmd_capture(args: argparse.Namespace) -> int:
     """`capture start|stop|release|clear|export|key` against the mesh's Redis."""
-    import redis
 
     from tiermesh.bench import capture
+    from tiermesh.core.redis_client import connect_sync
 
     if args.action == "key":
         print(capture.new_key())
         return 0
-    client = redis.Redis.from_url(
+    client = connect_sync(
         args.redis_url,
         socket_connect_timeout=REDIS_CONNECT_TIMEOUT_S,
         socket_timeout=REDIS_TIMEOUT_S,

@@ -115,10 +115,10 @@ def _redis_answers(url: str) -> None:
     would fail without it). Messages name its address, never its password."""
     import redis
 
-    from tiermesh.core.redis_client import refuses_credentials, where
+    from tiermesh.core.redis_client import connect_sync, refuses_credentials, where
 
     try:
-        client = redis.Redis.from_url(url, socket_connect_timeout=1.0, socket_timeout=5.0)
+        client = connect_sync(url, socket_connect_timeout=1.0, socket_timeout=5.0)
     except ValueError as exc:
         raise UsageError(f"TIERMESH_REDIS_URL={url}: {exc}") from None
     try:

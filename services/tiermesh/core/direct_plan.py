@@ -135,7 +135,7 @@ def direct_plan(
         "rate_fields": [keys.rate_field(b) for b in range(cfg.bucket_count)],
         "queue_bound": cfg.queue_bound,
         "model_bound": cfg.model_queue_bound,
-        "enqueued_prefix": keys.enqueued_key(""),
+        "enqueued_prefix": keys.enqueued_key(cfg.queue_model, ""),
         "guard": keys.rollout_key(cfg.queue_model),
         "fields": [keys.JOB_FIELD, keys.TRACEPARENT_FIELD, keys.TRACESTATE_FIELD],
         # The door runs it by its SHA1 and loads it into a Redis that lacks it.

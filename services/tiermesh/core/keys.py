@@ -1,7 +1,15 @@
 """Every Redis key and stream name of the mesh. Nothing else spells them.
 
-Work streams: ``tm:q:{model}:{tier}:p{priority}:b{bucket}``, one consumer group per stream,
-where ``{model}`` is a compute unit, ``{name}@{version}.{variant}`` (``minilm-l6@1.int8``).
+Work streams: ``tm:q:{name}@version.variant:tier:p<priority>:b<bucket>``, one consumer group
+per stream, where ``name@version.variant`` is a compute unit (``minilm-l6@1.int8``).
+
+Keys that one command, transaction or script uses together share a Redis Cluster hash tag
+(the part in braces), so they live in one slot on one node: every key of a model's work (its
+units' streams, worker sets, drain rates, dead letters, enqueue records), its response cache
+and its statistics are tagged with the model's name; a tenant's quota with the tenant; the
+rollouts, the model control and the batch jobs' bookkeeping each with a tag of their own.
+Keys that are only ever used one at a time (cancel flags, the audit and capture streams)
+carry none and spread over the cluster. On a single Redis the braces are only characters.
 """
 
 from __future__ import annotations
@@ -18,6 +26,26 @@ TRACEPARENT_FIELD = "traceparent"
 TRACESTATE_FIELD = "tracestate"
 
 
+def model_tag(unit: str) -> str:
+    """The hash tag of every key of a model's work: its name in braces (`unit` may be a
+    compute unit or a model's name)."""
+    return "{" + unit.partition("@")[0] + "}"
+
+
+def _tagged(unit: str) -> str:
+    """A compute unit with its model's hash tag: "{mlp}@1.fp32"."""
+    name, at, rest = unit.partition("@")
+    return "{" + name + "}" + at + rest
+
+
+def _untagged(text: str) -> str:
+    """Inverse of _tagged; raises ValueError on text without the tag."""
+    if not text.startswith("{") or "}" not in text:
+        raise ValueError(f"no hash tag in {text!r}")
+    name, _, rest = text[1:].partition("}")
+    return name + rest
+
+
 @dataclass(frozen=True, slots=True)
 class StreamKey:
     model: str
@@ -27,7 +55,7 @@ class StreamKey:
 
     @property
     def name(self) -> str:
-        return f"{PREFIX}:q:{self.model}:{self.tier}:p{self.priority}:b{self.bucket}"
+        return f"{PREFIX}:q:{_tagged(self.model)}:{self.tier}:p{self.priority}:b{self.bucket}"
 
     @classmethod
     def parse(cls, name: str) -> StreamKey:
@@ -37,23 +65,27 @@ class StreamKey:
             raise ValueError(f"not a tiermesh work stream: {name!r}")
         if not parts[4].startswith("p") or not parts[5].startswith("b"):
             raise ValueError(f"not a tiermesh work stream: {name!r}")
-        return cls(parts[2], parts[3], int(parts[4][1:]), int(parts[5][1:]))
+        try:
+            unit = _untagged(parts[2])
+        except ValueError:
+            raise ValueError(f"not a tiermesh work stream: {name!r}") from None
+        return cls(unit, parts[3], int(parts[4][1:]), int(parts[5][1:]))
 
 
 def workers_key(model: str, tier: str) -> str:
     """Sorted set of live worker ids for (model, tier), scored by heartbeat expiry (ms)."""
-    return f"{PREFIX}:workers:{model}:{tier}"
+    return f"{PREFIX}:workers:{_tagged(model)}:{tier}"
 
 
 def provider_key(model: str, tier: str, worker: str) -> str:
     """The execution provider one worker's session of (model, tier) got (`worker` as in the
     worker set), expiring with the heartbeat that last wrote it."""
-    return f"{PREFIX}:provider:{model}:{tier}:{worker}"
+    return f"{PREFIX}:provider:{_tagged(model)}:{tier}:{worker}"
 
 
 def rate_key(unit: str, tier: str) -> str:
     """Hash of measured drain rates (entries per second of compute), field b{bucket}."""
-    return f"{PREFIX}:rate:{unit}:{tier}"
+    return f"{PREFIX}:rate:{_tagged(unit)}:{tier}"
 
 
 def rate_field(bucket: int) -> str:
@@ -62,7 +94,7 @@ def rate_field(bucket: int) -> str:
 
 def dead_letter_key(unit: str, tier: str) -> str:
     """Stream of entries given up on after too many deliveries (kept for inspection)."""
-    return f"{PREFIX}:dlq:{unit}:{tier}"
+    return f"{PREFIX}:dlq:{_tagged(unit)}:{tier}"
 
 
 def cancel_key(request_id: str) -> str:
@@ -70,10 +102,11 @@ def cancel_key(request_id: str) -> str:
     return f"{PREFIX}:cancel:{request_id}"
 
 
-def enqueued_key(request_id: str) -> str:
+def enqueued_key(unit: str, request_id: str) -> str:
     """Entry id a request was queued under (with a TTL): a retried enqueue of the same
-    request finds it and is not queued twice."""
-    return f"{PREFIX}:enq:{request_id}"
+    request finds it and is not queued twice. In its model's slot, with the streams the
+    admission script queues it on (`unit`: a compute unit or the model's name)."""
+    return f"{PREFIX}:enq:{model_tag(unit)}:{request_id}"
 
 
 def stream_keys(model: str, tier: str, priority_levels: int, buckets: int) -> list[StreamKey]:
@@ -105,7 +138,7 @@ def split_unit(unit: str) -> tuple[str, str, str]:
 
 def cache_entry_prefix(model: str) -> str:
     """What every response-cache entry key of `model` starts with (SCAN with prefix + "*")."""
-    return f"{PREFIX}:cache:{model}:e:"
+    return f"{PREFIX}:cache:{model_tag(model)}:e:"
 
 
 def cache_entry_key(model: str, digest: str) -> str:
@@ -115,7 +148,7 @@ def cache_entry_key(model: str, digest: str) -> str:
 
 def cache_index_key(model: str) -> str:
     """Sorted set of the digests cached for `model`, scored by insertion time (ms)."""
-    return f"{PREFIX}:cache:{model}:index"
+    return f"{PREFIX}:cache:{model_tag(model)}:index"
 
 
 # Per-tenant quotas, shared by every gateway replica. The tenant sits in braces, a Redis
@@ -140,18 +173,20 @@ AUDIT_STREAM = f"{PREFIX}:audit"
 
 # Canary rollouts. Per model a hash of its rollout state (rollout/state.py has the fields),
 # written by `tiermesh rollout` and the controller, read by routers about once a second.
+# Written in one script with the change log: one hash tag for both.
+_ROLLOUTS = f"{PREFIX}:{{rollout}}"
 
 
 def rollout_key(model: str) -> str:
-    return f"{PREFIX}:rollout:{model}"
+    return f"{_ROLLOUTS}:{model}"
 
 
 # Held (SET NX PX) by the one router whose controller evaluates rollouts right now.
-ROLLOUT_LOCK = f"{PREFIX}:rollout:lock"
+ROLLOUT_LOCK = f"{_ROLLOUTS}:lock"
 # Every change of a model's version or rollout: who, what, when, checksum. Changes are rare
 # and the record is the point: trimmed only past about CHANGE_LOG_MAX_LEN entries (no key
 # the mesh writes grows without a bound).
-CHANGE_LOG = f"{PREFIX}:changes"
+CHANGE_LOG = f"{_ROLLOUTS}:changes"
 CHANGE_LOG_MAX_LEN = 10_000
 
 
@@ -165,22 +200,23 @@ def window_key(model: str, version: str, second: int) -> str:
 # ("{model}:{version}") unloaded through RepositoryModelUnload. What the mesh serves is every
 # model of the repository folder minus this set; gateways refuse, routers stop routing and
 # workers close the sessions of what it holds.
-UNLOADED_MODELS = f"{PREFIX}:control:unloaded"
+UNLOADED_MODELS = f"{PREFIX}:{{control}}:unloaded"
 # Incremented (in the same transaction) by every load and unload: every service polls it and
 # re-reads the set and the repository folder when it changed (core/control_watch.py).
-CONTROL_GENERATION = f"{PREFIX}:control:generation"
+CONTROL_GENERATION = f"{PREFIX}:{{control}}:generation"
 
 
 def stats_key(model: str, version: str) -> str:
     """Hash of Triton's ModelStatistics figures of (model, version), summed over every
     gateway replica: each adds what it counted since its last flush (gateway/statistics.py)."""
-    return f"{PREFIX}:stats:{model}:{version}"
+    return f"{PREFIX}:stats:{model_tag(model)}:{version}"
 
 
-def stats_batch_key(worker: str, batch_start_ns: int) -> str:
+def stats_batch_key(model: str, worker: str, batch_start_ns: int) -> str:
     """Set (NX, with a TTL) by the first gateway that flushes a batch's figures: a batch
-    whose requests came through several gateways counts once."""
-    return f"{PREFIX}:stats:batch:{worker}:{batch_start_ns}"
+    whose requests came through several gateways counts once. In the slot of the model's
+    statistics, which the same script adds to."""
+    return f"{PREFIX}:stats:{model_tag(model)}:batch:{worker}:{batch_start_ns}"
 
 
 # Traffic capture (gateway/capture.py): one record per sampled request, shapes only; trimmed
@@ -196,9 +232,12 @@ def capture_content_key(request_id: str) -> str:
     return f"{PREFIX}:capture:content:{request_id}"
 
 
-# Offline batch jobs (core/batch_store.py). A job's work goes through the background
-# streams of its compute unit: priority level 0, below every online level (1 is the
-# highest), one per (tier, bucket); the scheduler takes them only in the gaps of online work.
+# Offline batch jobs (batch/store.py). Their bookkeeping (records, inputs, results, the open
+# and active sets, the feeder's lock) is written by scripts that span a job and the sets: one
+# hash tag for all of it. A job's work goes through the background streams of its compute
+# unit: priority level 0, below every online level (1 is the highest), one per (tier,
+# bucket); the scheduler takes them only in the gaps of online work.
+_BATCH = f"{PREFIX}:{{batch}}"
 BACKGROUND_PRIORITY = 0
 
 
@@ -209,26 +248,26 @@ def background_streams(unit: str, tier: str, buckets: int) -> list[StreamKey]:
 
 def batch_job_key(job_id: str) -> str:
     """Hash of one job's record: owner, model, status, counts, feed cursor, times."""
-    return f"{PREFIX}:batch:{{{job_id}}}"
+    return f"{_BATCH}:job:{job_id}"
 
 
 def batch_inputs_key(job_id: str) -> str:
     """List of the job's inputs, by index (each a serialized internal Job with inputs only)."""
-    return f"{PREFIX}:batch:{{{job_id}}}:in"
+    return f"{_BATCH}:job:{job_id}:in"
 
 
 def batch_results_key(job_id: str) -> str:
     """Hash of the job's results, field = input index, written once (HSETNX)."""
-    return f"{PREFIX}:batch:{{{job_id}}}:out"
+    return f"{_BATCH}:job:{job_id}:out"
 
 
 def batch_open_key(tenant: str) -> str:
     """Set of the ids of a tenant's unfinished jobs ("" = the unauthenticated port's), at
     most its open-jobs cap of them; ended ones are pruned when it is reached."""
-    return f"{PREFIX}:batch:open:{tenant}"
+    return f"{_BATCH}:open:{tenant}"
 
 
 # Set of the ids of jobs whose inputs are still being fed onto the queues.
-BATCH_ACTIVE = f"{PREFIX}:batch:active"
+BATCH_ACTIVE = f"{_BATCH}:active"
 # Held (SET NX PX) by the one router whose feeder moves job inputs onto the queues.
-BATCH_FEED_LOCK = f"{PREFIX}:batch:feed:lock"
+BATCH_FEED_LOCK = f"{_BATCH}:feed:lock"

@@ -18,6 +18,7 @@ import redis.asyncio as aioredis
 import structlog
 
 from tiermesh.core import keys
+from tiermesh.core.redis_client import get_many
 from tiermesh.core.repository import ModelConfig
 
 log = structlog.get_logger("tiermesh.gateway")
@@ -102,7 +103,7 @@ class LiveProviders:
                 for (unit, tier), live in zip(units, members, strict=True)
                 for worker in live
             ]
-            got = iter(await self._redis.mget(wanted) if wanted else [])
+            got = iter(await get_many(self._redis, wanted))
         except (aioredis.RedisError, OSError) as exc:
             log.warning("live execution providers unreadable", model=cfg.name, error=str(exc))
             return None

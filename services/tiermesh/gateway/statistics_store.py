@@ -117,7 +117,7 @@ def _flush_args(model: str, version: str, stats: VersionStats) -> tuple[list[str
             pairs += [f"{name}_count", d.count, f"{name}_ns", d.ns]
     if stats.inference_count:
         pairs += ["inference_count", stats.inference_count]
-    batch_keys = [keys.stats_batch_key(b.worker, b.start_ns) for b in stats.new_batches]
+    batch_keys = [keys.stats_batch_key(model, b.worker, b.start_ns) for b in stats.new_batches]
     batch_args: list[str | int] = []
     for b in stats.new_batches:
         batch_args += [b.size, b.compute_infer_ns, b.compute_output_ns]

@@ -11,11 +11,15 @@ deadline), and a second admission of the same request (a gateway retrying after 
 router's reply) answers `dup` with the first entry id instead of queueing it again.
 
 A batch of jobs is one call of the script (one command, one round trip, every key named
-once), which decides its items in order as separate calls would.
+once), which decides its items in order as separate calls would. On a Redis Cluster a call
+covers the jobs of one model (its keys share a slot: core/keys.py); a batch of several
+models' jobs is a call per model, made at once.
 """
 
 from __future__ import annotations
 
+import asyncio
+from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -28,6 +32,7 @@ from tiermesh.core.admission_script import (
     REMEMBER_MARGIN_MS,
     REMEMBER_NO_DEADLINE_MS,
 )
+from tiermesh.core.redis_client import is_cluster, run_script
 from tiermesh.router.tier_state import read_stream_states
 from tiermesh.router.tiers import TierState
 
@@ -60,6 +65,7 @@ class Admitter:
     def __init__(self, redis: aioredis.Redis) -> None:
         self._redis = redis
         self._script = redis.register_script(ADMISSION_SCRIPT)
+        self._cluster = is_cluster(redis)
 
     async def stream_states(self, streams: Sequence[keys.StreamKey]) -> dict[str, TierState]:
         """The state of each stream's tier, by stream name, in one round trip."""
@@ -89,9 +95,26 @@ class Admitter:
         one command for a whole batch of jobs). Raises redis errors to the caller."""
         if not items:
             return []
+        if self._cluster:
+            slots: dict[str, list[int]] = defaultdict(list)
+            for i, item in enumerate(items):
+                slots[keys.model_tag(item.stream.model)].append(i)
+            if len(slots) > 1:
+                parts = await asyncio.gather(
+                    *(self._call([items[i] for i in at]) for at in slots.values())
+                )
+                out: dict[int, Admission] = {}
+                for at, part in zip(slots.values(), parts, strict=True):
+                    out.update(zip(at, part, strict=True))
+                return [out[i] for i in range(len(items))]
+        return await self._call(items)
+
+    async def _call(self, items: Sequence[Enqueue]) -> list[Admission]:
+        """One call of the script for `items`."""
         script_keys, args = _script_call(items)
-        # The script object loads the script again when Redis lost it (restarted, flushed).
-        reply = await self._script(keys=script_keys, args=args)
+        # The script is loaded again where Redis lost it (restarted, flushed); on a cluster
+        # the call returns once a replica has the jobs.
+        reply = await run_script(self._redis, self._script, script_keys, args)
         decoded = [x.decode() if isinstance(x, bytes) else str(x) for x in reply]
         return [
             Admission(outcome, detail)  # type: ignore[arg-type]
@@ -118,7 +141,7 @@ def _script_call(items: Sequence[Enqueue]) -> tuple[list[str], list[Any]]:
             at(stream.name),
             at(keys.workers_key(stream.model, stream.tier)),
             at(keys.rate_key(stream.model, stream.tier)),
-            at(keys.enqueued_key(item.request_id)),
+            at(keys.enqueued_key(stream.model, item.request_id)),
             item.bound,
             item.model_bound,
             keys.rate_field(stream.bucket),

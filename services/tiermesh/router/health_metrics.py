@@ -18,6 +18,7 @@ from prometheus_client.registry import Collector
 
 from tiermesh.core import keys
 from tiermesh.core.model_config import ModelConfig
+from tiermesh.core.redis_client import connect_sync
 from tiermesh.worker.metrics import STREAM_LABELS, stream_labels
 
 TIERS = ("edge", "center")
@@ -87,7 +88,7 @@ class HealthCollector(Collector):
         configs: Mapping[str, ModelConfig],
         clock_ms: Callable[[], int] = lambda: time.time_ns() // 1_000_000,
     ) -> None:
-        self._redis = redis.Redis.from_url(redis_url, socket_timeout=2)
+        self._redis = connect_sync(redis_url, socket_timeout=2)
         self._clock_ms = clock_ms
         self._units = sorted(
             {

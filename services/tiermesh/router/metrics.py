@@ -13,6 +13,7 @@ from prometheus_client.registry import Collector
 
 from tiermesh.core import keys
 from tiermesh.core.model_config import ModelConfig
+from tiermesh.core.redis_client import connect_sync
 from tiermesh.worker.metrics import STREAM_LABELS, stream_labels
 
 TIERS = ("edge", "center")
@@ -33,7 +34,7 @@ class QueueCollector(Collector):
     (scrapes run on the metrics server's thread, not on the event loop)."""
 
     def __init__(self, redis_url: str, configs: Mapping[str, ModelConfig]) -> None:
-        self._redis = redis.Redis.from_url(redis_url, socket_timeout=2)
+        self._redis = connect_sync(redis_url, socket_timeout=2)
         self._streams = [
             k
             for cfg in configs.values()

@@ -267,6 +267,7 @@ async def serve(
         await server.stop(grace=1.0)
         await postprocess.close()
         await channel.close()
+        await stream_client.aclose()
         await redis.aclose()
         metrics_server.close()
         await stop_probe(probe)

@@ -6,6 +6,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -18,6 +20,7 @@ from redis.exceptions import ResponseError
 
 from tiermesh.core import keys
 from tiermesh.core.keys import StreamKey
+from tiermesh.core.redis_client import execute_replicated, get_many, is_cluster
 from tiermesh.core.wire import decode_job
 
 log = structlog.get_logger("tiermesh.worker")
@@ -119,7 +122,12 @@ class StreamClient:
     dead-lettered as poison). So every `reclaim_many` first touches, in the same round
     trip, the held entries last touched a quarter of the reclaim's idle time ago; with a
     reclaim at least every half of it (WorkerSettings checks it) none idles that long. An
-    entry held HOLD_LIMIT times the idle time is let go instead: its work was given up."""
+    entry held HOLD_LIMIT times the idle time is let go instead: its work was given up.
+
+    On a Redis Cluster one XREADGROUP reads only streams of one slot (one model's), so a
+    read of several models' streams is one XREADGROUP per model; a blocking one blocks on
+    each at once and returns as soon as any has entries, leaving the others blocked (owned
+    here, collected by the next read, awaited by `aclose`)."""
 
     def __init__(
         self,
@@ -136,6 +144,18 @@ class StreamClient:
         self._dead_max_payload = dead_letter_max_payload_bytes
         # stream -> entry id -> (read, last touched), on clock_ms
         self._held: dict[StreamKey, dict[str, tuple[float, float]]] = defaultdict(dict)
+        self._cluster = is_cluster(redis)
+        # A cluster's blocking reads still waiting, by the streams each reads.
+        self._blocked: dict[tuple[StreamKey, ...], asyncio.Task[object]] = {}
+
+    async def aclose(self) -> None:
+        """Wait for the blocking reads still out (a cluster's), at most their block time
+        (`poll_block_ms`): what they got stays pending for this consumer, read again at its
+        next start or reclaimed by another worker."""
+        blocked, self._blocked = list(self._blocked.values()), {}
+        for task in blocked:
+            with contextlib.suppress(*STREAM_ERRORS):
+                await task
 
     def held(self, stream: StreamKey) -> set[str]:
         """Entries of `stream` read here and not acknowledged yet."""
@@ -171,6 +191,10 @@ class StreamClient:
         if not streams:
             return []
         ident = "0" if pending else ">"
+        if self._cluster:
+            groups = _by_slot(streams)
+            if len(groups) > 1:
+                return await self._read_slots(groups, ident, count, block_ms)
         try:
             reply = await self._xreadgroup(streams, ident, count, block_ms)
         except ResponseError as exc:
@@ -196,6 +220,11 @@ class StreamClient:
         reads = [r for r in reads if r.streams]
         if block_ms is not None and len(reads) > 1:
             reads = [StreamRead([k for r in reads for k in r.streams], max(r.count for r in reads))]
+        if self._cluster:  # the flags, then the reads (each by slot)
+            flagged = await self.cancelled(check)
+            return [
+                e for r in reads for e in await self.read(r.streams, r.count, block_ms)
+            ], flagged
         if not check and len(reads) == 1:
             return await self.read(reads[0].streams, reads[0].count, block_ms), set()
         if not reads:
@@ -227,6 +256,50 @@ class StreamClient:
             else:
                 entries += self._entries(r.streams, reply)
         return entries, gone
+
+    async def _read_slots(
+        self,
+        groups: list[tuple[StreamKey, ...]],
+        ident: str,
+        count: int,
+        block_ms: int | None,
+    ) -> list[Entry]:
+        """`read` of streams in several slots of a cluster: one XREADGROUP per slot."""
+        if block_ms is None or ident != ">":  # none blocks: one round trip per node
+            async with self._redis.pipeline(transaction=False) as pipe:
+                for group in groups:
+                    pipe.xreadgroup(
+                        keys.GROUP, self.consumer, {k.name: ident for k in group}, count=count
+                    )
+                replies = await pipe.execute(raise_on_error=False)
+            return [e for g, r in zip(groups, replies, strict=True) for e in await self._got(g, r)]
+        for group in groups:
+            if group not in self._blocked:
+                self._blocked[group] = asyncio.ensure_future(
+                    self._xreadgroup(group, ident, count, block_ms)
+                )
+        await asyncio.wait(
+            [self._blocked[g] for g in groups],
+            timeout=block_ms / 1000 + 1,
+            return_when=asyncio.FIRST_COMPLETED,
+        )
+        entries: list[Entry] = []
+        for group, task in list(self._blocked.items()):
+            if task.done():
+                del self._blocked[group]
+                reply = task.exception() or task.result()
+                entries += await self._got(group, reply)
+        return entries
+
+    async def _got(self, group: Sequence[StreamKey], reply: object) -> list[Entry]:
+        """The entries of one slot's XREADGROUP reply; a group lost (NOGROUP) is created
+        again (read next time), any other failure raised."""
+        if isinstance(reply, ResponseError) and "NOGROUP" in str(reply):
+            await self.ensure_groups(group)
+            return []
+        if isinstance(reply, BaseException):
+            raise reply
+        return self._entries(group, reply)
 
     def _entries(self, streams: Sequence[StreamKey], reply: object) -> list[Entry]:
         """The entries of an XREADGROUP reply, held from now on."""
@@ -418,21 +491,24 @@ class StreamClient:
             keys.workers_key(stream.model, stream.tier), now_ms, "+inf"
         ):
             return False
-        await self._redis.xadd(
-            stream.name,
-            {
-                keys.JOB_FIELD: job,
-                keys.TRACEPARENT_FIELD: trace_context.get("traceparent", ""),
-                keys.TRACESTATE_FIELD: trace_context.get("tracestate", ""),
-            },
-        )
+        async with self._redis.pipeline(transaction=False) as pipe:
+            pipe.xadd(
+                stream.name,
+                {
+                    keys.JOB_FIELD: job,
+                    keys.TRACEPARENT_FIELD: trace_context.get("traceparent", ""),
+                    keys.TRACESTATE_FIELD: trace_context.get("tracestate", ""),
+                },
+            )
+            # On a cluster, on a replica too before the entry it replaces is acknowledged.
+            await execute_replicated(self._redis, pipe, [stream.name])
         return True
 
     async def cancelled(self, request_ids: Sequence[str]) -> set[str]:
         """The ids among `request_ids` whose callers have given up."""
         if not request_ids:
             return set()
-        return _flagged(request_ids, await self._redis.mget(_cancel_keys(request_ids)))
+        return _flagged(request_ids, await get_many(self._redis, _cancel_keys(request_ids)))
 
     async def heartbeat(
         self,
@@ -465,6 +541,14 @@ class StreamClient:
                 pipe.zrem(keys.workers_key(model, tier), self.consumer)
                 pipe.delete(keys.provider_key(model, tier, self.consumer))
             await pipe.execute()
+
+
+def _by_slot(streams: Sequence[StreamKey]) -> list[tuple[StreamKey, ...]]:
+    """`streams` grouped by their hash tag (their model's slot), in order."""
+    groups: dict[str, list[StreamKey]] = defaultdict(list)
+    for stream in streams:
+        groups[keys.model_tag(stream.model)].append(stream)
+    return [tuple(g) for g in groups.values()]
 
 
 def _claimed(stream: StreamKey, reply: Any) -> list[Entry]:

@@ -164,12 +164,15 @@ func metricsAddress() string {
 	return net.JoinHostPort(env("TIERMESH_METRICS_HOST", "127.0.0.1"), port)
 }
 
-// placesWith is the Redis the door queues jobs on, unless TIERMESH_FRONT_DOOR_PLACES=0.
+// placesWith is the Redis the door queues jobs on, unless TIERMESH_FRONT_DOOR_PLACES=0 or
+// Redis is a cluster (redis+cluster://, rediss+cluster://): the door's Redis client speaks
+// to one server, so on a cluster the router places every job.
 func placesWith() string {
-	if env("TIERMESH_FRONT_DOOR_PLACES", "1") == "0" {
+	url := env("TIERMESH_REDIS_URL", "")
+	if env("TIERMESH_FRONT_DOOR_PLACES", "1") == "0" || strings.Contains(strings.SplitN(url, "://", 2)[0], "+cluster") {
 		return ""
 	}
-	return env("TIERMESH_REDIS_URL", "")
+	return url
 }
 
 func loadConfig() config {
