@@ -171,6 +171,9 @@ class RouterSettings(ServiceSettings):
     batch_feed_chunk: int = Field(default=64, gt=0)
     batch_max_queued: int = Field(default=256, gt=0)
     batch_feed_interval_ms: int = Field(default=20, gt=0)
+    # How often the router looks for work stranded on a tier whose workers all died
+    # (router/stranded.py): moved to a live tier within a heartbeat TTL plus this.
+    stranded_interval_ms: int = Field(default=500, gt=0)
 
 
 class WorkerSettings(ServiceSettings):

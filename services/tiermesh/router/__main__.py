@@ -44,6 +44,7 @@ from tiermesh.router.metrics import QueueCollector, RouterMetrics
 from tiermesh.router.prompt import PromptEncoder
 from tiermesh.router.routing import BatchRouter, JobChecks
 from tiermesh.router.servicer import RouterServicer
+from tiermesh.router.stranded import StrandedWork
 from tiermesh.router.text import TextEncoder
 from tiermesh.v1 import router_pb2_grpc
 
@@ -149,6 +150,10 @@ async def serve(
                 lock_ttl_ms=settings.rollout_lock_ttl_ms,
             ).run(settings.batch_feed_interval_ms / 1000),
             name="batch-feeder",
+        ),
+        asyncio.create_task(
+            StrandedWork(redis, repo.configs, registry).run(settings.stranded_interval_ms / 1000),
+            name="stranded-work",
         ),
     ]
     await server.start()
