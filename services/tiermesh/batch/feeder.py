@@ -11,7 +11,6 @@ import dataclasses
 import time
 from collections.abc import Callable, Mapping, Sequence
 
-import redis.asyncio as aioredis
 import structlog
 
 from tiermesh.batch.plan import (
@@ -26,7 +25,7 @@ from tiermesh.batch.plan import (
 from tiermesh.batch.store import BatchStore
 from tiermesh.core.jobs import Job, Timing
 from tiermesh.core.keys import BACKGROUND_PRIORITY, StreamKey
-from tiermesh.core.loops import raise_if_cancelling
+from tiermesh.core.loops import repeat
 from tiermesh.core.model_config import ModelConfig
 from tiermesh.core.repository import ModelRepository
 from tiermesh.core.wire import decode_job, encode_job
@@ -68,13 +67,11 @@ class Feeder:
     async def run(self, interval_s: float) -> None:
         """Feed rounds until cancelled; Redis trouble is logged and the next round retries.
         While no job is active a round is one SMEMBERS, every IDLE_INTERVALS intervals."""
-        while True:
-            try:
-                await self.round()
-            except (aioredis.RedisError, OSError) as exc:
-                log.warning("batch feed round failed", error=str(exc))
-            raise_if_cancelling()
-            await asyncio.sleep(interval_s * (1 if self.busy else IDLE_INTERVALS))
+        await repeat(
+            self.round,
+            lambda: interval_s * (1 if self.busy else IDLE_INTERVALS),
+            lambda exc: log.warning("batch feed round failed", error=str(exc)),
+        )
 
     async def round(self) -> int:
         """One round, if this router holds the lock: each active job gets its next chunk

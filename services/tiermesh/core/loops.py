@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
+
+import redis.asyncio as aioredis
 
 
 def raise_if_cancelling() -> None:
@@ -11,3 +14,19 @@ def raise_if_cancelling() -> None:
     loop would then sleep on for ever and hang its service's stop; this ends it."""
     if (task := asyncio.current_task()) is not None and task.cancelling():
         raise asyncio.CancelledError
+
+
+async def repeat(
+    round_: Callable[[], Awaitable[object]],
+    interval_s: Callable[[], float],
+    failed: Callable[[Exception], None],
+) -> None:
+    """`round_` until cancelled, `interval_s()` apart; a round that meets Redis trouble
+    (a Redis error, an OSError) is reported to `failed`, and the next one retries."""
+    while True:
+        try:
+            await round_()
+        except (aioredis.RedisError, OSError) as exc:
+            failed(exc)
+        raise_if_cancelling()
+        await asyncio.sleep(interval_s())

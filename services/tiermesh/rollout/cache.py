@@ -3,13 +3,11 @@ pipelined read, so routing a request never waits on Redis for it."""
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Sequence
 
-import redis.asyncio as aioredis
 import structlog
 
-from tiermesh.core.loops import raise_if_cancelling
+from tiermesh.core.loops import repeat
 from tiermesh.rollout.metrics import RolloutMetrics
 from tiermesh.rollout.state import RolloutState
 from tiermesh.rollout.store import RolloutStore
@@ -47,13 +45,11 @@ class RolloutStates:
     async def run(self, interval_s: float) -> None:
         """Refresh until cancelled. While Redis is away the last known states stay in force
         (requests fail at admission anyway)."""
-        while True:
-            try:
-                await self.refresh()
-            except (aioredis.RedisError, OSError) as exc:
-                log.debug("rollout states not refreshed", error=repr(exc))
-            raise_if_cancelling()
-            await asyncio.sleep(interval_s)
+        await repeat(
+            self.refresh,
+            lambda: interval_s,
+            lambda exc: log.debug("rollout states not refreshed", error=repr(exc)),
+        )
 
     def _export(self, state: RolloutState) -> None:
         if self._metrics is not None:

@@ -16,7 +16,6 @@ still answer an entry moved meanwhile: the caller's gateway keeps the first answ
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -28,7 +27,7 @@ from prometheus_client import CollectorRegistry, Counter
 
 from tiermesh.core import keys
 from tiermesh.core.keys import StreamKey
-from tiermesh.core.loops import raise_if_cancelling
+from tiermesh.core.loops import repeat
 from tiermesh.core.model_config import ModelConfig
 from tiermesh.core.redis_client import run_script
 from tiermesh.core.tier_spec import TierSpec
@@ -118,13 +117,11 @@ class StrandedWork:
 
     async def run(self, interval_s: float) -> None:
         """Rounds until cancelled; Redis trouble is logged and the next round retries."""
-        while True:
-            try:
-                await self.round()
-            except (aioredis.RedisError, OSError) as exc:
-                log.warning("stranded work round failed", error=str(exc))
-            raise_if_cancelling()
-            await asyncio.sleep(interval_s)
+        await repeat(
+            self.round,
+            lambda: interval_s,
+            lambda exc: log.warning("stranded work round failed", error=str(exc)),
+        )
 
     async def round(self) -> int:
         """One look at every tiered model; how many entries were moved."""
