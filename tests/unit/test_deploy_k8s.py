@@ -178,7 +178,10 @@ def test_external_redis_component_renders_and_validates(
     assert "redis" not in of_kind(external_redis, "StatefulSet")
     assert not {"redis", "redis-headless"} & set(of_kind(external_redis, "Service"))
     redis = of_kind(external_redis, "ConfigMap")["tiermesh-redis"]["data"]
-    assert redis == {"TIERMESH_REDIS_ADDRESS": "redis.example.internal:6379"}
+    assert redis == {
+        "TIERMESH_REDIS_SCHEME": "redis",
+        "TIERMESH_REDIS_ADDRESS": "redis.example.internal:6379",
+    }
     # The services' URL is built from that address (and the Secret's password).
     for name, pod in pod_templates(external_redis):
         for container in pod["spec"]["containers"]:
@@ -462,6 +465,26 @@ def _from_secret(env: dict[str, Any]) -> dict[str, Any] | None:
     return dict(ref) if ref is not None else None
 
 
+def test_the_redis_url_names_one_server_or_a_cluster() -> None:
+    """The containers' URL with the ConfigMap's scheme and address, as Kubernetes expands
+    it: one server by default, a Redis Cluster's seed nodes with redis+cluster."""
+    from tiermesh.core.redis_client import _seeds, is_cluster_url
+
+    template = "$(TIERMESH_REDIS_SCHEME)://:$(TIERMESH_REDIS_PASSWORD)@$(TIERMESH_REDIS_ADDRESS)/0"
+
+    def expand(scheme: str, address: str) -> str:
+        values = {"SCHEME": scheme, "PASSWORD": "pw", "ADDRESS": address}
+        return re.sub(r"\$\(TIERMESH_REDIS_(\w+)\)", lambda m: values[m.group(1)], template)
+
+    assert expand("redis", "redis:6379") == "redis://:pw@redis:6379/0"
+    url = expand("redis+cluster", "r0.example:6379,r1.example:6379")
+    assert is_cluster_url(url)
+    assert _seeds(url) == (
+        "redis://:pw@r0.example:6379",
+        [("r0.example", 6379), ("r1.example", 6379)],
+    )
+
+
 @pytest.mark.parametrize("overlay", OVERLAYS)
 def test_redis_wants_a_password_from_a_secret_never_a_configmap(
     overlay: str, rendered: dict[str, list[dict[str, Any]]]
@@ -486,7 +509,9 @@ def test_redis_wants_a_password_from_a_secret_never_a_configmap(
             by_name = {e["name"]: e for e in env}
             assert _from_secret(by_name["TIERMESH_REDIS_PASSWORD"]) == REDIS_SECRET, name
             url = by_name["TIERMESH_REDIS_URL"]["value"]
-            assert url == "redis://:$(TIERMESH_REDIS_PASSWORD)@$(TIERMESH_REDIS_ADDRESS)/0"
+            assert url == (
+                "$(TIERMESH_REDIS_SCHEME)://:$(TIERMESH_REDIS_PASSWORD)@$(TIERMESH_REDIS_ADDRESS)/0"
+            )
             assert names.index("TIERMESH_REDIS_PASSWORD") < names.index("TIERMESH_REDIS_URL")
             from_maps = [s["configMapRef"]["name"] for s in container.get("envFrom", [])]
             assert "tiermesh-redis" in from_maps, name
