@@ -1,8 +1,11 @@
 """A real local Redis Cluster for the tests: redis-server processes with cluster mode on,
-joined by `redis-cli --cluster create`, three primaries with a replica each by default."""
+joined by `redis-cli --cluster create`, three primaries with a replica each by default; or
+joined by hand as a `layout` says who replicates whom, each node started through a command
+prefix of its own (`ip netns exec NS`: a node per network namespace, tests/netns.py)."""
 
 from __future__ import annotations
 
+import functools
 import shutil
 import signal
 import subprocess
@@ -19,6 +22,12 @@ from tiermesh.up.processes import free_port
 # Short enough that a failover under test takes a few seconds, long enough that a busy
 # 2-core machine does not fail over a primary that is merely slow.
 NODE_TIMEOUT_MS = 2000
+SLOTS = 16384
+
+
+def slot_range(share: int, shares: int) -> tuple[int, int]:
+    """The first and last slot of the `share`-th of `shares` primaries (a `layout`'s order)."""
+    return SLOTS * share // shares, SLOTS * (share + 1) // shares - 1
 
 
 @dataclass
@@ -27,32 +36,46 @@ class ClusterNodeProcess:
     port: int
     proc: subprocess.Popen[bytes]
     command: list[str]
+    password: str = ""
 
     @property
     def address(self) -> str:
         return f"{self.host}:{self.port}"
 
     def client(self) -> redis.Redis:
-        return redis.Redis(host=self.host, port=self.port, socket_timeout=5)
+        return redis.Redis(
+            host=self.host, port=self.port, password=self.password or None, socket_timeout=5
+        )
 
 
 @dataclass
 class LocalCluster:
-    """`hosts` gives each node's address (one per node; all 127.0.0.1 by default)."""
+    """`hosts` gives each node's address (one per node; all 127.0.0.1 by default), and
+    `prefixes` each node's command prefix (empty: `start`'s prefix for every node). The
+    test process must reach every address: it asks the nodes how the cluster is.
+
+    `layout` joins the nodes by hand instead of `redis-cli --cluster create`: (primary,
+    replica) node indexes, the slots split evenly over the primaries in that order
+    (slot_range), so a test decides which node holds a key and which node its replica."""
 
     data: Path
     hosts: Sequence[str] = ("127.0.0.1",) * 6
     replicas: int = 1
     nodes: list[ClusterNodeProcess] = field(default_factory=list)
+    prefixes: Sequence[Sequence[str]] = ()
+    layout: Sequence[tuple[int, int]] = ()
+    # Every node's password ("" = none). Redis refuses clients beyond loopback without one.
+    password: str = ""
 
     @property
     def url(self) -> str:
         """The services' TIERMESH_REDIS_URL: every node a seed."""
-        return "redis+cluster://" + ",".join(n.address for n in self.nodes if n.proc.poll() is None)
+        credentials = f":{self.password}@" if self.password else ""
+        return f"redis+cluster://{credentials}" + ",".join(n.address for n in self.live())
 
     def start(self, prefix: Sequence[str] = ()) -> LocalCluster:
-        """Start every node (each command run after `prefix`, e.g. `ip netns exec NS`), join
-        them and wait until every live node says the cluster is ok."""
+        """Start every node (each command run after its own prefix, else `prefix`, e.g.
+        `ip netns exec NS`), join them and wait until every live node says the cluster is ok."""
         binary = shutil.which("redis-server")
         if binary is None:
             raise RuntimeError("redis-server is not installed; run `make test`, which installs it")
@@ -61,7 +84,7 @@ class LocalCluster:
             folder = self.data / f"node{i}"
             folder.mkdir(parents=True, exist_ok=True)
             command = [
-                *prefix,
+                *(self.prefixes[i] if self.prefixes else prefix),
                 binary,
                 "--port",
                 str(port),
@@ -84,11 +107,19 @@ class LocalCluster:
                 "",
                 "--loglevel",
                 "warning",
+                *(
+                    ("--requirepass", self.password, "--masterauth", self.password)
+                    if self.password
+                    else ()
+                ),
             ]
             proc = subprocess.Popen(command, stdout=subprocess.DEVNULL)
-            self.nodes.append(ClusterNodeProcess(host, port, proc, command))
+            self.nodes.append(ClusterNodeProcess(host, port, proc, command, self.password))
         for node in self.nodes:
             self._wait(node.client().ping, f"node {node.address} to answer")
+        if self.layout:
+            self._join()
+            return self
         subprocess.run(
             [
                 *prefix,
@@ -99,6 +130,7 @@ class LocalCluster:
                 "--cluster-replicas",
                 str(self.replicas),
                 "--cluster-yes",
+                *(("-a", self.password, "--no-auth-warning") if self.password else ()),
             ],
             check=True,
             capture_output=True,
@@ -106,6 +138,31 @@ class LocalCluster:
         )
         self.wait_ok()
         return self
+
+    def _join(self) -> None:
+        """Join the nodes as `layout` says: each a config epoch of its own (as `redis-cli
+        --cluster create` gives them), all met, the slots split over the primaries, each
+        replica following its primary once it has heard of it; then wait_ok."""
+        clients = [n.client() for n in self.nodes]
+        for epoch, client in enumerate(clients, start=1):
+            client.execute_command("CLUSTER SET-CONFIG-EPOCH", epoch)
+        for node in self.nodes[1:]:
+            clients[0].execute_command("CLUSTER MEET", node.host, node.port)
+        primaries = [p for p, _ in self.layout]
+        for share, primary in enumerate(primaries):
+            first, last = slot_range(share, len(primaries))
+            clients[primary].execute_command("CLUSTER ADDSLOTSRANGE", first, last)
+        for primary, replica in self.layout:
+            primary_id = clients[primary].execute_command("CLUSTER MYID")
+            self._wait(
+                functools.partial(
+                    clients[replica].execute_command, "CLUSTER REPLICATE", primary_id
+                ),
+                f"{self.nodes[replica].address} to follow {self.nodes[primary].address}",
+            )
+        for client in clients:
+            client.close()
+        self.wait_ok()
 
     def wait_ok(self, timeout_s: float = 30) -> None:
         """Until every live node reports cluster_state:ok and knows a primary per slot, and
@@ -142,11 +199,23 @@ class LocalCluster:
 
     def replica_of(self, primary: ClusterNodeProcess) -> ClusterNodeProcess:
         """A live replica of `primary`."""
+        for found, replica in self.pairs():
+            if found is primary:
+                return replica
+        raise LookupError(f"{primary.address} has no replica")
+
+    def pairs(self) -> list[tuple[ClusterNodeProcess, ClusterNodeProcess]]:
+        """(primary, replica) for every live replica, as the replicas say now."""
+        out = []
         for node in self.live():
             info = node.client().info("replication")
-            if info.get("role") == "slave" and int(info.get("master_port", -1)) == primary.port:
-                return node
-        raise LookupError(f"{primary.address} has no replica")
+            if info.get("role") != "slave":
+                continue
+            address = (str(info.get("master_host")), int(info.get("master_port", -1)))
+            primary = next((n for n in self.nodes if (n.host, n.port) == address), None)
+            if primary is not None:
+                out.append((primary, node))
+        return out
 
     def flush(self) -> None:
         """Empty every primary (replicas follow)."""
