@@ -31,6 +31,11 @@ from tiermesh.up.processes import free_port
 from tiermesh.up.supervisor import Service, wait_healthy
 
 CLUSTER_RUN = os.environ.get("TIERMESH_TEST_REDIS", "") == "cluster"
+# A test of what only a single Redis server has: `tiermesh up`'s private redis-server (its
+# process, password, restart from AOF) or the Go door placing jobs itself.
+single_redis = pytest.mark.skipif(
+    CLUSTER_RUN, reason="about the single Redis server; this run uses a Redis Cluster"
+)
 # The session's cluster in a cluster-mode run (started by the fixture below).
 _cluster: list[LocalCluster] = []
 

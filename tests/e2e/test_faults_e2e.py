@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from tests.e2e.conftest import UpProcess, gateway_counts, scrape_metrics, stop_counts
+from tests.e2e.conftest import UpProcess, gateway_counts, scrape_metrics, single_redis, stop_counts
 from tests.e2e.load import Load
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
@@ -108,6 +108,7 @@ def test_a_killed_worker_is_restarted_and_picks_up_where_it_left_off(
     assert counts["accepted"] == counts["answered"] == load.codes()["OK"]
 
 
+@single_redis
 def test_redis_killed_and_restarted_under_load(
     new_up: Callable[..., UpProcess], capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -28,7 +28,7 @@ from tritonclient.grpc import service_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
 from tests.conftest import DRIFTING, GOOD
-from tests.e2e.conftest import UpProcess, running, scrape_metrics, start_up
+from tests.e2e.conftest import UpProcess, running, scrape_metrics, single_redis, start_up
 from tests.e2e.test_capture_replay_e2e import tm as bench_cli
 from tests.e2e.test_requests_e2e import (
     MALFORMED,
@@ -304,6 +304,7 @@ def queued_jobs(up: UpProcess, model: str) -> list[Job]:
     return [decode_job(fields[b"job"]) for _, fields in ordered]
 
 
+@single_redis
 def test_the_door_queues_plain_jobs_itself_as_the_router_would(door_up: UpProcess) -> None:
     """mlp has a placement plan (no text or rollout): the door queues its jobs on the
     router's stream with the router's fields; while a rollout record exists, the router
@@ -343,6 +344,7 @@ def test_the_door_queues_plain_jobs_itself_as_the_router_would(door_up: UpProces
         assert job.timing.enqueued_ns >= job.timing.routed_ns
 
 
+@single_redis
 def test_jobs_that_come_while_an_admission_call_is_out_go_in_the_next_one(
     door_up: UpProcess,
 ) -> None:
@@ -376,6 +378,7 @@ def text_input(texts: list[str]) -> grpcclient.InferInput:
     return tensor
 
 
+@single_redis
 def test_the_door_tokenizes_a_text_models_jobs_and_queues_them_as_the_router_would(
     fetched_models: tuple[str, ...], tmp_path: Path
 ) -> None:
@@ -617,6 +620,7 @@ def test_the_door_reports_its_cpu_as_every_process_does(door_up: UpProcess) -> N
     assert samples[("process_cpu_seconds_total", frozenset())] > 0
 
 
+@single_redis
 def test_a_traced_call_the_door_answers_has_every_hop_on_its_trace(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> None:

@@ -18,7 +18,7 @@ import pytest
 import redis
 import tritonclient.grpc as grpcclient
 
-from tests.e2e.conftest import UpProcess, _environ, running
+from tests.e2e.conftest import UpProcess, _environ, running, single_redis
 from tests.e2e.test_requests_e2e import mlp_input, reference
 from tests.integration.test_internal_callers import outcome
 from tiermesh.core.tls import channel_credentials
@@ -161,6 +161,7 @@ async def test_forged_internal_calls_are_refused(safe_up: UpProcess) -> None:
         assert await outcome(address, None, call) == grpc.StatusCode.UNAVAILABLE, name
 
 
+@single_redis
 def test_redis_wants_a_password_never_printed_whole(safe_up: UpProcess) -> None:
     url = safe_up.redis_url()
     password = urlsplit(url).password or ""

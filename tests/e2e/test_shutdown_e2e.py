@@ -27,8 +27,10 @@ def test_ctrl_c_under_load_loses_nothing_and_leaves_no_process(
 ) -> None:
     up = new_up(grace_s=10)
     children = up.children()
-    # The default: the Go front door on the public port, the Python gateway behind it.
-    assert set(children) == {"frontdoor", "gateway", "router", "worker", "postprocess", "redis"}
+    # The default: the Go front door on the public port, the Python gateway behind it (and
+    # the private redis-server, unless the mesh uses a Redis of its environment).
+    private = () if up.external_redis else ("redis",)
+    assert set(children) == {"frontdoor", "gateway", "router", "worker", "postprocess", *private}
     model = up.log.parent / "models" / "mlp" / "1" / "model.onnx"
     sess = ort.InferenceSession(str(model), providers=["CPUExecutionProvider"])
 

@@ -24,7 +24,7 @@ import pytest
 import redis.asyncio as aioredis
 import tritonclient.grpc.aio as grpcaio
 
-from tests.e2e.conftest import UpProcess, gateway_counts, report_figures
+from tests.e2e.conftest import UpProcess, gateway_counts, report_figures, single_redis
 from tiermesh.bench import arrivals, runner
 from tiermesh.bench.calls import Sender, model_inputs
 from tiermesh.bench.records import OK, Record
@@ -252,6 +252,7 @@ async def drive(up: UpProcess) -> Soak:
         await redis.aclose()
 
 
+@single_redis
 def test_soak_at_70_percent_of_capacity_stays_flat(
     new_up: Callable[..., UpProcess],
     tmp_path: Path,

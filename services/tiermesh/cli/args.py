@@ -25,7 +25,7 @@ DEFAULT_REPOSITORY = "models"
 # schemes (dns:///host:port, unix:path, ipv4:..., ipv6:...) are addresses too.
 _SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
 _GRPC_SCHEMES = ("dns:", "unix:", "unix-abstract:", "ipv4:", "ipv6:", "vsock:")
-_REDIS_SCHEMES = ("redis://", "rediss://", "unix://")
+_REDIS_SCHEMES = ("redis://", "rediss://", "unix://", "redis+cluster://", "rediss+cluster://")
 
 
 def one_line(text: str) -> str:
@@ -246,7 +246,8 @@ def grpc_address(text: str) -> str:
 def redis_url(text: str) -> str:
     if not text.startswith(_REDIS_SCHEMES):
         raise argparse.ArgumentTypeError(
-            f"{text!r} is not a Redis URL; give redis://HOST:PORT/DB (or rediss://, unix://)"
+            f"{text!r} is not a Redis URL; give redis://HOST:PORT/DB (or rediss://, unix://, "
+            "or redis+cluster://HOST:PORT,... for a Redis Cluster)"
         )
     return text
 
