@@ -16,6 +16,7 @@ still answer an entry moved meanwhile: the caller's gateway keeps the first answ
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -124,31 +125,41 @@ class StrandedWork:
         )
 
     async def round(self) -> int:
-        """One look at every tiered model; how many entries were moved."""
+        """One look at every tiered model (each version's tiers at once, all of them in
+        parallel: on a Redis Cluster, a model whose node is away does not hold back the
+        others); how many entries were moved. Raises when no model could be looked at."""
         groups = [
             tiers
             for cfg in self._configs.values()
             if len(cfg.tiers) > 1 and not cfg.companion_of
             for tiers in _tiers_of(cfg)
         ]
-        if not groups:
-            return 0
+        done = await asyncio.gather(
+            *(self._look(tiers) for tiers in groups), return_exceptions=True
+        )
+        failed = [r for r in done if isinstance(r, BaseException)]
+        if failed and len(failed) == len(done):
+            raise failed[0]
+        if failed:
+            log.warning("stranded work unreadable for some models", error=str(failed[0]))
+        return sum(r for r in done if isinstance(r, int))
+
+    async def _look(self, tiers: list[_Tier]) -> int:
+        """The tiers of one version of one model: a dead tier's work moved to a live one."""
         now_ms = int(time.time() * 1000)
         async with self._redis.pipeline(transaction=False) as pipe:
-            for tiers in groups:
-                for tier in tiers:
-                    pipe.zcount(keys.workers_key(tier.unit, tier.spec.name), now_ms, "+inf")
-            live = iter(await pipe.execute())
-        moves: list[tuple[_Tier, _Tier]] = []
-        for tiers in groups:
-            alive = {t.spec.name for t in tiers if int(next(live)) > 0}
             for tier in tiers:
-                if tier.spec.name in alive:
-                    continue
-                spec = rescue_tier([t.spec for t in tiers], tier.spec.name, alive)
-                if spec is not None:
-                    moves.append((tier, next(t for t in tiers if t.spec is spec)))
-        return sum([await self._move_tier(source, target) for source, target in moves])
+                pipe.zcount(keys.workers_key(tier.unit, tier.spec.name), now_ms, "+inf")
+            live = await pipe.execute()
+        alive = {t.spec.name for t, n in zip(tiers, live, strict=True) if int(n) > 0}
+        moved = 0
+        for tier in tiers:
+            if tier.spec.name in alive:
+                continue
+            spec = rescue_tier([t.spec for t in tiers], tier.spec.name, alive)
+            if spec is not None:
+                moved += await self._move_tier(tier, next(t for t in tiers if t.spec is spec))
+        return moved
 
     async def _move_tier(self, source: _Tier, target: _Tier) -> int:
         """Move what the streams of `source` hold to the same streams of `target`."""

@@ -221,7 +221,10 @@ class StreamClient:
         if block_ms is not None and len(reads) > 1:
             reads = [StreamRead([k for r in reads for k in r.streams], max(r.count for r in reads))]
         if self._cluster:  # the flags, then the reads (each by slot)
-            flagged = await self.cancelled(check)
+            try:
+                flagged = await self.cancelled(check)
+            except STREAM_ERRORS:  # a node away: the reads of the others go on
+                flagged = set()
             return [
                 e for r in reads for e in await self.read(r.streams, r.count, block_ms)
             ], flagged
@@ -264,31 +267,50 @@ class StreamClient:
         count: int,
         block_ms: int | None,
     ) -> list[Entry]:
-        """`read` of streams in several slots of a cluster: one XREADGROUP per slot."""
-        if block_ms is None or ident != ">":  # none blocks: one round trip per node
-            async with self._redis.pipeline(transaction=False) as pipe:
-                for group in groups:
-                    pipe.xreadgroup(
-                        keys.GROUP, self.consumer, {k.name: ident for k in group}, count=count
-                    )
-                replies = await pipe.execute(raise_on_error=False)
-            return [e for g, r in zip(groups, replies, strict=True) for e in await self._got(g, r)]
+        """`read` of streams in several slots of a cluster: one XREADGROUP per slot, all
+        at once."""
+        if block_ms is None or ident != ">":  # none blocks
+            replies = await asyncio.gather(
+                *(self._xreadgroup(g, ident, count, None) for g in groups), return_exceptions=True
+            )
+            return await self._collect(list(zip(groups, replies, strict=True)))
         for group in groups:
             if group not in self._blocked:
                 self._blocked[group] = asyncio.ensure_future(
                     self._xreadgroup(group, ident, count, block_ms)
                 )
-        await asyncio.wait(
-            [self._blocked[g] for g in groups],
-            timeout=block_ms / 1000 + 1,
-            return_when=asyncio.FIRST_COMPLETED,
-        )
+        # Until a read comes back: one that failed (its node away) does not end the wait
+        # while the others may still bring entries.
+        end = time.monotonic() + block_ms / 1000 + 1
+        waiting = {self._blocked[g] for g in groups}
+        while waiting:
+            came, waiting = await asyncio.wait(
+                waiting,
+                timeout=max(0.0, end - time.monotonic()),
+                return_when=asyncio.FIRST_COMPLETED,
+            )
+            if not came or any(t.cancelled() or t.exception() is None for t in came):
+                break
+        done = [(g, t) for g, t in self._blocked.items() if t.done()]
+        for group, _ in done:
+            del self._blocked[group]
+        return await self._collect([(g, t.exception() or t.result()) for g, t in done])
+
+    async def _collect(self, replies: list[tuple[Sequence[StreamKey], object]]) -> list[Entry]:
+        """The entries of each slot's reply. A slot whose read failed (its node away, as
+        while a primary fails over) does not hold back the others' entries: it raises only
+        when no slot gave any."""
         entries: list[Entry] = []
-        for group, task in list(self._blocked.items()):
-            if task.done():
-                del self._blocked[group]
-                reply = task.exception() or task.result()
+        failed: list[BaseException] = []
+        for group, reply in replies:
+            try:
                 entries += await self._got(group, reply)
+            except STREAM_ERRORS as exc:
+                failed.append(exc)
+        if failed and not entries:
+            raise failed[0]
+        if failed:
+            log.warning("some models' streams unreadable; read the others", error=str(failed[0]))
         return entries
 
     async def _got(self, group: Sequence[StreamKey], reply: object) -> list[Entry]:
