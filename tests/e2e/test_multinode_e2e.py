@@ -1,26 +1,29 @@
 """A multi-node rehearsal on one machine: three nodes, each a network namespace of the
 test's own on one bridge (tests/netns.py), every service binding its node's address (no
-127.0.0.1 between nodes), and a Redis Cluster of three primaries with a replica each, two
-Redis nodes per node, no primary with its replica on its own node (tests/redis_cluster.py
-layout). The edge node holds replicas only, as the least dependable place:
+127.0.0.1 between nodes), and a Redis Cluster of three primaries with a replica each, spread
+as redis-cli spreads them: a primary and a replica on every node, no primary with its
+replica on its own node (tests/redis_cluster.py layout):
 
     node    address       processes
     front   10.213.X.1    router, postprocess, gateways A and B;  primary P1, replica of P3
-    edge    10.213.X.2    the edge worker;                         replicas of P1 and P2
-    center  10.213.X.3    the center worker;                       primaries P2 and P3
+    edge    10.213.X.2    the edge worker;                         primary P2, replica of P1
+    center  10.213.X.3    the center worker;                       primary P3, replica of P2
 
-P3 holds mlp's slot (its streams, worker sets, rates). The test process calls the gateways
-from its own address on the bridge (10.213.X.254). mlp is given two tiers: a light call
-([1, 4], cost 4) goes to edge, a heavy one ([4, 4], cost 16) to center; calls are paced
-(open loop), so that calls stuck on a dead node do not hold the next ones back.
+P3 holds mlp's slot (its streams, worker sets, rates); P2 some other models' and keys. The
+test process calls the gateways from its own address on the bridge (10.213.X.254). mlp is
+given two tiers: a light call ([1, 4], cost 4) goes to edge, a heavy one ([4, 4], cost 16)
+to center; calls are paced (open loop), so that calls stuck on a dead node do not hold the
+next ones back.
 
 1. Light calls are served by edge and heavy ones by center (gateway A).
-2. The edge node loses its power: SIGKILL of every process in it, the edge worker and both
-   its Redis replicas (P1 and P2 go on without one). Until the edge worker's heartbeat
-   expires the router still queues light work on edge; the router's stranded-work task then
-   moves it to center. Measured: the time from the kill until light calls are answered by
-   center (at most the heartbeat TTL plus one second), and what gateway A lost (stopped
-   with SIGTERM once the phase is over: its stop line's accepted - answered).
+2. The edge node loses its power: SIGKILL of every process in it, the edge worker, the
+   primary P2 (its replica on center takes over: the cluster serves every slot again) and
+   P1's replica. Until the edge worker's heartbeat expires the router still queues light
+   work on edge; the router's stranded-work task then moves it to center; a worker's
+   reads of the slots still served go on while P2's are away. Measured: the time from the
+   kill until light calls are answered by center (at most the heartbeat TTL plus one
+   second), and what gateway A lost (stopped with SIGTERM once the phase is over: its stop
+   line's accepted - answered).
 3. P3, mlp's primary, is SIGKILLed under load (its replica on front is promoted); what
    gateway B lost is counted the same way.
 """
@@ -270,12 +273,12 @@ class Rehearsal:
 
 def cluster_layout() -> list[tuple[int, int]]:
     """The Redis nodes (by index into REDIS_NODES) as (primary, replica): front's primary P1
-    and center's P2 have their replicas on edge, center's P3 on front; P3 takes the third of
-    the slots that holds mlp's."""
+    with its replica on edge, edge's P2 with its replica on center, center's P3 with its
+    replica on front; P3 takes the third of the slots that holds mlp's."""
     slot = key_slot(model_tag("mlp").encode())
     share = next(i for i in range(3) if slot_range(i, 3)[0] <= slot <= slot_range(i, 3)[1])
-    layout = [(0, 2), (4, 3)]
-    layout.insert(share, (5, 1))
+    layout = [(0, 3), (2, 5)]
+    layout.insert(share, (4, 1))
     return layout
 
 
@@ -323,11 +326,11 @@ def test_edge_node_lost_then_a_redis_primary_failed_over(
 ) -> None:
     net, cluster = rehearsal.net, rehearsal.cluster
     front, edge, center = (net.nodes[n].address for n in ("front", "edge", "center"))
-    # No primary has its replica on its own node, edge holds replicas only, and mlp's
-    # primary is on center, its replica on front.
+    # A primary on every node, none with its replica on its own node, and mlp's primary on
+    # center, its replica on front.
     pairs = cluster.pairs()
     assert len(pairs) == 3 and all(p.host != r.host for p, r in pairs), pairs
-    assert all(p.host != edge for p, _ in pairs), pairs
+    assert {p.host for p, _ in pairs} == {front, edge, center}, pairs
     mlp_primary = cluster.primary_of(model_tag("mlp"))
     assert (mlp_primary.host, cluster.replica_of(mlp_primary).host) == (center, front)
 
@@ -359,7 +362,7 @@ def test_edge_node_lost_then_a_redis_primary_failed_over(
             lambda: len(traffic.served("light", "center", after=settled)) >= 40,
             "40 light calls answered by center after the move",
         )
-        cluster.wait_ok()  # two replicas fewer, every slot still served
+        cluster.wait_ok()  # P2's replica took over: every slot served again
     edge_stops = rehearsal.stop_gateway("A")
     edge_lost = edge_stops["accepted"] - edge_stops["answered"]
 

@@ -27,7 +27,7 @@ from tiermesh.core.redis_client import (
     wait_for_replicas,
 )
 from tiermesh.router.admission import Admitter, Enqueue
-from tiermesh.worker.streams import StreamClient
+from tiermesh.worker.streams import STREAM_ERRORS, StreamClient
 
 pytestmark = pytest.mark.integration
 
@@ -195,3 +195,29 @@ async def test_a_script_a_node_lost_is_loaded_again(
     for node in cluster.live():
         node.client().script_flush()
     assert await run_script(client, script, [MLP.name + ":n"], []) == 2
+
+
+async def test_a_slot_whose_node_is_away_holds_back_no_other(
+    client: aioredis.Redis, cluster: LocalCluster
+) -> None:
+    """Reading two models' streams while one's primary is down (before its replica takes
+    over): the other's entries come back, blocking or not; only a read of nothing but the
+    lost slot fails."""
+    other = other_model(cluster)
+    streams = StreamClient(client, "w1")
+    await streams.ensure_groups([MLP, other])
+    await client.xadd(MLP.name, {keys.JOB_FIELD: b"a"})
+    lost = cluster.primary_of(other.name)
+    cluster.kill(lost)
+    try:
+        got = await streams.read([MLP, other], 10, None)
+        assert [e.fields[keys.JOB_FIELD.encode()] for e in got] == [b"a"]
+        await client.xadd(MLP.name, {keys.JOB_FIELD: b"b"})
+        got = await asyncio.wait_for(streams.read([MLP, other], 10, 2_000), 5)
+        assert [e.fields[keys.JOB_FIELD.encode()] for e in got] == [b"b"]
+        with pytest.raises(STREAM_ERRORS):
+            await streams.read([other], 10, None)
+    finally:
+        await streams.aclose()
+        cluster.wait_ok()  # its replica took over
+        cluster.restart(lost)

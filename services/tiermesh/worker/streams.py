@@ -270,10 +270,10 @@ class StreamClient:
         """`read` of streams in several slots of a cluster: one XREADGROUP per slot, all
         at once."""
         if block_ms is None or ident != ">":  # none blocks
-            replies = await asyncio.gather(
+            answers = await asyncio.gather(
                 *(self._xreadgroup(g, ident, count, None) for g in groups), return_exceptions=True
             )
-            return await self._collect(list(zip(groups, replies, strict=True)))
+            return await self._collect(list(zip(groups, answers, strict=True)))
         for group in groups:
             if group not in self._blocked:
                 self._blocked[group] = asyncio.ensure_future(
@@ -294,12 +294,18 @@ class StreamClient:
         done = [(g, t) for g, t in self._blocked.items() if t.done()]
         for group, _ in done:
             del self._blocked[group]
-        return await self._collect([(g, t.exception() or t.result()) for g, t in done])
+        came_back: list[tuple[Sequence[StreamKey], object]] = [
+            (g, t.exception() or t.result()) for g, t in done
+        ]
+        reading = bool(self._blocked.keys() & set(groups))
+        return await self._collect(came_back, still_reading=reading)
 
-    async def _collect(self, replies: list[tuple[Sequence[StreamKey], object]]) -> list[Entry]:
+    async def _collect(
+        self, replies: list[tuple[Sequence[StreamKey], object]], still_reading: bool = False
+    ) -> list[Entry]:
         """The entries of each slot's reply. A slot whose read failed (its node away, as
-        while a primary fails over) does not hold back the others' entries: it raises only
-        when no slot gave any."""
+        while a primary fails over) does not hold back the others: it raises only when
+        every slot's read failed (none answered, none `still_reading`)."""
         entries: list[Entry] = []
         failed: list[BaseException] = []
         for group, reply in replies:
@@ -307,7 +313,7 @@ class StreamClient:
                 entries += await self._got(group, reply)
             except STREAM_ERRORS as exc:
                 failed.append(exc)
-        if failed and not entries:
+        if failed and len(failed) == len(replies) and not still_reading:
             raise failed[0]
         if failed:
             log.warning("some models' streams unreadable; read the others", error=str(failed[0]))
@@ -340,6 +346,25 @@ class StreamClient:
     async def _xreadgroup(
         self, streams: Sequence[StreamKey], ident: str, count: int, block_ms: int | None
     ) -> object:
+        if self._cluster:
+            # Sent to the slot's node named here: redis-py would otherwise ask one node
+            # of the cluster (COMMAND GETKEYS) where XREADGROUP's keys are, and while that
+            # one is away every read would fail, whatever its slot.
+            cluster = cast(aioredis.RedisCluster, self._redis)
+            node = cluster.get_node_from_key(streams[0].name)
+            return await cluster.execute_command(
+                "XREADGROUP",
+                "GROUP",
+                keys.GROUP,
+                self.consumer,
+                "COUNT",
+                count,
+                *(("BLOCK", block_ms) if block_ms is not None else ()),
+                "STREAMS",
+                *(k.name for k in streams),
+                *(ident for _ in streams),
+                target_nodes=node,
+            )
         return await self._redis.xreadgroup(
             keys.GROUP,
             self.consumer,
