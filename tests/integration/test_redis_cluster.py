@@ -17,9 +17,8 @@ from redis.cluster import key_slot
 from tests.redis_cluster import LocalCluster
 from tiermesh.core import keys
 from tiermesh.core.keys import StreamKey
-from tiermesh.core.redis_client import (
-    connect,
-    connect_sync,
+from tiermesh.core.redis_client import connect, connect_sync
+from tiermesh.core.redis_cluster import (
     execute_replicated,
     get_many,
     is_cluster,

@@ -468,7 +468,7 @@ def _from_secret(env: dict[str, Any]) -> dict[str, Any] | None:
 def test_the_redis_url_names_one_server_or_a_cluster() -> None:
     """The containers' URL with the ConfigMap's scheme and address, as Kubernetes expands
     it: one server by default, a Redis Cluster's seed nodes with redis+cluster."""
-    from tiermesh.core.redis_client import _seeds, is_cluster_url
+    from tiermesh.core.redis_client import cluster_seeds, is_cluster_url
 
     template = "$(TIERMESH_REDIS_SCHEME)://:$(TIERMESH_REDIS_PASSWORD)@$(TIERMESH_REDIS_ADDRESS)/0"
 
@@ -479,7 +479,7 @@ def test_the_redis_url_names_one_server_or_a_cluster() -> None:
     assert expand("redis", "redis:6379") == "redis://:pw@redis:6379/0"
     url = expand("redis+cluster", "r0.example:6379,r1.example:6379")
     assert is_cluster_url(url)
-    assert _seeds(url) == (
+    assert cluster_seeds(url) == (
         "redis://:pw@r0.example:6379",
         [("r0.example", 6379), ("r1.example", 6379)],
     )

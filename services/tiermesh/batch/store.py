@@ -31,7 +31,7 @@ import redis.asyncio as aioredis
 from tiermesh.batch.plan import CANCELLED, FINISHED, LOADING, RUNNING, JobRecord
 from tiermesh.core import keys
 from tiermesh.core.keys import StreamKey
-from tiermesh.core.redis_client import execute_replicated, run_script
+from tiermesh.core.redis_cluster import execute_replicated, run_script
 
 # How long a finished job's record and results are kept (a week).
 DEFAULT_RETENTION_S = 7 * 24 * 3600

@@ -18,7 +18,7 @@ import redis.asyncio as aioredis
 import structlog
 
 from tiermesh.core import keys
-from tiermesh.core.redis_client import get_many
+from tiermesh.core.redis_cluster import get_many
 from tiermesh.core.repository import ModelConfig
 
 log = structlog.get_logger("tiermesh.gateway")

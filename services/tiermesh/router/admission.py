@@ -32,7 +32,7 @@ from tiermesh.core.admission_script import (
     REMEMBER_MARGIN_MS,
     REMEMBER_NO_DEADLINE_MS,
 )
-from tiermesh.core.redis_client import is_cluster, run_script
+from tiermesh.core.redis_cluster import is_cluster, run_script
 from tiermesh.router.tier_state import read_stream_states
 from tiermesh.router.tiers import TierState
 

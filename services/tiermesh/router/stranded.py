@@ -30,7 +30,7 @@ from tiermesh.core import keys
 from tiermesh.core.keys import StreamKey
 from tiermesh.core.loops import repeat
 from tiermesh.core.model_config import ModelConfig
-from tiermesh.core.redis_client import run_script
+from tiermesh.core.redis_cluster import run_script
 from tiermesh.core.tier_spec import TierSpec
 from tiermesh.core.wire import decode_job, encode_job
 

@@ -20,7 +20,7 @@ from redis.exceptions import ResponseError
 
 from tiermesh.core import keys
 from tiermesh.core.keys import StreamKey
-from tiermesh.core.redis_client import execute_replicated, get_many, is_cluster
+from tiermesh.core.redis_cluster import execute_replicated, get_many, is_cluster
 from tiermesh.core.wire import decode_job
 
 log = structlog.get_logger("tiermesh.worker")
