@@ -47,7 +47,7 @@ from tests.go_toolchain import needs_go
 from tests.polling import eventually
 from tiermesh.bench import replay
 from tiermesh.core.jobs import Job, Timing
-from tiermesh.core.keys import cancel_key, rollout_key
+from tiermesh.core.keys import cancel_key, model_tag, rollout_key
 from tiermesh.core.redis_client import connect_sync
 from tiermesh.core.wire import decode_job
 from tiermesh.gateway.books import MODEL_INFER
@@ -295,7 +295,7 @@ def queued_jobs(up: UpProcess, model: str) -> list[Job]:
     try:
         entries = [
             (entry_id, fields)
-            for name in store.scan_iter(match=f"tm:q:{model}@*")
+            for name in store.scan_iter(match=f"tm:q:{model_tag(model)}@*")
             for entry_id, fields in store.xrange(name)
         ]
     finally:

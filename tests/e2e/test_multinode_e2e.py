@@ -400,10 +400,13 @@ def test_edge_node_lost_then_a_redis_primary_failed_over(
     assert {c.tier for c in traffic.served("light") if c.end < struck} == {"edge"}
     assert {c.tier for c in traffic.served("heavy") if c.end < struck} == {"center"}
     # After it, light calls answered by center within the heartbeat TTL plus one second, and
-    # every light call from then on answered by center.
+    # every light call from then on answered by center, or refused RESOURCE_EXHAUSTED with a
+    # Retry-After: the gateway's adaptive limit, shrunk by the seconds the calls queued on
+    # the dead edge waited, grows back over a few hundred ms (README, "Status codes").
     assert moved_s <= HEARTBEAT_TTL_S + 1
     late_light = traffic.of("light", after=settled)
-    assert late_light and {(c.code, c.tier) for c in late_light} == {("OK", "center")}
+    assert {(c.code, c.tier) for c in late_light} <= {("OK", "center"), ("RESOURCE_EXHAUSTED", "")}
+    assert len([c for c in late_light if c.code == "OK"]) >= 40
     # Every call ended within its deadline, answered or refused with a documented code ...
     for run in (traffic, load):
         assert set(run.codes()) <= {"OK", *REFUSALS}, run.codes()
