@@ -15,8 +15,9 @@ import redis.asyncio as aioredis
 
 from tests.conftest import copy_repository
 from tests.integration.conftest import Downstream
+from tests.polling import until
 from tiermesh.core import keys
-from tiermesh.core.jobs import Job, Timing
+from tiermesh.core.jobs import Job, JobResult, Timing
 from tiermesh.core.keys import StreamKey
 from tiermesh.core.repository import ModelRepository
 from tiermesh.core.server import make_channel
@@ -24,7 +25,7 @@ from tiermesh.core.telemetry import Telemetry
 from tiermesh.core.tensors import from_numpy
 from tiermesh.core.wire import encode_job
 from tiermesh.up.processes import free_port
-from tiermesh.worker.handoff import Handoff, PostprocessClient
+from tiermesh.worker.handoff import HANDOFF_ATTEMPTS, Handoff, PostprocessClient
 from tiermesh.worker.loop import Worker
 from tiermesh.worker.runner import ModelRunner
 from tiermesh.worker.streams import Entry, StreamClient
@@ -149,6 +150,66 @@ async def test_entries_stay_pending_when_the_hand_off_fails(
     assert worker.computed_rows == 1
     assert await redis.xlen(STREAM.name) == 1
     assert (await redis.xpending(STREAM.name, keys.GROUP))["pending"] == 1
+    await redis.aclose()
+
+
+class FailingFirst:
+    """A hand-off whose first `failures` calls fail as an unreachable next hop would; then
+    it takes every result."""
+
+    def __init__(self, failures: int) -> None:
+        self.failures = failures
+        self.calls = 0
+        self.taken: list[JobResult] = []
+        self.unsent = 0
+
+    async def process(self, results: Sequence[JobResult]) -> None:
+        self.calls += 1
+        if self.calls <= self.failures:
+            metadata = grpc.aio.Metadata()
+            raise grpc.aio.AioRpcError(grpc.StatusCode.UNAVAILABLE, metadata, metadata, "down")
+        self.taken += results
+
+    async def close(self) -> None:
+        pass
+
+
+async def test_an_entry_whose_result_could_not_go_is_computed_again_not_poison(
+    redis_url: str, model_repo: Path
+) -> None:
+    """The hand-off fails through every retry: the computed entry stays pending and comes
+    back (a delivery more, past max_deliveries), yet it never failed in the model, so it
+    is computed again and its result goes, instead of being dead-lettered."""
+    redis = aioredis.Redis.from_url(redis_url)
+    handoff = FailingFirst(HANDOFF_ATTEMPTS)
+    worker = make_worker(
+        redis,
+        model_repo,
+        "unused",
+        handoff=handoff,
+        reclaim_interval_ms=50,
+        reclaim_min_idle_ms=100,
+        max_deliveries=1,
+    )
+    x = np.ones((1, 4), np.float32)
+    await StreamClient(redis, "w1").ensure_groups([STREAM])
+    await redis.xadd(STREAM.name, {keys.JOB_FIELD: job("r1", "gw", time.time_ns() + 60 * 10**9, x)})
+    task = asyncio.create_task(worker.run())
+
+    async def handed_off() -> bool:
+        return bool(handoff.taken)
+
+    try:
+        await until(handed_off, "the result handed off", 30)
+    finally:
+        worker.stop()
+        await asyncio.wait_for(task, 30)
+    # Answered (at least once: the gateway keeps the first), never given up on.
+    assert {(r.request_id, r.code) for r in handoff.taken} == {("r1", grpc.StatusCode.OK)}
+    assert worker.dead_lettered == 0
+    assert worker.computed_rows >= 2 and worker.reclaimed >= 1
+    assert await redis.xlen(keys.dead_letter_key(STREAM.model, STREAM.tier)) == 0
+    assert await redis.xlen(STREAM.name) == 0  # acknowledged once it went
     await redis.aclose()
 
 

@@ -34,6 +34,7 @@ from tiermesh.worker.scheduler import (
 from tiermesh.worker.served import ServedUnits
 from tiermesh.worker.streams import WorkStreams
 from tiermesh.worker.units import UnitControl
+from tiermesh.worker.unwritten import Unwritten
 
 # A quarter of the message limit (core/message_bytes.py), as the gateway's router batches.
 DEFAULT_MAX_BATCH_BYTES = 16 * 1024 * 1024
@@ -119,6 +120,7 @@ class Worker:
             threads=self._threads,
         )
         self._lanes = Lanes(lanes)
+        unwritten = Unwritten()  # the outbox's, read by the reclaims
         self._outbox = BatchOutbox(
             streams=streams,
             handoff=handoff,
@@ -126,6 +128,7 @@ class Worker:
             clock_ns=clock_ns,
             background=background,
             in_flight=MAX_HANDOFFS_IN_FLIGHT if lanes == 1 else lanes + 1,
+            unwritten=unwritten,
         )
         self._membership = Membership(
             streams=streams,
@@ -139,6 +142,7 @@ class Worker:
             reclaim_interval_ms=reclaim_interval_ms,
             reclaim_min_idle_ms=reclaim_min_idle_ms,
             max_deliveries=max_deliveries,
+            unwritten=unwritten,
         )
         self._control = control
         self._model_control = ModelControl(

@@ -20,6 +20,7 @@ from tiermesh.worker.handoff import Handoff
 from tiermesh.worker.intake import Intake
 from tiermesh.worker.served import ServedUnits
 from tiermesh.worker.streams import STREAM_ERRORS, Entry, WorkStreams
+from tiermesh.worker.unwritten import Unwritten
 
 log = structlog.get_logger("tiermesh.worker")
 
@@ -41,8 +42,10 @@ class Membership:
         reclaim_interval_ms: int,
         reclaim_min_idle_ms: int,
         max_deliveries: int,
+        unwritten: Unwritten | None = None,
     ) -> None:
         self._streams = streams
+        self._unwritten = unwritten or Unwritten()
         self._units = units
         self._intake = intake
         self._handoff = handoff
@@ -100,7 +103,8 @@ class Membership:
     async def reclaim(self) -> None:
         """Take over what dead workers read and never acknowledged, into the buffers (as
         much as they have room for). An entry delivered more than max_deliveries times is
-        poison: dead-lettered, its caller told ABORTED."""
+        poison: dead-lettered, its caller told ABORTED; unless this worker computed it and
+        could not pass its result on (worker/unwritten.py): then it is computed again."""
         rooms = {
             key: room
             for key in self._units.keys
@@ -119,7 +123,12 @@ class Membership:
             except STREAM_ERRORS as exc:
                 log.warning("reclaim failed", stream=key.name, error=str(exc))
                 continue
-            poison = [e for e in entries if counts.get(e.entry_id, 1) > self._max_deliveries]
+            poison = [
+                e
+                for e in entries
+                if counts.get(e.entry_id, 1) > self._max_deliveries
+                and not self._unwritten.computed(key, e.entry_id)  # its result could not go
+            ]
             fresh = [e for e in entries if e not in poison]
             if poison:
                 await self._give_up(poison, counts)

@@ -20,6 +20,7 @@ from tiermesh.worker.batching import QueuedJob
 from tiermesh.worker.handoff import Handoff, retrying
 from tiermesh.worker.scheduler import Scheduler, is_background
 from tiermesh.worker.streams import STREAM_ERRORS, Entry, WorkStreams
+from tiermesh.worker.unwritten import Unwritten
 
 log = structlog.get_logger("tiermesh.worker")
 # Hand-offs in flight per compute lane, plus one: the next batch computes while the last
@@ -46,8 +47,10 @@ class BatchOutbox:
         clock_ns: Callable[[], int],
         background: BackgroundResults | None,
         in_flight: int = MAX_HANDOFFS_IN_FLIGHT,
+        unwritten: Unwritten | None = None,
     ) -> None:
         self._streams = streams
+        self._unwritten = unwritten or Unwritten()
         self._handoff = handoff
         self._scheduler = scheduler
         self._clock_ns = clock_ns
@@ -138,6 +141,9 @@ class BatchOutbox:
         task = asyncio.current_task()
         if task is not None:
             self._unstarted.discard(task)  # its message is queued by the call below
+        # Computed: from now until acknowledged, a return of these entries is no poison.
+        entry_ids = [q.entry_id for q in batch]
+        self._unwritten.add(key, entry_ids)
         background = self._background
         if background is not None and is_background(key):
             # Written once all the same when computed again after Redis stayed away.
@@ -153,9 +159,11 @@ class BatchOutbox:
             return
         rate = self._drain_rate(key, len(batch), max(self._clock_ns() - started, interval))
         try:
-            await self._streams.done(key, [q.entry_id for q in batch], rate)
+            await self._streams.done(key, entry_ids, rate)
         except STREAM_ERRORS:
             log.error("ack failed; entries will be delivered again", stream=key.name)
+        else:
+            self._unwritten.forget(key, entry_ids)
 
     def _drain_rate(self, key: StreamKey, entries: int, period_ns: int) -> float:
         """Entries per second this stream drains at (EWMA), for admission. The period is the
