@@ -1,9 +1,11 @@
 """`tiermesh up` as a real subprocess: its own redis-server on a free port, the four
 services as separate processes, spans written to JSON-lines files.
 
-With TIERMESH_TEST_REDIS=cluster every mesh of the session uses one local Redis Cluster
-(three primaries with a replica each, tests/redis_cluster.py) instead, emptied before each
-mesh starts: the e2e suites run unchanged in cluster mode."""
+With TIERMESH_TEST_REDIS=cluster every mesh uses a local Redis Cluster of its own (three
+primaries with a replica each, tests/redis_cluster.py) instead, stopped with the mesh (or
+at the session's end): the e2e suites run unchanged in cluster mode. (Meshes of one test
+session run side by side, a module's beside a test's own: one Redis for them all would mix
+their work.)"""
 
 from __future__ import annotations
 
@@ -36,20 +38,19 @@ CLUSTER_RUN = os.environ.get("TIERMESH_TEST_REDIS", "") == "cluster"
 single_redis = pytest.mark.skipif(
     CLUSTER_RUN, reason="about the single Redis server; this run uses a Redis Cluster"
 )
-# The session's cluster in a cluster-mode run (started by the fixture below).
-_cluster: list[LocalCluster] = []
+# The meshes' clusters in a cluster-mode run that are still running.
+_clusters: list[LocalCluster] = []
 
 
 @pytest.fixture(scope="session", autouse=CLUSTER_RUN)
-def session_redis_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
-    """The local Redis Cluster every mesh of a cluster-mode run uses."""
-    cluster = LocalCluster(tmp_path_factory.mktemp("redis-cluster")).start()
-    _cluster.append(cluster)
+def redis_clusters_stopped() -> Iterator[None]:
+    """At the session's end, no mesh's cluster outlives it."""
     try:
-        yield cluster
+        yield
     finally:
-        _cluster.remove(cluster)
-        cluster.stop()
+        for cluster in list(_clusters):
+            cluster.stop()
+        _clusters.clear()
 
 
 @dataclass
@@ -59,6 +60,15 @@ class UpProcess:
     trace_dir: Path
     log: Path
     external_redis: str = ""
+    cluster: LocalCluster | None = None  # its own Redis Cluster (a cluster-mode run)
+
+    def release(self) -> None:
+        """Stop its cluster, once the mesh has stopped."""
+        if self.cluster is not None and self.proc.poll() is not None:
+            self.cluster.stop()
+            if self.cluster in _clusters:
+                _clusters.remove(self.cluster)
+            self.cluster = None
 
     def children(self) -> dict[str, int]:
         """pid of each direct child of `tiermesh up`, by service (redis-server and the Go front
@@ -164,9 +174,11 @@ def start_up(
     port = free_port()
     env = dict(os.environ)
     env.pop("TIERMESH_REDIS_URL", None)
-    if _cluster:
-        _cluster[0].flush()
-        env["TIERMESH_REDIS_URL"] = _cluster[0].url
+    cluster = None
+    if CLUSTER_RUN and "TIERMESH_REDIS_URL" not in (extra_env or {}):
+        cluster = LocalCluster(tmp / "redis-cluster").start()
+        _clusters.append(cluster)
+        env["TIERMESH_REDIS_URL"] = cluster.url
     env.update(TIERMESH_LOG_FORMAT="json", TIERMESH_HEARTBEAT_TTL_MS="30000")
     if span_files:
         env["TIERMESH_TRACE_DIR"] = str(tmp / "traces")
@@ -205,7 +217,7 @@ def start_up(
         start_new_session=True,
     )
     up = UpProcess(
-        proc, f"127.0.0.1:{port}", tmp / "traces", log, env.get("TIERMESH_REDIS_URL", "")
+        proc, f"127.0.0.1:{port}", tmp / "traces", log, env.get("TIERMESH_REDIS_URL", ""), cluster
     )
     try:
         wait_healthy(Service("gateway", proc, up.url), timeout_s=90, credentials=credentials)
@@ -215,6 +227,7 @@ def start_up(
     except Exception:
         proc.kill()
         proc.wait()
+        up.release()
         raise AssertionError(f"tiermesh up did not start:\n{log.read_text()[-4000:]}") from None
     return up
 
@@ -228,6 +241,7 @@ def running(tmp: Path, **kwargs: Any) -> Iterator[UpProcess]:
     finally:
         if up.proc.poll() is None:
             up.interrupt()
+        up.release()
 
 
 @pytest.fixture(scope="module")
@@ -252,6 +266,7 @@ def new_up(tmp_path: Path) -> Iterator[Callable[..., UpProcess]]:
         for up in started:
             if up.proc.poll() is None:
                 up.interrupt()
+            up.release()
 
 
 COUNTS = ("accepted", "answered", "late_results")
@@ -294,9 +309,9 @@ def fail_redis(up: UpProcess, key: str, timeout_s: float = 30) -> None:
     """SIGKILL the Redis holding `key`: the private redis-server (`tiermesh up` starts it
     again from its AOF), or in a cluster-mode run the primary of `key`'s slot (its replica
     takes over; the killed node comes back as a replica, so later tests keep one)."""
-    if _cluster and up.external_redis == _cluster[0].url:
-        killed, _ = _cluster[0].fail_over(key)
-        _cluster[0].restart(killed)
+    if up.cluster is not None:
+        killed, _ = up.cluster.fail_over(key)
+        up.cluster.restart(killed)
         return
     server = up.children()["redis"]
     os.kill(server, signal.SIGKILL)
