@@ -21,7 +21,6 @@ from typing import Any
 import grpc
 import numpy as np
 import pytest
-import redis.asyncio as aioredis
 import tritonclient.grpc as grpcclient
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from tritonclient.grpc import service_pb2_grpc
@@ -48,7 +47,7 @@ from tests.polling import eventually
 from tiermesh.bench import replay
 from tiermesh.core.jobs import Job, Timing
 from tiermesh.core.keys import cancel_key, model_tag, rollout_key
-from tiermesh.core.redis_client import connect_sync
+from tiermesh.core.redis_client import connect, connect_sync
 from tiermesh.core.wire import decode_job
 from tiermesh.gateway.books import MODEL_INFER
 from tiermesh.rollout.state import RolloutState
@@ -548,7 +547,7 @@ def test_a_caller_who_leaves_is_marked_for_the_workers(door_up: UpProcess) -> No
 
 async def rollout_window(url: str, version: str, since_ms: int) -> VersionStats:
     """What the gateways recorded of one version of the rollout model since `since_ms`."""
-    redis = aioredis.Redis.from_url(url)
+    redis = connect(url)
     try:
         seconds = window_seconds(time.time(), 600, since_ms)
         return await RolloutStore(redis).window(ROLLOUT_MODEL, version, seconds)

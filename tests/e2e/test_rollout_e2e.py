@@ -23,13 +23,13 @@ from typing import Any
 import numpy as np
 import onnxruntime as ort
 import pytest
-import redis.asyncio as aioredis
 import tritonclient.grpc.aio as aioclient
 from tritonclient.utils import InferenceServerException
 
 from tests.conftest import DRIFTING, FAILING, GOOD
 from tests.e2e.conftest import UpProcess, report_figures, start_up
 from tests.e2e.load import Callers
+from tiermesh.core.redis_client import connect
 from tiermesh.rollout.changes import Change
 from tiermesh.rollout.split import in_canary
 from tiermesh.rollout.store import RolloutStore
@@ -105,7 +105,7 @@ def cli(up: UpProcess, repo: Path, *args: str) -> str:
 
 
 async def wait_for_rollback(url: str, since_ms: int, timeout_s: float) -> Change:
-    redis = aioredis.Redis.from_url(url)
+    redis = connect(url)
     try:
         deadline = time.monotonic() + timeout_s
         while True:
@@ -120,7 +120,7 @@ async def wait_for_rollback(url: str, since_ms: int, timeout_s: float) -> Change
 
 async def canary_answers(url: str, canary: str, since_ms: int) -> int:
     """Answers of the canary version the gateways recorded (callers' and mirrored)."""
-    redis = aioredis.Redis.from_url(url)
+    redis = connect(url)
     try:
         seconds = window_seconds(time.time(), 600, since_ms)
         stats = await RolloutStore(redis).window(MODEL, canary, seconds)
