@@ -27,6 +27,7 @@ import grpc
 import pytest
 
 from tests.conftest import copy_repository
+from tests.polling import eventually
 from tests.redis_cluster import LocalCluster
 from tiermesh.core.redis_client import is_cluster_url
 from tiermesh.up.processes import free_port
@@ -315,12 +316,7 @@ def fail_redis(up: UpProcess, key: str, timeout_s: float = 30) -> None:
         return
     server = up.children()["redis"]
     os.kill(server, signal.SIGKILL)
-    deadline = time.monotonic() + timeout_s
-    while up.children().get("redis", server) == server:
-        assert time.monotonic() < deadline, (
-            f"redis was not restarted:\n{up.log.read_text()[-3000:]}"
-        )
-        time.sleep(0.02)
+    eventually(lambda: up.children().get("redis", server) != server, "redis restarted", timeout_s)
 
 
 def door_places(up: UpProcess) -> bool:

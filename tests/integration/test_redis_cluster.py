@@ -121,7 +121,6 @@ async def test_a_blocking_read_of_two_slots_returns_when_either_has_entries(
     block_ms = 5_000
     try:
         first = asyncio.ensure_future(streams.read([MLP, other], 10, block_ms))
-        await asyncio.sleep(0)  # the reads are sent
         await client.xadd(other.name, {keys.JOB_FIELD: b"x"})
         got = await asyncio.wait_for(first, block_ms / 2000)  # not held to the block time
         assert [(e.stream, e.fields[keys.JOB_FIELD.encode()]) for e in got] == [(other, b"x")]

@@ -8,7 +8,6 @@ reclaim's idle time."""
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from collections.abc import Iterable
 
 from tiermesh.core.keys import StreamKey
@@ -22,15 +21,13 @@ class Unwritten:
     """The entries (stream, entry id) computed here and not acknowledged yet."""
 
     def __init__(self, limit: int = MAX_REMEMBERED) -> None:
-        self._entries: OrderedDict[tuple[StreamKey, str], None] = OrderedDict()
+        self._entries: dict[tuple[StreamKey, str], None] = {}  # oldest first
         self._limit = limit
 
     def add(self, stream: StreamKey, entry_ids: Iterable[str]) -> None:
-        for entry_id in entry_ids:
-            self._entries[(stream, entry_id)] = None
-            self._entries.move_to_end((stream, entry_id))
+        self._entries.update(dict.fromkeys((stream, e) for e in entry_ids))
         while len(self._entries) > self._limit:
-            self._entries.popitem(last=False)
+            del self._entries[next(iter(self._entries))]
 
     def computed(self, stream: StreamKey, entry_id: str) -> bool:
         """Whether this worker computed the entry before (it is then no poison)."""
