@@ -32,6 +32,7 @@ import numpy as np
 import redis.asyncio as aioredis
 
 from tiermesh.core import keys
+from tiermesh.core.compute_unit import ComputeUnit
 from tiermesh.core.jobs import Job, JobResult, Timing
 from tiermesh.core.keys import StreamKey
 from tiermesh.core.repository import ModelRepository
@@ -46,7 +47,7 @@ from tiermesh.worker.streams import StreamClient
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 MODEL = "mlp"
-UNIT = keys.compute_unit(MODEL, "fp32", "1")
+UNIT = ComputeUnit(MODEL, "1", "fp32")
 STREAM = StreamKey(UNIT, "center", 2, 0)
 DEADLINE_S = 600
 

@@ -29,6 +29,7 @@ from tests.e2e.test_triton_clients_e2e import (
 from tests.polling import eventually
 from tests.tenants import ADMIN, USER, write_tenants
 from tiermesh.core import keys
+from tiermesh.core.compute_unit import ComputeUnit
 from tiermesh.core.redis_client import connect_sync
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
@@ -99,7 +100,7 @@ def test_model_control_reaches_the_workers(mesh: UpProcess) -> None:
     copied in after the start is loadable; a tampered one is refused."""
     client = grpcclient.InferenceServerClient(mesh.url)
     r = connect_sync(mesh.redis_url())
-    worker_set = keys.workers_key(keys.compute_unit("simple", "fp32", "1"), "center")
+    worker_set = keys.workers_key(ComputeUnit("simple", "1", "fp32"), "center")
     metrics = mesh.metrics_urls()["worker"]
     assert r.zcard(worker_set) == 1 and _loaded_gauge(metrics, "simple") == 1.0
     client.unload_model("simple", headers=ADMIN)

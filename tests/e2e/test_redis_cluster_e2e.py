@@ -16,7 +16,8 @@ from tests.e2e.conftest import UpProcess, gateway_counts, stop_counts
 from tests.e2e.load import Load
 from tests.e2e.test_faults_e2e import FAST_RECOVERY, report
 from tests.redis_cluster import LocalCluster
-from tiermesh.core.keys import StreamKey, compute_unit
+from tiermesh.core.compute_unit import ComputeUnit
+from tiermesh.core.keys import StreamKey
 from tiermesh.core.redis_client import connect_sync
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
@@ -40,7 +41,7 @@ def test_a_primary_failed_over_under_load_loses_no_accepted_request(
     service finds it by itself, and every request the mesh had accepted is answered: an
     accepted job was on the replica before the router said so (WAIT)."""
     up = new_up(extra_env={**FAST_RECOVERY, "TIERMESH_REDIS_URL": cluster.url})
-    stream = StreamKey(compute_unit("mlp", "fp32", "1"), "center", 1, 0).name
+    stream = StreamKey(ComputeUnit("mlp", "1", "fp32"), "center", 1, 0).name
     spread = connect_sync(up.redis_url())
     try:  # the mesh's keys are spread over the primaries, not all on one
         placed = {cluster.primary_of(k.decode()).port for k in spread.scan_iter(count=1000)}

@@ -23,7 +23,8 @@ from tritonclient.utils import InferenceServerException
 
 from tests.e2e.conftest import UpProcess, door_places, door_serves, scrape_metrics
 from tests.polling import eventually
-from tiermesh.core.keys import StreamKey, compute_unit
+from tiermesh.core.compute_unit import ComputeUnit
+from tiermesh.core.keys import StreamKey
 from tiermesh.core.redis_client import connect_sync
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
@@ -225,7 +226,7 @@ def test_request_expired_in_queue_is_never_computed(mesh_up: UpProcess) -> None:
 def test_full_queue_is_resource_exhausted_quickly(mesh_up: UpProcess) -> None:
     x = np.ones((1, 4), np.float32)
     client = grpcclient.InferenceServerClient(mesh_up.url)
-    stream = StreamKey(compute_unit("mlp_bounded", "fp32", "1"), "center", 2, 0).name
+    stream = StreamKey(ComputeUnit("mlp_bounded", "1", "fp32"), "center", 2, 0).name
     queue = connect_sync(mesh_up.redis_url())
     # The pool outlives the pause: its exit waits for answers that need the worker.
     with ThreadPoolExecutor(2) as pool, worker_paused(mesh_up):

@@ -20,7 +20,8 @@ from tritonclient.utils import InferenceServerException
 from tests.e2e.conftest import UpProcess, start_up
 from tests.e2e.test_requests_e2e import mlp_input, worker_paused
 from tests.polling import eventually
-from tiermesh.core.keys import StreamKey, compute_unit
+from tiermesh.core.compute_unit import ComputeUnit
+from tiermesh.core.keys import StreamKey
 from tiermesh.core.redis_client import connect
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
@@ -60,7 +61,7 @@ def test_cancelled_request_is_not_computed(up: UpProcess) -> None:
             inp = aioclient.InferInput("INPUT0", [1, 4], "FP32")
             inp.set_data_from_numpy(np.ones((1, 4), np.float32))
             queue = connect(up.redis_url())
-            stream = StreamKey(compute_unit("mlp", "fp32", "1"), "center", 2, 0).name
+            stream = StreamKey(ComputeUnit("mlp", "1", "fp32"), "center", 2, 0).name
             before = await queue.xlen(stream)
             call = asyncio.ensure_future(client.infer("mlp", [inp], request_id="bye"))
             # Cancel once the request sits in its stream (routed, waiting for the worker).

@@ -10,12 +10,14 @@ import redis.asyncio as aioredis
 
 from tiermesh.core import keys
 from tiermesh.core.admission_script import ADMISSION_SCRIPT
+from tiermesh.core.compute_unit import ComputeUnit
 from tiermesh.core.keys import StreamKey
 from tiermesh.router.admission import Admitter, Enqueue
 from tiermesh.worker.streams import StreamClient
 
 pytestmark = pytest.mark.integration
-STREAM = StreamKey("m", "center", 1, 0)
+UNIT = ComputeUnit("m", "1", "fp32")
+STREAM = StreamKey(UNIT, "center", 1, 0)
 
 
 def rid() -> str:
@@ -27,7 +29,7 @@ async def test_no_live_worker_is_refused(redis_url: str) -> None:
     admitter = Admitter(redis)
     assert (await admitter.admit(STREAM, 10, b"job", {}, request_id=rid())).outcome == "noworker"
     # A heartbeat that has expired does not count either.
-    await redis.zadd(keys.workers_key("m", "center"), {"w-old": int(time.time() * 1000) - 1})
+    await redis.zadd(keys.workers_key(UNIT, "center"), {"w-old": int(time.time() * 1000) - 1})
     assert (await admitter.admit(STREAM, 10, b"job", {}, request_id=rid())).outcome == "noworker"
     assert await redis.xlen(STREAM.name) == 0
     await redis.aclose()
@@ -35,7 +37,7 @@ async def test_no_live_worker_is_refused(redis_url: str) -> None:
 
 async def test_queue_bound_refuses_without_trimming(redis_url: str) -> None:
     redis = aioredis.Redis.from_url(redis_url)
-    await StreamClient(redis, "w1").heartbeat(["m"], "center", ttl_ms=60_000)
+    await StreamClient(redis, "w1").heartbeat([UNIT], "center", ttl_ms=60_000)
     admitter = Admitter(redis)
     tp = {"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"}
     outcomes = [
@@ -54,9 +56,9 @@ async def test_queue_bound_refuses_without_trimming(redis_url: str) -> None:
 
 async def test_model_wide_bound_counts_every_stream(redis_url: str) -> None:
     redis = aioredis.Redis.from_url(redis_url)
-    await StreamClient(redis, "w1").heartbeat(["m"], "center", ttl_ms=60_000)
+    await StreamClient(redis, "w1").heartbeat([UNIT], "center", ttl_ms=60_000)
     admitter = Admitter(redis)
-    streams = [StreamKey("m", "center", p, b) for p in (1, 2) for b in (0, 1)]
+    streams = [StreamKey(UNIT, "center", p, b) for p in (1, 2) for b in (0, 1)]
     outcomes = []
     for i, target in enumerate(streams * 2):  # two per stream, per-stream bound 10
         a = await admitter.admit(
@@ -76,14 +78,14 @@ async def test_model_wide_bound_counts_every_stream(redis_url: str) -> None:
 
 async def test_a_queue_that_cannot_drain_in_time_is_refused(redis_url: str) -> None:
     redis = aioredis.Redis.from_url(redis_url)
-    await StreamClient(redis, "w1").heartbeat(["m"], "center", ttl_ms=60_000)
+    await StreamClient(redis, "w1").heartbeat([UNIT], "center", ttl_ms=60_000)
     admitter = Admitter(redis)
     for i in range(4):
         assert (
             await admitter.admit(STREAM, 100, f"j{i}".encode(), {}, request_id=rid())
         ).outcome == "ok"
     # Workers measured 10 entries/s on this stream: 4 ahead need ~400 ms.
-    await redis.hset(keys.rate_key("m", "center"), keys.rate_field(0), "10.0")
+    await redis.hset(keys.rate_key(UNIT, "center"), keys.rate_field(0), "10.0")
     late = await admitter.admit(STREAM, 100, b"x", {}, request_id=rid(), ms_left=300)
     assert (late.outcome, late.detail) == ("late", "400")
     assert (
@@ -97,7 +99,7 @@ async def test_a_queue_that_cannot_drain_in_time_is_refused(redis_url: str) -> N
 
 async def test_enqueue_is_idempotent_by_request_id(redis_url: str) -> None:
     redis = aioredis.Redis.from_url(redis_url)
-    await StreamClient(redis, "w1").heartbeat(["m"], "center", ttl_ms=60_000)
+    await StreamClient(redis, "w1").heartbeat([UNIT], "center", ttl_ms=60_000)
     admitter = Admitter(redis)
     first = await admitter.admit(STREAM, 2, b"job", {}, request_id="r1", ms_left=10_000)
     again = await admitter.admit(STREAM, 2, b"job", {}, request_id="r1", ms_left=10_000)
@@ -109,7 +111,7 @@ async def test_enqueue_is_idempotent_by_request_id(redis_url: str) -> None:
     assert (await admitter.admit(STREAM, 2, b"j3", {}, request_id="r3")).outcome == "full"
     assert (await admitter.admit(STREAM, 2, b"job", {}, request_id="r1")).outcome == "dup"
     # Remembered until the deadline has passed (plus a margin), not for ever.
-    ttl_ms = await redis.pttl(keys.enqueued_key(STREAM.model, "r1"))
+    ttl_ms = await redis.pttl(keys.enqueued_key(UNIT.model, "r1"))
     assert 10_000 < ttl_ms <= 15_000
     await redis.aclose()
 
@@ -118,10 +120,10 @@ async def test_a_batch_is_decided_in_order_in_one_call(redis_url: str) -> None:
     """admit_many: one script call whose items see what the items before them queued, each
     with its own outcome, across streams, units and tiers (one without a worker)."""
     redis = aioredis.Redis.from_url(redis_url)
-    await StreamClient(redis, "w1").heartbeat(["m"], "center", ttl_ms=60_000)
+    await StreamClient(redis, "w1").heartbeat([UNIT], "center", ttl_ms=60_000)
     admitter = Admitter(redis)
-    other = StreamKey("m", "center", 2, 1)
-    edge = StreamKey("m", "edge", 1, 0)  # no worker heartbeats on the edge tier
+    other = StreamKey(UNIT, "center", 2, 1)
+    edge = StreamKey(UNIT, "edge", 1, 0)  # no worker heartbeats on the edge tier
     tp = {"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"}
     items = [
         Enqueue(STREAM, 2, b"a", tp, "r-a"),
@@ -151,7 +153,7 @@ async def test_a_script_redis_lost_is_loaded_again(redis_url: str) -> None:
     """Redis restarted or flushed its scripts since the router loaded it: the batch still
     goes, once."""
     redis = aioredis.Redis.from_url(redis_url)
-    await StreamClient(redis, "w1").heartbeat(["m"], "center", ttl_ms=60_000)
+    await StreamClient(redis, "w1").heartbeat([UNIT], "center", ttl_ms=60_000)
     admitter = Admitter(redis)
     assert (await admitter.admit(STREAM, 10, b"x", {}, request_id=rid())).outcome == "ok"
     await redis.script_flush()
@@ -165,16 +167,16 @@ async def test_a_guard_key_sends_the_job_back_to_the_router(redis_url: str) -> N
     """The front door's call (core/direct_plan.py): while the item's guard key exists (the
     model's rollout record) nothing is queued and the answer is `reroute`."""
     redis = aioredis.Redis.from_url(redis_url)
-    await StreamClient(redis, "w1").heartbeat(["m"], "center", ttl_ms=60_000)
+    await StreamClient(redis, "w1").heartbeat([UNIT], "center", ttl_ms=60_000)
     guard = keys.rollout_key("guarded-model")
     script = redis.register_script(ADMISSION_SCRIPT)
 
     async def place(request_id: str) -> list[bytes]:
         script_keys = [
             STREAM.name,
-            keys.workers_key("m", "center"),
-            keys.rate_key("m", "center"),
-            keys.enqueued_key(STREAM.model, request_id),
+            keys.workers_key(UNIT, "center"),
+            keys.rate_key(UNIT, "center"),
+            keys.enqueued_key(UNIT.model, request_id),
             guard,
         ]
         fields = [keys.JOB_FIELD, keys.TRACEPARENT_FIELD, keys.TRACESTATE_FIELD]

@@ -22,6 +22,7 @@ from tests.unit.test_gates import record
 from tiermesh.cli.main import main
 from tiermesh.core import keys
 from tiermesh.core.builtin_models import build_mlp
+from tiermesh.core.compute_unit import ComputeUnit
 from tiermesh.core.gates import write_record
 
 pytestmark = pytest.mark.integration
@@ -88,7 +89,7 @@ async def test_a_failed_variant_answers_nobody(redis_url: str, tmp_path: Path) -
         try:
             live = {
                 variant: await redis.zcard(
-                    keys.workers_key(keys.compute_unit("tiny", variant, "1"), "edge")
+                    keys.workers_key(ComputeUnit("tiny", "1", variant), "edge")
                 )
                 for variant in ("fp32", "int8")
             }

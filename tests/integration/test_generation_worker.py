@@ -23,6 +23,7 @@ from tests.integration.conftest import Downstream
 from tests.polling import until
 from tiermesh.convert.llama_check import greedy
 from tiermesh.core import keys
+from tiermesh.core.compute_unit import ComputeUnit
 from tiermesh.core.jobs import Generation, Job, JobResult, Timing
 from tiermesh.core.keys import StreamKey
 from tiermesh.core.repository import ModelConfig, parse_config
@@ -40,7 +41,7 @@ from tiermesh.worker.handoff import PostprocessClient
 from tiermesh.worker.streams import StreamClient
 
 pytestmark = pytest.mark.integration
-UNIT = keys.compute_unit("tiny", "fp32", "1")
+UNIT = ComputeUnit("tiny", "1", "fp32")
 STREAM = StreamKey(UNIT, "center", 1, 0)
 LOW = StreamKey(UNIT, "center", 2, 0)
 PROMPT = (5, 17, 42, 9)

@@ -21,6 +21,7 @@ import redis.asyncio as aioredis
 from tests.integration.conftest import Downstream, serve_downstream
 from tests.tile_model import NAME, REPEATS, write_tile
 from tiermesh.core import keys
+from tiermesh.core.compute_unit import ComputeUnit
 from tiermesh.core.delivery_client import GatewayClients
 from tiermesh.core.jobs import Job, JobResult
 from tiermesh.core.keys import StreamKey
@@ -39,7 +40,7 @@ from tiermesh.worker.streams import Entry, StreamClient
 
 pytestmark = pytest.mark.integration
 LIMIT = 64 * 1024  # the message limit of every hop in these tests
-UNIT = keys.compute_unit(NAME, "fp32", "1")
+UNIT = ComputeUnit(NAME, "1", "fp32")
 STREAM = StreamKey(UNIT, "center", 2, 0)
 
 
@@ -157,7 +158,7 @@ async def test_a_batch_whose_answers_sum_past_the_limit_delivers_every_small_ans
     assert worker.dead_lettered == 0 and worker.computed_rows == len(widths)
     assert await redis.xlen(STREAM.name) == 0
     assert (await redis.xpending(STREAM.name, keys.GROUP))["pending"] == 0
-    assert await redis.xlen(keys.dead_letter_key(STREAM.model, STREAM.tier)) == 0
+    assert await redis.xlen(keys.dead_letter_key(STREAM.unit, STREAM.tier)) == 0
     await redis.aclose()
 
 
@@ -182,7 +183,7 @@ async def test_the_dead_letter_stream_is_trimmed_and_keeps_no_big_payload(
         await streams.dead_letter(by_request[rid], "model execution failed on this request")
     dlq = cast(
         list[tuple[bytes, dict[bytes, bytes]]],
-        await redis.xrange(keys.dead_letter_key(STREAM.model, STREAM.tier)),
+        await redis.xrange(keys.dead_letter_key(STREAM.unit, STREAM.tier)),
     )
     assert [f[b"request_id"].decode() for _, f in dlq] == order[-5:]
     for _, fields in dlq:

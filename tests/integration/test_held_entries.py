@@ -11,13 +11,14 @@ import redis.asyncio as aioredis
 
 from tests.polling import until
 from tiermesh.core import keys
+from tiermesh.core.compute_unit import ComputeUnit
 from tiermesh.core.keys import StreamKey
 from tiermesh.core.settings import WorkerSettings
 from tiermesh.worker.streams import HOLD_LIMIT, StreamClient
 
 pytestmark = pytest.mark.integration
 
-STREAM = StreamKey(keys.compute_unit("mlp", "fp32", "1"), "center", 2, 0)
+STREAM = StreamKey(ComputeUnit("mlp", "1", "fp32"), "center", 2, 0)
 MIN_IDLE_MS = 40
 
 

@@ -19,6 +19,7 @@ from tests.conftest import MODELS
 from tests.integration.conftest import start_mesh
 from tiermesh.core import keys
 from tiermesh.core.builtin_models import build_mlp
+from tiermesh.core.compute_unit import ComputeUnit
 from tiermesh.core.repository import ModelRepository
 from tiermesh.gateway.live_providers import EXECUTION_PROVIDERS_LIVE, LiveProviders
 from tiermesh.worker.streams import StreamClient
@@ -26,7 +27,7 @@ from tiermesh.worker.streams import StreamClient
 pytestmark = pytest.mark.integration
 
 CPU, CUDA = "CPUExecutionProvider", "CUDAExecutionProvider"
-UNIT = keys.compute_unit("mlp", "fp32", "1")
+UNIT = ComputeUnit("mlp", "1", "fp32")
 TTL_MS = 60_000
 
 
@@ -43,12 +44,13 @@ async def test_a_heartbeat_publishes_providers_within_its_ttl(redis_url: str) ->
     try:
         worker = StreamClient(redis, "w1")
         # `other@1.fp32` has no session yet: it beats without a provider.
-        await worker.heartbeat([UNIT, "other@1.fp32"], "edge", TTL_MS, {UNIT: CPU})
+        other = ComputeUnit.parse("other@1.fp32")
+        await worker.heartbeat([UNIT, other], "edge", TTL_MS, {UNIT: CPU})
         assert await redis.get(keys.provider_key(UNIT, "edge", "w1")) == CPU
         assert 0 < await redis.pttl(keys.provider_key(UNIT, "edge", "w1")) <= TTL_MS
-        assert not await redis.exists(keys.provider_key("other@1.fp32", "edge", "w1"))
+        assert not await redis.exists(keys.provider_key(other, "edge", "w1"))
         await StreamClient(redis, "w2").heartbeat([UNIT], "edge", TTL_MS, {UNIT: CUDA})
-        await worker.leave([UNIT, "other@1.fp32"], "edge")
+        await worker.leave([UNIT, other], "edge")
         assert not await redis.exists(keys.provider_key(UNIT, "edge", "w1"))
         assert await redis.get(keys.provider_key(UNIT, "edge", "w2")) == CUDA
     finally:

@@ -25,6 +25,7 @@ from tests.integration.conftest import _start, start_mesh
 from tests.polling import until
 from tests.tenants import ADMIN, USER, write_tenants
 from tiermesh.core import keys
+from tiermesh.core.compute_unit import ComputeUnit
 from tiermesh.core.exposure import StartRefused
 from tiermesh.core.settings import GatewaySettings
 from tiermesh.gateway.__main__ import serve as serve_gateway
@@ -80,7 +81,7 @@ async def test_load_and_unload_reach_the_workers(redis_url: str, tmp_path: Path)
     client = aioclient.InferenceServerClient(mesh.gateway)
 
     async def workers(model: str) -> int:
-        unit = keys.compute_unit(model, "fp32", "1")
+        unit = ComputeUnit(model, "1", "fp32")
         return int(await redis.zcard(keys.workers_key(unit, "center")))
 
     try:

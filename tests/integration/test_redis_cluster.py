@@ -16,6 +16,7 @@ from redis.cluster import key_slot
 
 from tests.redis_cluster import LocalCluster
 from tiermesh.core import keys
+from tiermesh.core.compute_unit import ComputeUnit
 from tiermesh.core.keys import StreamKey
 from tiermesh.core.redis_client import connect, connect_sync
 from tiermesh.core.redis_cluster import (
@@ -30,7 +31,7 @@ from tiermesh.worker.streams import STREAM_ERRORS, StreamClient
 
 pytestmark = pytest.mark.integration
 
-MLP = StreamKey(keys.compute_unit("mlp", "fp32", "1"), "center", 1, 0)
+MLP = StreamKey(ComputeUnit("mlp", "1", "fp32"), "center", 1, 0)
 # Another model, whose slot is on another primary than mlp's (checked below).
 OTHER_NAMES = [f"m{i}" for i in range(50)]
 
@@ -58,7 +59,7 @@ def other_model(cluster: LocalCluster) -> StreamKey:
     """A stream of a model whose primary is not mlp's."""
     mlp = cluster.primary_of(MLP.name)
     for name in OTHER_NAMES:
-        stream = StreamKey(keys.compute_unit(name, "fp32", "1"), "center", 1, 0)
+        stream = StreamKey(ComputeUnit(name, "1", "fp32"), "center", 1, 0)
         if cluster.primary_of(stream.name) is not mlp:
             return stream
     raise AssertionError("every model landed on mlp's primary")
@@ -81,8 +82,8 @@ def test_a_cluster_url_names_its_seeds_and_gives_cluster_clients(cluster: LocalC
 async def test_every_key_of_an_admission_lives_on_one_node(client: aioredis.Redis) -> None:
     """The admission script takes the stream, the workers set, the rate hash, the enqueue
     record and the model's streams: all in mlp's slot, so the cluster runs it."""
-    assert key_slot(MLP.name.encode()) == key_slot(keys.enqueued_key(MLP.model, "r").encode())
-    await client.zadd(keys.workers_key(MLP.model, MLP.tier), {"w": 2**52})
+    assert key_slot(MLP.name.encode()) == key_slot(keys.enqueued_key(MLP.unit.model, "r").encode())
+    await client.zadd(keys.workers_key(MLP.unit, MLP.tier), {"w": 2**52})
     admitter = Admitter(client)
     admission = await admitter.admit(
         MLP, 10, b"job", {}, request_id="r1", model_streams=[MLP], model_bound=10
@@ -98,7 +99,7 @@ async def test_a_batch_of_two_models_is_one_call_per_model_in_order(
 ) -> None:
     other = other_model(cluster)
     for stream in (MLP, other):
-        await client.zadd(keys.workers_key(stream.model, stream.tier), {"w": 2**52})
+        await client.zadd(keys.workers_key(stream.unit, stream.tier), {"w": 2**52})
     items = [
         Enqueue(MLP, 10, b"a", {}, "r1"),
         Enqueue(other, 1, b"b", {}, "r2"),

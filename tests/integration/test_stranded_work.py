@@ -13,6 +13,7 @@ import redis.asyncio as aioredis
 
 from tests.conftest import copy_repository
 from tiermesh.core import keys
+from tiermesh.core.compute_unit import ComputeUnit
 from tiermesh.core.jobs import Job
 from tiermesh.core.keys import StreamKey
 from tiermesh.core.model_config import ModelConfig
@@ -42,13 +43,13 @@ async def redis(redis_url: str) -> AsyncIterator[aioredis.Redis]:
 
 def stream(cfg: ModelConfig, tier: str, priority: int = 1, bucket: int = 0) -> StreamKey:
     spec = next(t for t in cfg.tiers if t.name == tier)
-    unit = keys.compute_unit(cfg.queue_model, spec.variant or cfg.default_variant, "1")
+    unit = ComputeUnit(cfg.queue_model, "1", spec.variant or cfg.default_variant)
     return StreamKey(unit, tier, priority, bucket)
 
 
 async def live(redis: aioredis.Redis, s: StreamKey, alive: bool) -> None:
     expiry = int(time.time() * 1000) + (60_000 if alive else -1)
-    await redis.zadd(keys.workers_key(s.model, s.tier), {f"w-{s.tier}": expiry})
+    await redis.zadd(keys.workers_key(s.unit, s.tier), {f"w-{s.tier}": expiry})
 
 
 async def queue(redis: aioredis.Redis, s: StreamKey, request_id: str) -> None:

@@ -11,12 +11,13 @@ import pytest
 import redis.asyncio as aioredis
 
 from tiermesh.core import keys
+from tiermesh.core.compute_unit import ComputeUnit
 from tiermesh.core.keys import StreamKey
 from tiermesh.worker.streams import StreamClient, StreamRead
 
 pytestmark = pytest.mark.integration
 
-UNIT = keys.compute_unit("mlp", "fp32", "1")
+UNIT = ComputeUnit("mlp", "1", "fp32")
 HIGH = StreamKey(UNIT, "center", 1, 0)
 LOW = StreamKey(UNIT, "center", 2, 0)
 

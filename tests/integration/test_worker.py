@@ -17,6 +17,7 @@ from tests.conftest import copy_repository
 from tests.integration.conftest import Downstream
 from tests.polling import until
 from tiermesh.core import keys
+from tiermesh.core.compute_unit import ComputeUnit
 from tiermesh.core.jobs import Job, JobResult, Timing
 from tiermesh.core.keys import StreamKey
 from tiermesh.core.repository import ModelRepository
@@ -31,7 +32,7 @@ from tiermesh.worker.runner import ModelRunner
 from tiermesh.worker.streams import Entry, StreamClient
 
 pytestmark = pytest.mark.integration
-UNIT = keys.compute_unit("mlp", "fp32", "1")
+UNIT = ComputeUnit("mlp", "1", "fp32")
 STREAM = StreamKey(UNIT, "center", 2, 0)
 
 
@@ -208,7 +209,7 @@ async def test_an_entry_whose_result_could_not_go_is_computed_again_not_poison(
     assert {(r.request_id, r.code) for r in handoff.taken} == {("r1", grpc.StatusCode.OK)}
     assert worker.dead_lettered == 0
     assert worker.computed_rows >= 2 and worker.reclaimed >= 1
-    assert await redis.xlen(keys.dead_letter_key(STREAM.model, STREAM.tier)) == 0
+    assert await redis.xlen(keys.dead_letter_key(STREAM.unit, STREAM.tier)) == 0
     assert await redis.xlen(STREAM.name) == 0  # acknowledged once it went
     await redis.aclose()
 
@@ -351,7 +352,7 @@ async def test_an_entry_delivered_too_often_is_dead_lettered(
     assert result.code == grpc.StatusCode.ABORTED
     assert "4 failed deliveries" in result.message
     assert worker.dead_lettered == 1 and worker.computed_rows == 0
-    dlq = await redis.xrange(keys.dead_letter_key(STREAM.model, STREAM.tier))
+    dlq = await redis.xrange(keys.dead_letter_key(STREAM.unit, STREAM.tier))
     assert len(dlq) == 1 and dlq[0][1][b"reason"] == b"delivered 4 times"
     assert await redis.xlen(STREAM.name) == 0
     await redis.aclose()
@@ -393,6 +394,6 @@ async def test_a_poison_request_is_dead_lettered_and_spares_its_batch(
     assert good_result.code == grpc.StatusCode.OK and good_result.outputs[0].shape == (1, 3)
     assert bad_result.code == grpc.StatusCode.ABORTED
     assert worker.dead_lettered == 1 and worker.computed_rows == 1
-    assert await redis.xlen(keys.dead_letter_key(STREAM.model, STREAM.tier)) == 1
+    assert await redis.xlen(keys.dead_letter_key(STREAM.unit, STREAM.tier)) == 1
     assert await redis.xlen(STREAM.name) == 0
     await redis.aclose()

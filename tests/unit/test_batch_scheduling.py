@@ -27,7 +27,6 @@ from tiermesh.batch.plan import (
     request_id,
     summary,
 )
-from tiermesh.core import keys
 from tiermesh.core.jobs import Job, Timing
 from tiermesh.core.keys import BACKGROUND_PRIORITY
 from tiermesh.core.settings import WorkerSettings
@@ -180,7 +179,7 @@ async def test_the_worker_paces_background_from_the_online_queue_wait_it_reads(
             loop_test.HIGH,
             Job(
                 request_id=request_id,
-                model=keys.split_unit(loop_test.UNIT)[0],
+                model=loop_test.UNIT.model,
                 inputs=(from_numpy("INPUT0", np.ones((2, 4), np.float32), "FP32"),),
                 gateway="127.0.0.1:1",
                 priority=1,

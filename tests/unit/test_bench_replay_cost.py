@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from tiermesh.bench import compare, cost, replay
+from tiermesh.core.compute_unit import ComputeUnit
 from tiermesh.core.keys import StreamKey
 from tiermesh.core.prices import (
     CORE_HOUR,
@@ -141,11 +142,11 @@ def test_compare_shows_the_change_of_cost_and_flags_a_rise() -> None:
 
 
 def test_health_gauges_from_a_reading() -> None:
-    key = StreamKey("mlp@1.fp32", "center", 1, 0)
+    key = StreamKey(ComputeUnit.parse("mlp@1.fp32"), "center", 1, 0)
     reading = HealthReading(
         oldest_ms={key: 1_000},
-        dead_letters={("mlp@1.fp32", "center"): 3},
-        live_workers={("mlp@1.fp32", "center"): 2},
+        dead_letters={(key.unit, "center"): 3},
+        live_workers={(key.unit, "center"): 2},
         memory={"used_memory": 100, "maxmemory": 0},
     )
     got = {

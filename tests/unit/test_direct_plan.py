@@ -71,8 +71,8 @@ def test_the_plan_places_a_job_where_the_router_would(
     assert _stream_of(plan, job) == stream.name
     assert (tier["name"], tier["max_cost"]) == (stream.tier, 0) == (DEFAULT_TIER, 0)
     assert plan["rate_fields"][stream.bucket] == keys.rate_field(stream.bucket)
-    assert tier["workers"] == keys.workers_key(stream.model, stream.tier)
-    assert tier["rate"] == keys.rate_key(stream.model, stream.tier)
+    assert tier["workers"] == keys.workers_key(stream.unit, stream.tier)
+    assert tier["rate"] == keys.rate_key(stream.unit, stream.tier)
     assert tier["model_streams"] == [s.name for s in model_streams(cfg, stream)]
     assert (plan["queue_bound"], plan["model_bound"]) == (cfg.queue_bound, cfg.model_queue_bound)
     assert plan["enqueued_prefix"] + "r1" == keys.enqueued_key(cfg.queue_model, "r1")
@@ -144,8 +144,8 @@ def test_a_tiered_model_gets_a_placement_per_tier_where_the_router_would_place(
         stream = tier_stream(cfg, job, spec)
         tier = plan["tiers"][i]
         assert _stream_of(plan, job, i) == stream.name
-        assert tier["workers"] == keys.workers_key(stream.model, spec.name)
-        assert tier["rate"] == keys.rate_key(stream.model, spec.name)
+        assert tier["workers"] == keys.workers_key(stream.unit, spec.name)
+        assert tier["rate"] == keys.rate_key(stream.unit, spec.name)
         assert tier["model_streams"] == [s.name for s in model_streams(cfg, stream)]
     assert plan["tiers"][0]["streams"] != plan["tiers"][1]["streams"]
 

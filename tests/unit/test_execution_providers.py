@@ -20,6 +20,7 @@ from structlog.testing import capture_logs
 
 from tiermesh.core import sessions
 from tiermesh.core.builtin_models import build_mlp
+from tiermesh.core.compute_unit import ComputeUnit
 from tiermesh.core.repository import ModelConfig, parse_config
 from tiermesh.core.sessions import (
     CPU,
@@ -208,7 +209,7 @@ def test_open_session_checks_what_onnxruntime_gave(monkeypatch: pytest.MonkeyPat
 
 def test_a_real_session_says_which_provider_it_got() -> None:
     with capture_logs() as logs:
-        opened = open_session(build_mlp(), session_options(1), unit="mlp@1.fp32")
+        opened = open_session(build_mlp(), session_options(1), unit=ComputeUnit("mlp", "1", "fp32"))
     assert opened.provider == CPU == opened.session.get_providers()[0]
     (created,) = logs
     assert created["event"] == "onnx session created"
@@ -307,11 +308,13 @@ def session_info(registry: CollectorRegistry) -> dict[tuple[str, ...], float]:
 def test_the_worker_metric_labels_the_provider_each_session_got() -> None:
     registry = CollectorRegistry()
     metrics = WorkerMetrics(registry)
-    metrics.unit_loaded("mlp@1.fp32", "center", True, CUDA)
+    metrics.unit_loaded(ComputeUnit("mlp", "1", "fp32"), "center", True, CUDA)
     assert session_info(registry) == {("mlp", "1", "fp32", "center", CUDA): 1.0}
-    metrics.unit_loaded("mlp@1.fp32", "center", True, CPU)  # opened again, elsewhere
+    metrics.unit_loaded(
+        ComputeUnit("mlp", "1", "fp32"), "center", True, CPU
+    )  # opened again, elsewhere
     assert session_info(registry) == {("mlp", "1", "fp32", "center", CPU): 1.0}
-    metrics.unit_loaded("mlp@1.fp32", "center", False)
+    metrics.unit_loaded(ComputeUnit("mlp", "1", "fp32"), "center", False)
     assert session_info(registry) == {}
 
 

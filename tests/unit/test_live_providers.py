@@ -11,10 +11,15 @@ import yaml
 
 from tests.conftest import MODELS
 from tiermesh.core import keys
+from tiermesh.core.compute_unit import ComputeUnit
 from tiermesh.core.model_config import ModelConfig, parse_config
 from tiermesh.gateway.live_providers import UnitOnTier, count_live, parameter_value, served_units
 
 CPU, CUDA = "CPUExecutionProvider", "CUDAExecutionProvider"
+
+
+def _named(units: list[tuple[ComputeUnit, str]]) -> list[tuple[str, str]]:
+    return [(str(u), tier) for u, tier in units]
 
 
 def mlp(**changes: Any) -> ModelConfig:
@@ -51,7 +56,7 @@ def test_a_worker_counts_once_per_provider_and_tier() -> None:
 
 
 def test_a_model_without_tiers_is_read_on_the_default_tier() -> None:
-    assert served_units(mlp()) == [(keys.compute_unit("mlp", "fp32", "1"), keys.DEFAULT_TIER)]
+    assert served_units(mlp()) == [(ComputeUnit("mlp", "1", "fp32"), keys.DEFAULT_TIER)]
 
 
 def test_each_tier_is_read_with_the_variant_it_serves() -> None:
@@ -61,13 +66,13 @@ def test_each_tier_is_read_with_the_variant_it_serves() -> None:
         tiers={"mixed_variants": True, "edge": {"variant": "int8"}, "center": {}},
         versions={"1": {"model.onnx": sha, "model.int8.onnx": sha}},
     )
-    assert served_units(cfg) == [("mlp@1.int8", "edge"), ("mlp@1.fp32", "center")]
+    assert _named(served_units(cfg)) == [("mlp@1.int8", "edge"), ("mlp@1.fp32", "center")]
 
 
 def test_a_named_version_is_read_and_an_unknown_one_is_not() -> None:
     raw = yaml.safe_load((MODELS / "mlp" / "config.yaml").read_text())
     sha = raw["versions"]["1"]
     cfg = mlp(versions={"1": sha, "2": sha}, stable_version="1")
-    assert served_units(cfg) == [("mlp@1.fp32", "center")]
-    assert served_units(cfg, "2") == [("mlp@2.fp32", "center")]
-    assert served_units(cfg, "9") == []
+    assert _named(served_units(cfg)) == [("mlp@1.fp32", "center")]
+    assert _named(served_units(cfg, "2")) == [("mlp@2.fp32", "center")]
+    assert _named(served_units(cfg, "9")) == []

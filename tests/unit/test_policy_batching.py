@@ -6,6 +6,7 @@ from typing import Any
 
 import pytest
 
+from tiermesh.core.compute_unit import ComputeUnit
 from tiermesh.core.jobs import Job, Timing
 from tiermesh.core.keys import DEFAULT_TIER, StreamKey, stream_keys
 from tiermesh.core.model_config import bucket_for
@@ -81,16 +82,22 @@ def test_job_length(inputs: tuple[TensorData, ...], length: int) -> None:
 
 @pytest.mark.parametrize(
     ("priority", "expected"),
-    [(0, 2), (1, 1), (3, 3), (9, 3), (-4, 1)],
+    [(0, 2), (1, 1), (3, 3)],
 )
 def test_choose_stream_priority(priority: int, expected: int) -> None:
     key = choose_stream(_cfg(), _job(_t("IDS", 1, 10), priority=priority))
     assert key.priority == expected
 
 
+@pytest.mark.parametrize("priority", [4, 9, -4])
+def test_a_priority_out_of_range_is_refused_in_the_callers_words(priority: int) -> None:
+    with pytest.raises(ValueError, match=f"priority {priority} out of range: model 'bert' has"):
+        _cfg().priority_level(priority)
+
+
 def test_choose_stream_key() -> None:
     key = choose_stream(_cfg(), _job(_t("IDS", 4, 100)), tier="edge")
-    assert key == StreamKey("bert@1.fp32", "edge", 2, 2)
+    assert key == StreamKey(ComputeUnit.parse("bert@1.fp32"), "edge", 2, 2)
     assert choose_stream(_cfg(), _job(_t("IDS", 1, 3))).tier == DEFAULT_TIER
 
 
@@ -103,7 +110,7 @@ def test_choose_stream_without_buckets() -> None:
 
 
 def _k(priority: int, bucket: int, model: str = "m") -> StreamKey:
-    return StreamKey(model, "center", priority, bucket)
+    return StreamKey(ComputeUnit(model, "1", "fp32"), "center", priority, bucket)
 
 
 MS = 1_000_000
@@ -181,9 +188,12 @@ def test_split_expired_deadline_zero_never_expires() -> None:
 
 def test_stream_key_name_format() -> None:
     """The model's name is the Redis Cluster hash tag: every stream of a model in one slot."""
-    assert StreamKey("mlp@1.fp32", "edge", 1, 0).name == "tm:q:{mlp}@1.fp32:edge:p1:b0"
     assert (
-        StreamKey("bert-base@2.int8", "center", 2, 13).name
+        StreamKey(ComputeUnit.parse("mlp@1.fp32"), "edge", 1, 0).name
+        == "tm:q:{mlp}@1.fp32:edge:p1:b0"
+    )
+    assert (
+        StreamKey(ComputeUnit.parse("bert-base@2.int8"), "center", 2, 13).name
         == "tm:q:{bert-base}@2.int8:center:p2:b13"
     )
 
@@ -193,7 +203,7 @@ def test_every_key_of_a_models_work_shares_its_slot() -> None:
 
     from tiermesh.core import keys
 
-    unit, other = "mlp@1.fp32", "mlp@2.int8"
+    unit, other = ComputeUnit.parse("mlp@1.fp32"), ComputeUnit.parse("mlp@2.int8")
     together = [
         StreamKey(unit, "edge", 1, 0).name,
         StreamKey(other, "center", 0, 3).name,
@@ -201,7 +211,7 @@ def test_every_key_of_a_models_work_shares_its_slot() -> None:
         keys.provider_key(unit, "edge", "w1"),
         keys.rate_key(other, "center"),
         keys.dead_letter_key(unit, "center"),
-        keys.enqueued_key(unit, "r1"),
+        keys.enqueued_key(unit.model, "r1"),
         keys.enqueued_key("mlp", "r2"),
         keys.cache_entry_key("mlp", "d1"),
         keys.cache_index_key("mlp"),
@@ -209,7 +219,9 @@ def test_every_key_of_a_models_work_shares_its_slot() -> None:
         keys.stats_batch_key("mlp", "w1", 5),
     ]
     assert {key_slot(k.encode()) for k in together} == {key_slot(b"mlp")}
-    assert key_slot(StreamKey("bert@1.fp32", "edge", 1, 0).name.encode()) == key_slot(b"bert")
+    assert key_slot(
+        StreamKey(ComputeUnit.parse("bert@1.fp32"), "edge", 1, 0).name.encode()
+    ) == key_slot(b"bert")
     # What one script or transaction writes together, beyond a model's work.
     for group in (
         [keys.rollout_key("mlp"), keys.CHANGE_LOG, keys.ROLLOUT_LOCK],
@@ -229,7 +241,10 @@ def test_every_key_of_a_models_work_shares_its_slot() -> None:
 
 @pytest.mark.parametrize(
     "key",
-    [StreamKey("mlp@1.fp32", "edge", 1, 0), StreamKey("a_b@x-1.c", "center", 10, 99)],
+    [
+        StreamKey(ComputeUnit.parse("mlp@1.fp32"), "edge", 1, 0),
+        StreamKey(ComputeUnit.parse("a_b@x-1.c"), "center", 10, 99),
+    ],
 )
 def test_stream_key_parse_round_trip(key: StreamKey) -> None:
     assert StreamKey.parse(key.name) == key
@@ -256,7 +271,7 @@ def test_stream_key_parse_rejects_foreign(name: str) -> None:
 
 
 def test_stream_keys_highest_priority_first() -> None:
-    keys = stream_keys("m", "edge", 2, 2)
+    keys = stream_keys(ComputeUnit("m", "1", "fp32"), "edge", 2, 2)
     assert [(k.priority, k.bucket) for k in keys] == [(1, 0), (1, 1), (2, 0), (2, 1)]
     assert len({k.name for k in keys}) == 4
 

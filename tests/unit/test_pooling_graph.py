@@ -12,6 +12,7 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
+from tiermesh.core.compute_unit import ComputeUnit
 from tiermesh.core.jobs import Job, JobResult
 from tiermesh.core.keys import StreamKey
 from tiermesh.core.model_config import PoolSpec
@@ -155,7 +156,10 @@ def _job(rid: str, ids: list[int]) -> QueuedJob:
         from_numpy("attention_mask", (arr > 0).astype(np.int64), "INT64"),
     )
     return QueuedJob(
-        StreamKey("embed@1.fp32", "center", 1, 0), "1-0", Job(rid, "embed", inputs, "gw"), 0
+        StreamKey(ComputeUnit("embed", "1", "fp32"), "center", 1, 0),
+        "1-0",
+        Job(rid, "embed", inputs, "gw"),
+        0,
     )
 
 

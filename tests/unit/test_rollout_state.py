@@ -10,7 +10,6 @@ import pytest
 
 from tests.conftest import copy_repository
 from tiermesh.core.canary_spec import CanarySpec, parse_canary
-from tiermesh.core.keys import StreamKey, compute_unit, split_unit
 from tiermesh.core.repository import ModelConfig, ModelRepository
 from tiermesh.core.tensors import TensorData, from_numpy
 from tiermesh.rollout import state as transitions
@@ -24,21 +23,6 @@ from tiermesh.rollout.window import (
     stats_of,
     window_seconds,
 )
-
-
-def test_compute_unit_carries_the_version() -> None:
-    unit = compute_unit("mlp", "fp32", "1")
-    assert unit == "mlp@1.fp32"
-    assert split_unit(unit) == ("mlp", "1", "fp32")
-    assert split_unit(compute_unit("minilm-l6", "int8", "v2_b")) == ("minilm-l6", "v2_b", "int8")
-    assert StreamKey(unit, "center", 2, 0).name == "tm:q:{mlp}@1.fp32:center:p2:b0"
-    assert StreamKey.parse(StreamKey(unit, "edge", 1, 3).name).model == unit
-
-
-@pytest.mark.parametrize("bad", ["mlp.fp32", "mlp@1", "@1.fp32", "mlp@.fp32"])
-def test_split_unit_refuses_a_name_without_version(bad: str) -> None:
-    with pytest.raises(ValueError):
-        split_unit(bad)
 
 
 @pytest.fixture(scope="module")

@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from tiermesh.core.compute_unit import ComputeUnit
 from tiermesh.core.keys import StreamKey
 from tiermesh.core.model_config import ModelConfig, RepositoryError, parse_config
 from tiermesh.worker.scheduler import HIGHER_PRESENT_NS, Scheduler, StreamView
@@ -17,7 +18,7 @@ from tiermesh.worker.scheduler import HIGHER_PRESENT_NS, Scheduler, StreamView
 MS = 1_000_000
 # A wall-clock-sized origin: float arithmetic on ns timestamps this large loses precision.
 T0 = 1_700_000_000_000_000_000
-UNIT = "minilm@1.fp32"
+UNIT = ComputeUnit.parse("minilm@1.fp32")
 TIER = "center"
 # Bucket 0: short sequences, big batches, short wait, preferred sizes; 2: long, small, long.
 BUCKETS: list[dict[str, Any]] = [
@@ -57,7 +58,7 @@ def _sched(weights: Sequence[int] = (4, 1), ages: Sequence[float] = AGE_LIMITS) 
     return Scheduler({UNIT: _cfg(weights, ages)})
 
 
-def _key(priority: int = 1, bucket: int = 0, unit: str = UNIT) -> StreamKey:
+def _key(priority: int = 1, bucket: int = 0, unit: ComputeUnit = UNIT) -> StreamKey:
     return StreamKey(unit, TIER, priority, bucket)
 
 
@@ -70,7 +71,7 @@ def _view(
     waited_ms: float = 0.0,
     aged_ms: float | None = None,
     deadline_ns: int = 0,
-    unit: str = UNIT,
+    unit: ComputeUnit = UNIT,
 ) -> StreamView:
     """A view at `now`: read `waited_ms` ago, routed `aged_ms` ago (default: when read)."""
     aged = waited_ms if aged_ms is None else aged_ms
@@ -159,7 +160,7 @@ def test_a_level_one_trickle_is_taken_at_the_next_boundary(flood_batches_between
 
 
 def test_forgotten_credit_is_shared_so_credits_sum_to_zero() -> None:
-    other = "mlp@1.fp32"
+    other = ComputeUnit.parse("mlp@1.fp32")
     s = Scheduler({UNIT: _cfg((4, 1)), other: _cfg((4, 1))})
     views = [_view(2, rows=8), _view(2, rows=8, unit=other)]
     now = T0
@@ -174,7 +175,7 @@ def test_forgotten_credit_is_shared_so_credits_sum_to_zero() -> None:
 
 
 def test_levels_of_different_units_share_by_weight() -> None:
-    other = "mlp@1.fp32"
+    other = ComputeUnit.parse("mlp@1.fp32")
     s = Scheduler({UNIT: _cfg((4, 1)), other: _cfg((4, 1))})
     views = [_view(1, rows=8), _view(1, rows=8, unit=other)]
     picks = Counter(s.pick(views, T0 + i * MS) for i in range(20))
@@ -183,7 +184,7 @@ def test_levels_of_different_units_share_by_weight() -> None:
 
 def test_unknown_unit_raises() -> None:
     with pytest.raises(KeyError, match=r"bert@1\.fp32"):
-        _sched().pick([_view(unit="bert@1.fp32")], T0)
+        _sched().pick([_view(unit=ComputeUnit.parse("bert@1.fp32"))], T0)
 
 
 # -- pick: aging ---------------------------------------------------------------------------
@@ -531,11 +532,11 @@ def test_estimate_follows_a_change_gradually() -> None:
 
 
 def test_estimates_are_per_unit_and_bucket_not_per_tier_or_priority() -> None:
-    s = Scheduler({UNIT: _cfg(), "mlp@1.fp32": _cfg()})
+    s = Scheduler({UNIT: _cfg(), ComputeUnit.parse("mlp@1.fp32"): _cfg()})
     s.observe(StreamKey(UNIT, "edge", 2, 1), 4, 8 * MS)
     assert s.compute_estimate_ns(StreamKey(UNIT, TIER, 1, 1), 4) == 8 * MS
     assert s.compute_estimate_ns(_key(1, 0), 4) == 0
-    assert s.compute_estimate_ns(_key(1, 1, "mlp@1.fp32"), 4) == 0
+    assert s.compute_estimate_ns(_key(1, 1, ComputeUnit.parse("mlp@1.fp32")), 4) == 0
 
 
 def test_a_batch_computed_inline_leaves_the_estimate_as_it_was() -> None:

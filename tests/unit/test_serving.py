@@ -41,21 +41,20 @@ def test_a_worker_wants_every_gated_version_and_variant_of_what_is_loaded() -> N
     # int8 passed its accuracy gate in version 2 only: version 1's gets no session.
     a = replace(a, servable={"1": frozenset({"fp32"}), "2": frozenset({"fp32", "int8"})})
     configs = {"a": a, "b": _cfg("b")}
-    assert sorted(worker_units(configs, [], set())) == [
+    assert sorted(map(str, worker_units(configs, [], set()))) == [
         "a@1.fp32",
         "a@2.fp32",
         "a@2.int8",
         "b@1.fp32",
     ]
-    assert sorted(worker_units(configs, [], {"a:1", "b"})) == ["a@2.fp32", "a@2.int8"]
+    assert sorted(map(str, worker_units(configs, [], {"a:1", "b"}))) == ["a@2.fp32", "a@2.int8"]
     # Without a record anywhere only the reference serves, unless the config says ungated.
-    assert sorted(worker_units({"a": _cfg("a", ("1",), ("fp32", "int8"))}, [], set())) == [
-        "a@1.fp32"
-    ]
+    only_reference = worker_units({"a": _cfg("a", ("1",), ("fp32", "int8"))}, [], set())
+    assert sorted(map(str, only_reference)) == ["a@1.fp32"]
     ungated = replace(_cfg("a", ("1",), ("fp32", "int8")), ungated=True)
-    assert sorted(worker_units({"a": ungated}, [], set())) == ["a@1.fp32", "a@1.int8"]
+    assert sorted(map(str, worker_units({"a": ungated}, [], set()))) == ["a@1.fp32", "a@1.int8"]
     # Only the models it was told to serve; one the repository lacks is skipped.
-    assert sorted(worker_units(configs, ["b", "gone"], set())) == ["b@1.fp32"]
+    assert sorted(map(str, worker_units(configs, ["b", "gone"], set()))) == ["b@1.fp32"]
 
 
 def test_the_plan_opens_closes_and_keeps_closing_units_wanted_again() -> None:

@@ -144,9 +144,9 @@ def _job(variant: str = "") -> Job:
 
 def test_every_tier_runs_the_same_unit_unless_the_caller_names_a_variant() -> None:
     cfg = parse_config(_raw({"edge": {"max_cost": 64}, "center": {}}), "clf/config.yaml")
-    units = {tier_stream(cfg, _job(), t).model for t in cfg.tiers}
+    units = {str(tier_stream(cfg, _job(), t).unit) for t in cfg.tiers}
     assert units == {"clf@1.fp32"}
-    named = {(t.name, tier_stream(cfg, _job("int8"), t).model) for t in cfg.tiers}
+    named = {(t.name, str(tier_stream(cfg, _job("int8"), t).unit)) for t in cfg.tiers}
     assert named == {("edge", "clf@1.int8"), ("center", "clf@1.int8")}
 
 
@@ -154,6 +154,6 @@ def test_mixed_tiers_run_their_own_variant_and_a_named_one_wins() -> None:
     tiers = {"mixed_variants": True, "edge": {"variant": "int8", "max_cost": 64}, "center": {}}
     cfg = parse_config(_raw(tiers), "clf/config.yaml")
     edge, center = cfg.tiers
-    assert tier_stream(cfg, _job(), edge).model == "clf@1.int8"
-    assert tier_stream(cfg, _job(), center).model == "clf@1.fp32"
-    assert tier_stream(cfg, _job("fp32"), edge).model == "clf@1.fp32"
+    assert str(tier_stream(cfg, _job(), edge).unit) == "clf@1.int8"
+    assert str(tier_stream(cfg, _job(), center).unit) == "clf@1.fp32"
+    assert str(tier_stream(cfg, _job("fp32"), edge).unit) == "clf@1.fp32"

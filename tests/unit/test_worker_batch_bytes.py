@@ -17,7 +17,7 @@ from pydantic import ValidationError
 from tests.integration.conftest import Downstream, downstream  # noqa: F401 (a fixture)
 from tests.tile_model import NAME, build_tile, config_text
 from tests.unit.test_worker_loop import Harness, make  # noqa: F401 (a fixture)
-from tiermesh.core import keys
+from tiermesh.core.compute_unit import ComputeUnit
 from tiermesh.core.jobs import Job, Timing
 from tiermesh.core.keys import StreamKey
 from tiermesh.core.model_config import parse_config
@@ -27,7 +27,7 @@ from tiermesh.core.wire import encode_job
 from tiermesh.worker.batching import take_count
 from tiermesh.worker.scheduler import Scheduler, StreamView
 
-UNIT = keys.compute_unit(NAME, "fp32", "1")
+UNIT = ComputeUnit(NAME, "1", "fp32")
 STREAM = StreamKey(UNIT, "center", 2, 0)
 CONFIG = parse_config(yaml.safe_load(config_text("0" * 64)), "test")
 

@@ -23,6 +23,7 @@ from tests.conftest import MODELS
 from tests.integration.conftest import Downstream, downstream  # noqa: F401 (a fixture)
 from tiermesh.core import keys
 from tiermesh.core.builtin_models import build_mlp
+from tiermesh.core.compute_unit import ComputeUnit
 from tiermesh.core.jobs import Job, JobResult, Timing
 from tiermesh.core.keys import StreamKey
 from tiermesh.core.model_config import ModelConfig, parse_config
@@ -38,7 +39,7 @@ from tiermesh.worker.runner import JobOutputs, ModelRunner
 from tiermesh.worker.scheduler import HIGHER_PRESENT_NS
 from tiermesh.worker.streams import Entry, StreamRead
 
-UNIT = keys.compute_unit("mlp", "fp32", "1")
+UNIT = ComputeUnit("mlp", "1", "fp32")
 HIGH = StreamKey(UNIT, "center", 1, 0)
 LOW = StreamKey(UNIT, "center", 2, 0)
 MS = 1_000_000
@@ -153,7 +154,7 @@ class MemoryStreams:
 
     async def requeue(self, stream: StreamKey, job: bytes, trace_context: dict[str, str]) -> bool:
         self._note("requeue", stream)
-        if not self.workers[(stream.model, stream.tier)]:
+        if not self.workers[(stream.unit, stream.tier)]:
             return False
         self.add(stream, decode_job(job))
         return True
@@ -259,7 +260,7 @@ class Harness:
             stream,
             Job(
                 request_id=request_id,
-                model=keys.split_unit(stream.model)[0],
+                model=stream.unit.model,
                 inputs=(from_numpy("INPUT0", np.ones((1, width), np.float32), "FP32"),),
                 gateway=self._down.delivery_address,
                 deadline_ns=0 if deadline_ms is None else self.clock.now + deadline_ms * MS,

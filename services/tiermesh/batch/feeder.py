@@ -104,10 +104,6 @@ class Feeder:
                 queued += len(entries)
         return queued
 
-    @staticmethod
-    def _tier_variant(cfg: ModelConfig, tier: str) -> str:
-        return next((t.variant for t in cfg.tiers if t.name == tier), "")
-
     def _entries(
         self, cfg: ModelConfig, rec: JobRecord, raw: Sequence[bytes]
     ) -> list[tuple[StreamKey, bytes]]:
@@ -129,8 +125,8 @@ class Feeder:
             inputs=decode_job(raw).inputs,
             gateway="",
             tenant=rec.tenant,
-            version=rec.version or cfg.stable.version,
-            variant=rec.variant or self._tier_variant(cfg, tier) or cfg.default_variant,
+            version=cfg.version_for(rec.version),
+            variant=cfg.variant_for(rec.variant, cfg.tier(tier)),
             annotations={JOB_ANNOTATION: rec.job_id, INDEX_ANNOTATION: str(index)},
         )
 
@@ -139,7 +135,7 @@ class Feeder:
         now = self._clock_ns()
         tier = rec.tier or background_tier(cfg, self._pinned)
         online = choose_stream(cfg, job, tier)
-        stream = StreamKey(online.model, tier, BACKGROUND_PRIORITY, online.bucket)
+        stream = StreamKey(online.unit, tier, BACKGROUND_PRIORITY, online.bucket)
         job = dataclasses.replace(
             job,
             priority=BACKGROUND_PRIORITY,

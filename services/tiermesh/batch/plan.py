@@ -8,7 +8,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from tiermesh.core.keys import DEFAULT_TIER, StreamKey, background_streams, compute_unit
+from tiermesh.core.keys import DEFAULT_TIER, StreamKey, background_streams
 from tiermesh.core.model_config import ModelConfig
 
 # Job statuses: loading (inputs arriving) -> queued (sealed, nothing fed yet) -> running
@@ -110,7 +110,7 @@ def job_streams(cfg: ModelConfig, job: JobRecord) -> list[StreamKey]:
     """Every background stream the job's inputs may be queued on (all tiers, buckets)."""
     variants = [job.variant] if job.variant else sorted(cfg.variants)
     versions = [job.version] if job.version else [v.version for v in cfg.versions]
-    units = [compute_unit(cfg.queue_model, a, v) for a in variants for v in versions]
+    units = [cfg.unit(v, a) for a in variants for v in versions]
     tiers = [t.name for t in cfg.tiers] or [job.tier or DEFAULT_TIER]
     return [s for u in units for t in tiers for s in background_streams(u, t, cfg.bucket_count)]
 

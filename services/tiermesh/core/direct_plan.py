@@ -124,8 +124,8 @@ def direct_plan(
         or cfg.cascade is not None
     ):
         return None
-    version = cfg.stable.version
-    tiers = cfg.tiers or (TierSpec(keys.DEFAULT_TIER, cfg.default_variant),)
+    version = cfg.version_for("")
+    tiers = cfg.tiers or (TierSpec(keys.DEFAULT_TIER, ""),)
     return {
         "version": version,
         "default_priority": cfg.default_priority,
@@ -149,8 +149,8 @@ def direct_plan(
 def _placement(cfg: ModelConfig, version: str, tier: TierSpec) -> dict[str, Any]:
     """Where a job placed on `tier` goes: its streams by level and bucket, the tier's
     workers and rate keys, the streams of the model-wide bound."""
-    variant = tier.variant or cfg.default_variant
-    unit = keys.compute_unit(cfg.queue_model, variant, version)
+    variant = cfg.variant_for("", tier)
+    unit = cfg.unit(version, variant)
     streams = keys.stream_keys(unit, tier.name, cfg.priority_levels, cfg.bucket_count)
     return {
         "name": tier.name,

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from tiermesh.core.compute_unit import ComputeUnit
+
 PREFIX = "tm"
 # The tier of a model without tiers: its streams and workers are named under it.
 DEFAULT_TIER = "center"
@@ -26,36 +28,21 @@ TRACEPARENT_FIELD = "traceparent"
 TRACESTATE_FIELD = "tracestate"
 
 
-def model_tag(unit: str) -> str:
-    """The hash tag of every key of a model's work: its name in braces (`unit` may be a
-    compute unit or a model's name)."""
-    return "{" + unit.partition("@")[0] + "}"
-
-
-def _tagged(unit: str) -> str:
-    """A compute unit with its model's hash tag: "{mlp}@1.fp32"."""
-    name, at, rest = unit.partition("@")
-    return "{" + name + "}" + at + rest
-
-
-def _untagged(text: str) -> str:
-    """Inverse of _tagged; raises ValueError on text without the tag."""
-    if not text.startswith("{") or "}" not in text:
-        raise ValueError(f"no hash tag in {text!r}")
-    name, _, rest = text[1:].partition("}")
-    return name + rest
+def model_tag(model: str) -> str:
+    """The hash tag of every key of a model's work: its name in braces."""
+    return "{" + model + "}"
 
 
 @dataclass(frozen=True, slots=True)
 class StreamKey:
-    model: str
+    unit: ComputeUnit
     tier: str
     priority: int
     bucket: int
 
     @property
     def name(self) -> str:
-        return f"{PREFIX}:q:{_tagged(self.model)}:{self.tier}:p{self.priority}:b{self.bucket}"
+        return f"{PREFIX}:q:{self.unit.tagged}:{self.tier}:p{self.priority}:b{self.bucket}"
 
     @classmethod
     def parse(cls, name: str) -> StreamKey:
@@ -66,35 +53,35 @@ class StreamKey:
         if not parts[4].startswith("p") or not parts[5].startswith("b"):
             raise ValueError(f"not a tiermesh work stream: {name!r}")
         try:
-            unit = _untagged(parts[2])
+            unit = ComputeUnit.parse_tagged(parts[2])
         except ValueError:
             raise ValueError(f"not a tiermesh work stream: {name!r}") from None
         return cls(unit, parts[3], int(parts[4][1:]), int(parts[5][1:]))
 
 
-def workers_key(model: str, tier: str) -> str:
-    """Sorted set of live worker ids for (model, tier), scored by heartbeat expiry (ms)."""
-    return f"{PREFIX}:workers:{_tagged(model)}:{tier}"
+def workers_key(unit: ComputeUnit, tier: str) -> str:
+    """Sorted set of live worker ids for (unit, tier), scored by heartbeat expiry (ms)."""
+    return f"{PREFIX}:workers:{unit.tagged}:{tier}"
 
 
-def provider_key(model: str, tier: str, worker: str) -> str:
+def provider_key(unit: ComputeUnit, tier: str, worker: str) -> str:
     """The execution provider one worker's session of (model, tier) got (`worker` as in the
     worker set), expiring with the heartbeat that last wrote it."""
-    return f"{PREFIX}:provider:{_tagged(model)}:{tier}:{worker}"
+    return f"{PREFIX}:provider:{unit.tagged}:{tier}:{worker}"
 
 
-def rate_key(unit: str, tier: str) -> str:
+def rate_key(unit: ComputeUnit, tier: str) -> str:
     """Hash of measured drain rates (entries per second of compute), field b{bucket}."""
-    return f"{PREFIX}:rate:{_tagged(unit)}:{tier}"
+    return f"{PREFIX}:rate:{unit.tagged}:{tier}"
 
 
 def rate_field(bucket: int) -> str:
     return f"b{bucket}"
 
 
-def dead_letter_key(unit: str, tier: str) -> str:
+def dead_letter_key(unit: ComputeUnit, tier: str) -> str:
     """Stream of entries given up on after too many deliveries (kept for inspection)."""
-    return f"{PREFIX}:dlq:{_tagged(unit)}:{tier}"
+    return f"{PREFIX}:dlq:{unit.tagged}:{tier}"
 
 
 def cancel_key(request_id: str) -> str:
@@ -102,34 +89,20 @@ def cancel_key(request_id: str) -> str:
     return f"{PREFIX}:cancel:{request_id}"
 
 
-def enqueued_key(unit: str, request_id: str) -> str:
+def enqueued_key(model: str, request_id: str) -> str:
     """Entry id a request was queued under (with a TTL): a retried enqueue of the same
     request finds it and is not queued twice. In its model's slot, with the streams the
-    admission script queues it on (`unit`: a compute unit or the model's name)."""
-    return f"{PREFIX}:enq:{model_tag(unit)}:{request_id}"
+    admission script queues it on."""
+    return f"{PREFIX}:enq:{model_tag(model)}:{request_id}"
 
 
-def stream_keys(model: str, tier: str, priority_levels: int, buckets: int) -> list[StreamKey]:
-    """All work streams of one model on one tier, highest priority (1) first."""
+def stream_keys(
+    unit: ComputeUnit, tier: str, priority_levels: int, buckets: int
+) -> list[StreamKey]:
+    """All work streams of one unit on one tier, highest priority (1) first."""
     return [
-        StreamKey(model, tier, p, b) for p in range(1, priority_levels + 1) for b in range(buckets)
+        StreamKey(unit, tier, p, b) for p in range(1, priority_levels + 1) for b in range(buckets)
     ]
-
-
-def compute_unit(model: str, variant: str, version: str) -> str:
-    """What one work stream carries and one session runs: one variant of one version of a
-    model ("mlp@1.fp32"). Model, version and variant names hold neither '@' nor '.' (the
-    repository checks), so this splits back."""
-    return f"{model}@{version}.{variant}"
-
-
-def split_unit(unit: str) -> tuple[str, str, str]:
-    """(model, version, variant) of a compute unit; raises ValueError on anything else."""
-    rest, dot, variant = unit.rpartition(".")
-    model, at, version = rest.rpartition("@")
-    if not (dot and at and model and version and variant):
-        raise ValueError(f"not a compute unit: {unit!r}")
-    return model, version, variant
 
 
 # The gateway's response cache, per public model: one string per answer, and an index of the
@@ -241,7 +214,7 @@ _BATCH = f"{PREFIX}:{{batch}}"
 BACKGROUND_PRIORITY = 0
 
 
-def background_streams(unit: str, tier: str, buckets: int) -> list[StreamKey]:
+def background_streams(unit: ComputeUnit, tier: str, buckets: int) -> list[StreamKey]:
     """The background streams of one compute unit on one tier, one per length bucket."""
     return [StreamKey(unit, tier, BACKGROUND_PRIORITY, b) for b in range(buckets)]
 

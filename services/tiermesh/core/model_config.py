@@ -23,6 +23,7 @@ from pydantic import BaseModel
 
 from tiermesh.core import config_schema as schema
 from tiermesh.core.canary_spec import CanarySpec, parse_canary
+from tiermesh.core.compute_unit import ComputeUnit
 from tiermesh.core.gates import reference_variant
 from tiermesh.core.tier_spec import (
     TierConfigError,
@@ -272,6 +273,37 @@ class ModelConfig:
     def tier_variants(self) -> dict[str, str]:
         """The variant each tier serves when the caller names none (tier name -> variant)."""
         return served_variants(self.tiers, self.default_variant)
+
+    # The defaults of a request, each resolved here and nowhere else.
+
+    def priority_level(self, requested: int) -> int:
+        """The priority level a request runs at, Triton's convention: 0 is the model's
+        default, 1 the highest level; ValueError (its words for the caller) out of range."""
+        if requested == 0:
+            return self.default_priority
+        if not 1 <= requested <= self.priority_levels:
+            raise ValueError(
+                f"priority {requested} out of range: model '{self.name}' has levels "
+                f"1..{self.priority_levels} (0 = default)"
+            )
+        return requested
+
+    def variant_for(self, requested: str, tier: TierSpec | None = None) -> str:
+        """The variant a request runs: the one it names, else its tier's, else the model's
+        default."""
+        return requested or (tier.variant if tier is not None else "") or self.default_variant
+
+    def version_for(self, requested: str) -> str:
+        """The version a request runs when no rollout places it: the one it names, else the
+        stable one."""
+        return requested or self.stable.version
+
+    def tier(self, name: str) -> TierSpec | None:
+        return next((t for t in self.tiers if t.name == name), None)
+
+    def unit(self, version: str, variant: str) -> ComputeUnit:
+        """The compute unit of one version and variant (a companion's is its host's)."""
+        return ComputeUnit(self.queue_model, version, variant)
 
     @property
     def model_file(self) -> str:

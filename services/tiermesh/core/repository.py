@@ -208,7 +208,7 @@ class ModelRepository:
         version's checksummed files.
         """
         cfg, ver = self._config(name, version)
-        variant = variant or cfg.default_variant
+        variant = cfg.variant_for(variant)
         if variant not in cfg.variants:
             raise RepositoryError(f"model {name!r} has no variant {variant!r}")
         file = cfg.variants[variant]
@@ -282,7 +282,7 @@ class ModelRepository:
         """The model file of (name, version, variant) after the folder's checksums matched."""
         folder = self.checked_folder(name, version)
         cfg = self._configs[name]
-        variant = variant or cfg.default_variant
+        variant = cfg.variant_for(variant)
         if variant not in cfg.variants:
             raise RepositoryError(f"model {name!r} has no variant {variant!r}")
         return folder / cfg.variants[variant]

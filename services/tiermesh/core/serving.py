@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 
-from tiermesh.core.keys import compute_unit, split_unit
+from tiermesh.core.compute_unit import ComputeUnit
 from tiermesh.core.model_config import ModelConfig
 
 
@@ -31,14 +31,14 @@ def worker_units(
     names: Iterable[str],
     unloaded: Collection[str],
     generative: bool = False,
-) -> dict[str, ModelConfig]:
+) -> dict[ComputeUnit, ModelConfig]:
     """The compute units a worker should have sessions for: every (version, variant) of the
     models it serves (`names`; empty: every model of the repository that is not a
     companion), less what is unloaded. Names the repository does not hold are skipped.
     Batched models only, or (`generative`) generative models only: each kind has its own
     loop (worker/loop.py, worker/generation.py)."""
     wanted = list(names) or sorted(n for n, c in configs.items() if not c.companion_of)
-    out = {}
+    out: dict[ComputeUnit, ModelConfig] = {}
     for name in wanted:
         cfg = configs.get(name)
         if cfg is None or cfg.companion_of or (cfg.generation is not None) != generative:
@@ -48,7 +48,7 @@ def worker_units(
                 continue
             # A variant without a passing gate record gets no session (core/gates.py).
             for variant in cfg.servable_variants(ver.version):
-                out[compute_unit(cfg.queue_model, variant, ver.version)] = cfg
+                out[ComputeUnit(cfg.queue_model, ver.version, variant)] = cfg
     return out
 
 
@@ -59,16 +59,18 @@ class UnitPlan:
     there): heartbeat and read again. `close`: stop reading and heartbeating, finish what was
     read, then drop the session."""
 
-    open: tuple[str, ...] = ()
-    reopen: tuple[str, ...] = ()
-    close: tuple[str, ...] = ()
+    open: tuple[ComputeUnit, ...] = ()
+    reopen: tuple[ComputeUnit, ...] = ()
+    close: tuple[ComputeUnit, ...] = ()
 
     def __bool__(self) -> bool:
         return bool(self.open or self.reopen or self.close)
 
 
 def plan_units(
-    wanted: Collection[str], serving: Collection[str], closing: Collection[str]
+    wanted: Collection[ComputeUnit],
+    serving: Collection[ComputeUnit],
+    closing: Collection[ComputeUnit],
 ) -> UnitPlan:
     """From the units wanted and the worker's state (`serving`: open and read; `closing`:
     no longer read, finishing what was read) to what changes."""
@@ -77,9 +79,3 @@ def plan_units(
         reopen=tuple(sorted(u for u in wanted if u in closing)),
         close=tuple(sorted(u for u in serving if u not in wanted)),
     )
-
-
-def unit_model(unit: str) -> tuple[str, str]:
-    """(model, version) a compute unit computes."""
-    model, version, _ = split_unit(unit)
-    return model, version

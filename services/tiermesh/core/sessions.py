@@ -26,6 +26,8 @@ from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
 import structlog
 
+from tiermesh.core.compute_unit import ComputeUnit
+
 if TYPE_CHECKING:
     import onnxruntime as ort
 
@@ -231,7 +233,7 @@ def open_session(
     *,
     fallback: Fallback = "refuse",
     external: Mapping[str, bytes] | None = None,
-    unit: str = "",
+    unit: ComputeUnit | None = None,
 ) -> Opened:
     """A session of `model` (a path, or the model's bytes with its external data in
     `external`: nothing read from disk) on the providers asked for (empty: CPU). Raises
@@ -253,10 +255,10 @@ def open_session(
         source, options, providers=[(s.name, dict(s.options)) for s in selected]
     )
     provider = check_provider(session, selected, fallback)
-    if unit:
+    if unit is not None:
         log.info(
             "onnx session created",
-            unit=unit,
+            unit=str(unit),
             requested=names(providers or CPU_ONLY),
             provider=provider,
         )

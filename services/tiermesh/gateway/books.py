@@ -133,7 +133,7 @@ class DoorBooks:
             self._book(call)
         for r in refused:
             if (cfg := self._repo.get(r.model)) is not None:  # as _book books a failed call
-                version = r.version or cfg.stable.version
+                version = cfg.version_for(r.version)
                 self._dispatch.statistics.failed_many(cfg.name, version, r.count, r.total_ns)
         if recorder is not None:
             for result in shadows:
@@ -165,7 +165,7 @@ class DoorBooks:
         else:
             cfg = self._repo.get(call.model)
             if cfg is not None:  # as plane.py books a call that ended without an answer
-                version = call.version or cfg.stable.version
+                version = cfg.version_for(call.version)
                 statistics = self._dispatch.statistics
                 statistics.failed(cfg.name, version, call.received_ns, call.ended_ns)
         recorder = self._recorder

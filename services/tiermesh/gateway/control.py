@@ -128,10 +128,9 @@ class ModelControl:
         ver = cfg.version(version)
         if ver is None or not self.is_served(cfg, version):
             return False
-        variants = {t.variant or cfg.default_variant for t in cfg.tiers} or {cfg.default_variant}
+        variants = set(cfg.tier_variants.values()) or {cfg.variant_for("")}
         for variant in sorted(variants):
-            unit = keys.compute_unit(cfg.queue_model, variant, ver.version)
-            if await self._liveness.workers(unit) > 0:
+            if await self._liveness.workers(cfg.unit(ver.version, variant)) > 0:
                 return True
         return False
 

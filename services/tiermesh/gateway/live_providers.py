@@ -18,6 +18,7 @@ import redis.asyncio as aioredis
 import structlog
 
 from tiermesh.core import keys
+from tiermesh.core.compute_unit import ComputeUnit
 from tiermesh.core.redis_cluster import get_many
 from tiermesh.core.repository import ModelConfig
 
@@ -39,18 +40,15 @@ class UnitOnTier:
     providers: Mapping[str, str]
 
 
-def served_units(cfg: ModelConfig, version: str = "") -> list[tuple[str, str]]:
+def served_units(cfg: ModelConfig, version: str = "") -> list[tuple[ComputeUnit, str]]:
     """(compute unit, tier) of every tier the model is served on (its tiers, else the default
     tier), with the variant that tier serves a caller naming none, in `version` ("" = the
     default one; an unknown one has none)."""
     ver = cfg.version(version)
     if ver is None:
         return []
-    variants = cfg.tier_variants or {keys.DEFAULT_TIER: cfg.default_variant}
-    return [
-        (keys.compute_unit(cfg.queue_model, variant, ver.version), tier)
-        for tier, variant in variants.items()
-    ]
+    variants = cfg.tier_variants or {keys.DEFAULT_TIER: cfg.variant_for("")}
+    return [(cfg.unit(ver.version, variant), tier) for tier, variant in variants.items()]
 
 
 def count_live(units: Iterable[UnitOnTier]) -> LiveCounts:

@@ -241,7 +241,7 @@ class DataPlane:
         ended_ns = self._clock_ns()
         cfg = self._repo.get(call.model)
         if not ok and cfg is not None:
-            version = call.version or cfg.stable.version
+            version = cfg.version_for(call.version)
             self.statistics.failed(cfg.name, version, call.received_ns, ended_ns)
         if self._gate.enabled:
             self._gate.audit(

@@ -61,7 +61,7 @@ def variant_of(cfg: ModelConfig, requested: str, version: str = "") -> str:
     """The variant to run: the requested one, or the model's default. A variant without a
     passing accuracy-gate record in that version ("" = the default one) is refused."""
     if not requested:
-        return cfg.default_variant
+        return cfg.variant_for("")
     if requested not in cfg.variants:
         known = ", ".join(sorted(cfg.variants))
         raise invalid(f"model '{cfg.name}' has no variant '{shown(requested)}' (variants: {known})")
@@ -73,15 +73,12 @@ def variant_of(cfg: ModelConfig, requested: str, version: str = "") -> str:
 
 
 def priority_level(cfg: ModelConfig, requested: int) -> int:
-    """Triton's convention: 0 means the model's default; 1 is the highest level."""
-    if requested == 0:
-        return cfg.default_priority
-    if not 1 <= requested <= cfg.priority_levels:
-        raise invalid(
-            f"priority {requested} out of range: model '{cfg.name}' has levels "
-            f"1..{cfg.priority_levels} (0 = default)"
-        )
-    return requested
+    """The level a request runs at (ModelConfig.priority_level); INVALID_ARGUMENT out of
+    range."""
+    try:
+        return cfg.priority_level(requested)
+    except ValueError as exc:
+        raise invalid(str(exc)) from None
 
 
 # The longest a request may wait, whatever its `timeout` parameter or gRPC deadline says.

@@ -11,6 +11,7 @@ import redis.asyncio as aioredis
 
 from tiermesh.core import keys
 from tiermesh.core.call_stream import StreamPump
+from tiermesh.core.compute_unit import ComputeUnit
 from tiermesh.core.errors import (
     MeshError,
     code_from_int,
@@ -166,8 +167,8 @@ class Liveness:
         except (aioredis.RedisError, OSError):
             return False
 
-    async def workers(self, unit: str) -> int:
-        """Live workers of a compute unit ("mlp.fp32") over all tiers."""
+    async def workers(self, unit: ComputeUnit) -> int:
+        """Live workers of a compute unit over all tiers."""
         now_ms = int(time.time() * 1000)
         try:
             counts = [

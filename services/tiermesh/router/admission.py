@@ -98,7 +98,7 @@ class Admitter:
         if self._cluster:
             slots: dict[str, list[int]] = defaultdict(list)
             for i, item in enumerate(items):
-                slots[keys.model_tag(item.stream.model)].append(i)
+                slots[keys.model_tag(item.stream.unit.model)].append(i)
             if len(slots) > 1:
                 parts = await asyncio.gather(
                     *(self._call([items[i] for i in at]) for at in slots.values())
@@ -139,9 +139,9 @@ def _script_call(items: Sequence[Enqueue]) -> tuple[list[str], list[Any]]:
         )
         args += (
             at(stream.name),
-            at(keys.workers_key(stream.model, stream.tier)),
-            at(keys.rate_key(stream.model, stream.tier)),
-            at(keys.enqueued_key(stream.model, item.request_id)),
+            at(keys.workers_key(stream.unit, stream.tier)),
+            at(keys.rate_key(stream.unit, stream.tier)),
+            at(keys.enqueued_key(stream.unit.model, item.request_id)),
             item.bound,
             item.model_bound,
             keys.rate_field(stream.bucket),

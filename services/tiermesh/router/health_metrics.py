@@ -17,6 +17,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from tiermesh.core import keys
+from tiermesh.core.compute_unit import ComputeUnit
 from tiermesh.core.model_config import ModelConfig
 from tiermesh.core.redis_client import connect_sync
 from tiermesh.worker.metrics import STREAM_LABELS, stream_labels
@@ -30,8 +31,8 @@ class HealthReading:
     """One scrape's raw figures; empty when Redis did not answer."""
 
     oldest_ms: dict[keys.StreamKey, int] = field(default_factory=dict)  # entry-id ms, non-empty
-    dead_letters: dict[tuple[str, str], int] = field(default_factory=dict)  # (unit, tier)
-    live_workers: dict[tuple[str, str], int] = field(default_factory=dict)
+    dead_letters: dict[tuple[ComputeUnit, str], int] = field(default_factory=dict)  # (unit, tier)
+    live_workers: dict[tuple[ComputeUnit, str], int] = field(default_factory=dict)
     memory: dict[str, int] = field(default_factory=dict)
 
 
@@ -41,9 +42,8 @@ def entry_ms(entry_id: bytes | str) -> int:
     return int(text.split("-", 1)[0])
 
 
-def unit_labels(unit: str, tier: str) -> list[str]:
-    model, version, variant = keys.split_unit(unit)
-    return [model, version, variant, tier]
+def unit_labels(unit: ComputeUnit, tier: str) -> list[str]:
+    return [*unit.labels, tier]
 
 
 def families(reading: HealthReading, now_ms: int) -> list[GaugeMetricFamily]:
@@ -92,7 +92,7 @@ class HealthCollector(Collector):
         self._clock_ms = clock_ms
         self._units = sorted(
             {
-                (keys.compute_unit(cfg.name, variant, version.version), tier)
+                (cfg.unit(version.version, variant), tier)
                 for cfg in configs.values()
                 if not cfg.companion_of
                 for version in cfg.versions
@@ -105,7 +105,7 @@ class HealthCollector(Collector):
             k
             for name, levels, buckets in sorted(by_unit)
             for unit, tier in self._units
-            if keys.split_unit(unit)[0] == name
+            if unit.model == name
             for k in keys.stream_keys(unit, tier, levels, buckets)
         ]
 

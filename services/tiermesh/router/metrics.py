@@ -43,7 +43,7 @@ class QueueCollector(Collector):
             for variant in cfg.variants
             for tier in TIERS
             for k in keys.stream_keys(
-                keys.compute_unit(cfg.name, variant, version.version),
+                cfg.unit(version.version, variant),
                 tier,
                 cfg.priority_levels,
                 cfg.bucket_count,

@@ -7,7 +7,7 @@ import grpc
 
 from tiermesh.core.errors import MeshError, exhausted, unavailable
 from tiermesh.core.jobs import Job
-from tiermesh.core.keys import DEFAULT_TIER, StreamKey, compute_unit, stream_keys
+from tiermesh.core.keys import DEFAULT_TIER, StreamKey, stream_keys
 from tiermesh.core.model_config import bucket_for
 from tiermesh.core.repository import ModelConfig
 from tiermesh.core.tier_spec import TierSpec
@@ -24,11 +24,9 @@ def job_length(job: Job, batched: bool = True) -> int:
 def choose_stream(cfg: ModelConfig, job: Job, tier: str = DEFAULT_TIER) -> StreamKey:
     """The stream of (compute unit, tier, priority, length bucket) for a validated job; a
     job without a version (not yet placed) goes to the model's default version."""
-    priority = min(max(job.priority or cfg.default_priority, 1), cfg.priority_levels)
+    priority = cfg.priority_level(job.priority)
     length = job_length(job, batched=cfg.max_batch_size > 0)
-    unit = compute_unit(
-        cfg.queue_model, job.variant or cfg.default_variant, job.version or cfg.stable.version
-    )
+    unit = cfg.unit(cfg.version_for(job.version), cfg.variant_for(job.variant))
     return StreamKey(unit, tier, priority, bucket_for(length, cfg.length_buckets))
 
 
@@ -36,7 +34,7 @@ def model_streams(cfg: ModelConfig, stream: StreamKey) -> list[StreamKey]:
     """Every stream of the stream's compute unit on its tier (for the model-wide bound)."""
     if cfg.model_queue_bound <= 0:
         return []
-    return stream_keys(stream.model, stream.tier, cfg.priority_levels, cfg.bucket_count)
+    return stream_keys(stream.unit, stream.tier, cfg.priority_levels, cfg.bucket_count)
 
 
 def refusal(cfg: ModelConfig, admission: Admission, retry_after_ms: int) -> MeshError:
@@ -66,5 +64,5 @@ def job_cost(cfg: ModelConfig, job: Job) -> int:
 
 def tier_stream(cfg: ModelConfig, job: Job, tier: TierSpec) -> StreamKey:
     """The stream the job would join on `tier`."""
-    variant = job.variant or tier.variant or cfg.default_variant
+    variant = cfg.variant_for(job.variant, tier)
     return choose_stream(cfg, job.with_(variant=variant), tier.name)

@@ -22,6 +22,7 @@ from tiermesh.core.control_watch import ControlWatch
 from tiermesh.core.errors import (
     MeshError,
     deadline_exceeded,
+    invalid,
     not_gated,
     unavailable,
     unknown_model,
@@ -151,6 +152,11 @@ class BatchRouter:
                 w.cfg = self._repo.get(w.job.model)
             if w.cfg is None:
                 w.outcome = unknown_model(w.job.model)
+                continue
+            try:
+                w.cfg.priority_level(w.job.priority)  # what the gateway resolved, or 0
+            except ValueError as exc:
+                w.outcome = invalid(str(exc))
 
     def _checked(self, work: list[_Work]) -> None:
         if self._checks is None:
@@ -208,7 +214,7 @@ class BatchRouter:
                 annotations = {**annotations, ROLLOUT_ARM: placement.arm}
             w.job = w.job.with_(version=placement.version, annotations=annotations)
             w.placement = placement
-            variant, version = w.job.variant, w.job.version or cfg.stable.version
+            variant, version = w.job.variant, cfg.version_for(w.job.version)
             if variant and not cfg.serves(variant, version):
                 # The gateway checked the version it knew; a rollout may place it on another.
                 w.outcome = not_gated(cfg.name, variant, version, cfg.servable_variants(version))
@@ -237,8 +243,7 @@ class BatchRouter:
             cfg = w.cfg
             assert cfg is not None
             if not cfg.tiers:
-                variant = w.job.variant or cfg.default_variant
-                w.job = w.job.with_(variant=variant)
+                w.job = w.job.with_(variant=cfg.variant_for(w.job.variant))
                 w.tier = DEFAULT_TIER
             else:
                 tiered.append(w)
@@ -265,8 +270,7 @@ class BatchRouter:
                 continue
             chosen = states[mine[tier.name].name]
             states[mine[tier.name].name] = dataclasses.replace(chosen, backlog=chosen.backlog + 1)
-            variant = w.job.variant or tier.variant or cfg.default_variant
-            w.job = w.job.with_(variant=variant)
+            w.job = w.job.with_(variant=cfg.variant_for(w.job.variant, tier))
             w.tier = tier.name
 
     async def _admit(self, work: list[_Work], now: int) -> None:

@@ -27,6 +27,7 @@ import structlog
 from prometheus_client import CollectorRegistry, Counter
 
 from tiermesh.core import keys
+from tiermesh.core.compute_unit import ComputeUnit
 from tiermesh.core.keys import StreamKey
 from tiermesh.core.loops import repeat
 from tiermesh.core.model_config import ModelConfig
@@ -74,7 +75,7 @@ class _Tier:
 
     cfg: ModelConfig
     spec: TierSpec
-    unit: str
+    unit: ComputeUnit
     streams: tuple[StreamKey, ...]
 
 
@@ -85,9 +86,7 @@ def _tiers_of(cfg: ModelConfig) -> list[list[_Tier]]:
     for version in cfg.versions:
         tiers = []
         for spec in cfg.tiers:
-            unit = keys.compute_unit(
-                cfg.queue_model, spec.variant or cfg.default_variant, version.version
-            )
+            unit = cfg.unit(version.version, cfg.variant_for("", spec))
             streams = (
                 *keys.stream_keys(unit, spec.name, cfg.priority_levels, cfg.bucket_count),
                 *keys.background_streams(unit, spec.name, cfg.bucket_count),
@@ -181,7 +180,7 @@ class StrandedWork:
         entries: list[tuple[bytes, dict[bytes, bytes]]],
     ) -> int:
         to = StreamKey(target.unit, target.spec.name, stream.priority, stream.bucket)
-        variant = target.spec.variant or target.cfg.default_variant
+        variant = target.unit.variant
         fields_named = [keys.JOB_FIELD, keys.TRACEPARENT_FIELD, keys.TRACESTATE_FIELD]
         args: list[bytes | str] = [keys.GROUP, *fields_named]
         for entry_id, fields in entries:

@@ -21,9 +21,9 @@ async def read_stream_states(
     now_ms = int(time.time() * 1000)
     async with redis.pipeline(transaction=False) as pipe:
         for s in streams:
-            pipe.zcount(keys.workers_key(s.model, s.tier), now_ms, "+inf")
+            pipe.zcount(keys.workers_key(s.unit, s.tier), now_ms, "+inf")
             pipe.xlen(s.name)
-            pipe.hget(keys.rate_key(s.model, s.tier), keys.rate_field(s.bucket))
+            pipe.hget(keys.rate_key(s.unit, s.tier), keys.rate_field(s.bucket))
         replies = await pipe.execute()
     states = {}
     for i, s in enumerate(streams):

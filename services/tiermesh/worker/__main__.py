@@ -12,6 +12,7 @@ import redis.asyncio as aioredis
 import structlog
 
 from tiermesh.batch.store import BatchStore
+from tiermesh.core.compute_unit import ComputeUnit
 from tiermesh.core.control_watch import ControlWatch
 from tiermesh.core.delivery_client import GatewayClients, deliveries_counter
 from tiermesh.core.heap import settle_heap
@@ -89,7 +90,7 @@ async def serve(
     # Execution providers: the worker's own setting, else each model's tier's, else CPU.
     provider_request = settings.provider_request
 
-    def opener(unit: str, cfg: ModelConfig) -> ModelRunner:
+    def opener(unit: ComputeUnit, cfg: ModelConfig) -> ModelRunner:
         # A batch computing alone on an idle worker may use every lane's threads.
         wide = compute.threads * compute.lanes
         providers = provider_choice(

@@ -12,6 +12,7 @@ import grpc
 
 from tiermesh.batch.plan import CANCELLED, INDEX_ANNOTATION, JOB_ANNOTATION
 from tiermesh.batch.store import BatchStore
+from tiermesh.core.compute_unit import ComputeUnit
 from tiermesh.core.jobs import JobResult
 from tiermesh.core.model_config import ModelConfig
 from tiermesh.core.wire import encode_batch_result
@@ -29,11 +30,11 @@ def job_of(annotations: Mapping[str, str]) -> tuple[str, int] | None:
 
 
 class BackgroundResults:
-    def __init__(self, store: BatchStore, configs: Mapping[str, ModelConfig]) -> None:
+    def __init__(self, store: BatchStore, configs: Mapping[ComputeUnit, ModelConfig]) -> None:
         self._store = store
         self.set_units(configs)
 
-    def set_units(self, configs: Mapping[str, ModelConfig]) -> None:
+    def set_units(self, configs: Mapping[ComputeUnit, ModelConfig]) -> None:
         """Output steps for the models of the units served (keyed by model name)."""
         self._steps = Steps.for_models({c.name: c for c in configs.values()})
 

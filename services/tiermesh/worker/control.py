@@ -15,6 +15,7 @@ import grpc
 import structlog
 
 from tiermesh.core import keys
+from tiermesh.core.compute_unit import ComputeUnit
 from tiermesh.core.control_watch import ControlState
 from tiermesh.core.jobs import JobResult
 from tiermesh.core.keys import StreamKey
@@ -51,7 +52,7 @@ class ModelControl:
         handoff: Handoff,
         background: BackgroundResults | None,
         metrics: WorkerMetrics | None,
-        computing: Callable[[str], bool] = lambda unit: False,
+        computing: Callable[[ComputeUnit], bool] = lambda unit: False,
     ) -> None:
         # computing(unit): a batch of the unit is on a compute lane (its session stays).
         self._computing = computing
@@ -98,12 +99,12 @@ class ModelControl:
         opened = [u for u in (*plan.open, *plan.reopen) if u in units.serving]
         if opened:
             # Groups first, then the heartbeat: from then on routers admit work for them.
-            await self._streams.ensure_groups(k for k in units.keys if k.model in opened)
+            await self._streams.ensure_groups(k for k in units.keys if k.unit in opened)
             await self._membership.beat(opened)
             for unit in opened:
                 self.unit_metric(unit, True)
 
-    async def _close(self, unit: str) -> None:
+    async def _close(self, unit: ComputeUnit) -> None:
         """Stop reading the unit's streams and heartbeating for it, deregister, and answer
         what is still queued for it UNAVAILABLE (nobody would compute it). What was read is
         computed; the main loop drops the session once that is done (`retire`)."""
@@ -111,19 +112,22 @@ class ModelControl:
         units.closing.add(unit)
         units.refresh_keys()
         await self._streams.leave([unit], units.tier)
-        buffered = sum(len(q) for k, q in self._intake.buffer.items() if k.model == unit)
+        buffered = sum(len(q) for k, q in self._intake.buffer.items() if k.unit == unit)
         log.info("model unloading", unit=unit, buffered=buffered)
         cfg = units.configs[unit]
         streams = keys.stream_keys(unit, units.tier, cfg.priority_levels, cfg.bucket_count)
-        model, version, _ = keys.split_unit(unit)
-        message = f"model '{model}' version {version} was unloaded before this request ran"
+        message = (
+            f"model '{unit.model}' version {unit.version} was unloaded before this request ran"
+        )
         units.draining.add(unit)
         try:
             await self._answer_queued(unit, streams, message)
         finally:
             units.draining.discard(unit)
 
-    async def _answer_queued(self, unit: str, streams: list[StreamKey], message: str) -> None:
+    async def _answer_queued(
+        self, unit: ComputeUnit, streams: list[StreamKey], message: str
+    ) -> None:
         while entries := await self._streams.read(streams, ANSWER_READ_COUNT, None):
             answers = []
             for e in entries:
@@ -162,7 +166,7 @@ class ModelControl:
             except STREAM_ERRORS:
                 log.warning("could not deregister an unloaded model", unit=unit)
 
-    def unit_metric(self, unit: str, loaded: bool) -> None:
+    def unit_metric(self, unit: ComputeUnit, loaded: bool) -> None:
         if self._metrics is not None:
             runner = self._units.runners.get(unit) if loaded else None
             provider = runner.provider if runner is not None else ""

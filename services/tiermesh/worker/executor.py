@@ -83,14 +83,14 @@ class Executor:
             span.set_attribute("messaging.batch.message_count", len(live))
             start = self._clock_ns()
             try:
-                runner, jobs = self._units.runners[key.model], [q.job for q in live]
+                runner, jobs = self._units.runners[key.unit], [q.job for q in live]
                 if inline:
                     self.inline_batches += 1
                     outputs = runner.run(jobs, alone=True)
                 else:
                     outputs = await self._threads.call(key.priority, runner.run, jobs)
             except Exception as exc:
-                log.warning("batch failed; running its requests one by one", model=key.model)
+                log.warning("batch failed; running its requests one by one", model=key.unit)
                 span.record_exception(exc)
                 live, outputs, poison = await self._isolate(key, live)
                 done.extend(await self._poisoned(poison))
@@ -103,7 +103,7 @@ class Executor:
             return live, done
         self.computed_rows += rows
         self._scheduler.observe(key, rows, end - start, inline)
-        cfg = self._units.configs[key.model]
+        cfg = self._units.configs[key.unit]
         for q, out in zip(live, outputs, strict=True):
             confidence = escalates(cfg, key.tier, out.outputs)
             if confidence is not None and await self._cascade(cfg, q, confidence):
@@ -124,7 +124,7 @@ class Executor:
         ok: list[QueuedJob] = []
         outputs: list[JobOutputs] = []
         poison: list[QueuedJob] = []
-        run = self._units.runners[key.model].run
+        run = self._units.runners[key.unit].run
         for q in batch:
             try:
                 outputs.extend(await self._threads.call(key.priority, run, [q.job]))
@@ -157,7 +157,7 @@ class Executor:
         last = cfg.tiers[-1]
         job = q.job.with_(
             tier=last.name,
-            variant=last.variant or cfg.default_variant,
+            variant=cfg.variant_for("", last),
             annotations={
                 **q.job.annotations,
                 "cascaded": "true",
@@ -166,7 +166,7 @@ class Executor:
         )
         target = StreamKey(
             # The same version on the last tier: a cascade never changes what computes it.
-            keys.compute_unit(cfg.queue_model, job.variant, keys.split_unit(q.stream.model)[1]),
+            cfg.unit(q.stream.unit.version, job.variant),
             last.name,
             job.priority,
             job.bucket,

@@ -27,6 +27,7 @@ from opentelemetry import trace
 from opentelemetry.trace import SpanKind
 
 from tiermesh.core import keys
+from tiermesh.core.compute_unit import ComputeUnit
 from tiermesh.core.errors import INTERNAL_MESSAGE
 from tiermesh.core.jobs import Job, JobResult
 from tiermesh.core.keys import StreamKey
@@ -83,7 +84,7 @@ class GenerationWorker:
     def __init__(
         self,
         *,
-        unit: str,
+        unit: ComputeUnit,
         cfg: ModelConfig,
         tier: str,
         service: GenerationService,

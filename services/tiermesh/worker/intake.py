@@ -13,6 +13,7 @@ from collections.abc import Awaitable, Callable, Sequence
 import structlog
 
 from tiermesh.core import keys
+from tiermesh.core.compute_unit import ComputeUnit
 from tiermesh.core.keys import StreamKey
 from tiermesh.core.telemetry import Telemetry
 from tiermesh.core.wire import decode_job
@@ -78,8 +79,8 @@ class Intake:
         """Whether online (not batch-job) entries are buffered."""
         return any(q for k, q in self.buffer.items() if not is_background(k))
 
-    def buffered_for(self, unit: str) -> bool:
-        return any(q for k, q in self.buffer.items() if k.model == unit)
+    def buffered_for(self, unit: ComputeUnit) -> bool:
+        return any(q for k, q in self.buffer.items() if k.unit == unit)
 
     def views(self) -> list[StreamView]:
         """What the scheduler picks from: one view per stream with entries buffered."""
@@ -107,7 +108,7 @@ class Intake:
 
     def _batch_rows(self, key: StreamKey) -> int:
         """The most rows a batch of this stream takes now (cut or not)."""
-        rows = self._units.configs[key.model].bucket(key.bucket).max_batch_size
+        rows = self._units.configs[key.unit].bucket(key.bucket).max_batch_size
         if is_background(key):
             return rows
         return min(rows, self._scheduler.row_cap(key, self._clock_ns()))
@@ -125,7 +126,7 @@ class Intake:
             room = self._room(key, rows)
             if room <= 0:
                 continue
-            if rows < self._units.configs[key.model].bucket(key.bucket).max_batch_size:
+            if rows < self._units.configs[key.unit].bucket(key.bucket).max_batch_size:
                 cut[room].append(key)
             else:
                 uncut[key] = room
@@ -145,9 +146,9 @@ class Intake:
         batch, self.buffer[key] = queued[:n], queued[n:]
         return batch
 
-    def forget(self, unit: str) -> None:
+    def forget(self, unit: ComputeUnit) -> None:
         """Drop a retired unit's (empty) buffers."""
-        for key in [k for k in self.buffer if k.model == unit]:
+        for key in [k for k in self.buffer if k.unit == unit]:
             del self.buffer[key]
 
     # -- reading ---------------------------------------------------------------------------
@@ -214,7 +215,7 @@ class Intake:
         Redis times out a blocked read only on its server tick (100 ms at the default
         hz 10), far coarser than a batch wait of a few ms, so this polls without BLOCK.
         """
-        while not self._stopping.is_set() and key.model not in self._units.closing:
+        while not self._stopping.is_set() and key.unit not in self._units.closing:
             wait = self._scheduler.wait_ms(self.view(key), self._clock_ns())
             room = self.room(key)
             if wait <= 0 or room <= 0:

@@ -24,6 +24,7 @@ from typing import Any, TypeVar
 
 import structlog
 
+from tiermesh.core.compute_unit import ComputeUnit
 from tiermesh.core.keys import BACKGROUND_PRIORITY
 
 log = structlog.get_logger("tiermesh.worker")
@@ -106,7 +107,7 @@ class Lanes:
         self._free = asyncio.Semaphore(count)
         self._tasks: set[asyncio.Task[None]] = set()
         self._background: set[asyncio.Task[None]] = set()  # of `_tasks`: batch-job batches
-        self._units: Counter[str] = Counter()
+        self._units: Counter[ComputeUnit] = Counter()
         self._failure: BaseException | None = None
 
     async def acquire(self) -> None:
@@ -119,7 +120,7 @@ class Lanes:
     def release(self) -> None:
         self._free.release()
 
-    def busy(self, unit: str) -> bool:
+    def busy(self, unit: ComputeUnit) -> bool:
         return self._units[unit] > 0
 
     @property
@@ -131,12 +132,14 @@ class Lanes:
         """Lane tasks computing online (not batch-job) batches."""
         return len(self._tasks) - len(self._background)
 
-    async def run(self, unit: str, work: Coroutine[Any, Any, None]) -> None:
+    async def run(self, unit: ComputeUnit, work: Coroutine[Any, Any, None]) -> None:
         """Run `work` on the lane acquired, here; the lane is free again after it."""
         self._units[unit] += 1
         await self._finish(unit, work)
 
-    def start(self, unit: str, work: Coroutine[Any, Any, None], background: bool = False) -> None:
+    def start(
+        self, unit: ComputeUnit, work: Coroutine[Any, Any, None], background: bool = False
+    ) -> None:
         """Run `work` on the lane acquired, in a task owned here (see `drain`); the unit is
         busy from now on, not only once the task runs. `background`: a batch-job batch
         (it does not count in `online_computing`)."""
@@ -147,7 +150,7 @@ class Lanes:
             self._background.add(task)
         task.add_done_callback(self._done)
 
-    async def _finish(self, unit: str, work: Coroutine[Any, Any, None]) -> None:
+    async def _finish(self, unit: ComputeUnit, work: Coroutine[Any, Any, None]) -> None:
         try:
             await work
         finally:

@@ -11,6 +11,7 @@ import time
 from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from typing import Any
 
+from tiermesh.core.compute_unit import ComputeUnit
 from tiermesh.core.control_watch import ControlState
 from tiermesh.core.keys import StreamKey
 from tiermesh.core.repository import ModelConfig
@@ -51,8 +52,8 @@ class Worker:
         self,
         *,
         tier: str,
-        configs: Mapping[str, ModelConfig],
-        runners: Mapping[str, ModelRunner],  # both keyed by compute unit ("mlp@1.fp32")
+        configs: Mapping[ComputeUnit, ModelConfig],
+        runners: Mapping[ComputeUnit, ModelRunner],
         streams: WorkStreams,
         handoff: Handoff,
         telemetry: Telemetry,
@@ -192,7 +193,7 @@ class Worker:
         return self._executor.dead_lettered + self._membership.dead_lettered
 
     @property
-    def serving(self) -> list[str]:
+    def serving(self) -> list[ComputeUnit]:
         """The units this worker reads and heartbeats for."""
         return self._units.serving
 
@@ -265,15 +266,15 @@ class Worker:
             return
         key, work, mode = dispatched
         if mode is ComputeMode.INLINE:
-            await self._lanes.run(key.model, work)
+            await self._lanes.run(key.unit, work)
             # The hand-off's task, then its stream's pump, take their turns before this
             # loop reads again: the read's work would otherwise come before the answer's.
             await asyncio.sleep(0)
             await asyncio.sleep(0)
         elif self._lanes.count == 1:
-            await self._lanes.run(key.model, work)
+            await self._lanes.run(key.unit, work)
         else:
-            self._lanes.start(key.model, work, is_background(key))
+            self._lanes.start(key.unit, work, is_background(key))
             # The batch's task runs up to its compute (and its cancel read is sent) before
             # this loop reads again: the read would otherwise delay a lone request.
             await asyncio.sleep(0)

@@ -12,6 +12,7 @@ import grpc
 import structlog
 
 from tiermesh.core import keys
+from tiermesh.core.compute_unit import ComputeUnit
 from tiermesh.core.jobs import JobResult
 from tiermesh.core.loops import raise_if_cancelling
 from tiermesh.core.wire import decode_job
@@ -62,7 +63,7 @@ class Membership:
 
     # -- the worker sets -------------------------------------------------------------------
 
-    async def beat(self, units: list[str]) -> None:
+    async def beat(self, units: list[ComputeUnit]) -> None:
         """Register `units` as served here for online admission (not from a batch pool),
         with the execution provider each one's session got."""
         if self._units.online:
@@ -108,7 +109,7 @@ class Membership:
         rooms = {
             key: room
             for key in self._units.keys
-            if key.model in self._units.serving and (room := self._intake.room(key)) > 0
+            if key.unit in self._units.serving and (room := self._intake.room(key)) > 0
         }
         try:  # one round trip for every stream, not one each (~58 a second, idle or not)
             taken = await self._streams.reclaim_many(rooms, self._reclaim_min_idle_ms)
@@ -116,7 +117,7 @@ class Membership:
             log.warning("reclaim failed", error=str(exc))
             return
         for key, entries in taken.items():
-            if key.model not in self._units.serving or self._stopping.is_set():
+            if key.unit not in self._units.serving or self._stopping.is_set():
                 continue  # unloaded meanwhile
             try:
                 counts = await self._streams.deliveries(key, [e.entry_id for e in entries])

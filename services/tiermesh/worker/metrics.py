@@ -5,14 +5,15 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from tiermesh.core.keys import StreamKey, split_unit
+from tiermesh.core.compute_unit import ComputeUnit
+from tiermesh.core.keys import StreamKey
 from tiermesh.core.metrics import BATCH_BUCKETS, LATENCY_BUCKETS
 
 STREAM_LABELS = ("model", "version", "variant", "tier", "priority", "bucket")
 
 
 def stream_labels(key: StreamKey) -> dict[str, str]:
-    model, version, variant = split_unit(key.model)
+    model, version, variant = key.unit.labels
     return {
         "model": model,
         "version": version,
@@ -73,7 +74,7 @@ class WorkerMetrics:
             ("model", "version", "variant", "tier", "provider"),
             registry=registry,
         )
-        self._providers: dict[tuple[str, str], str] = {}
+        self._providers: dict[tuple[ComputeUnit, str], str] = {}
         self.skipped = Counter(
             "tiermesh_requests_skipped",
             "Requests dropped before compute, by reason",
@@ -81,18 +82,18 @@ class WorkerMetrics:
             registry=registry,
         )
 
-    def unit_loaded(self, unit: str, tier: str, loaded: bool, provider: str = "") -> None:
+    def unit_loaded(self, unit: ComputeUnit, tier: str, loaded: bool, provider: str = "") -> None:
         """1 while this worker has a session for the unit and reads its streams; 0 once
         model control unloaded it and the session was dropped. `provider`: the execution
         provider the session got (`session_provider`)."""
-        model, version, variant = split_unit(unit)
+        model, version, variant = unit.labels
         self.loaded.labels(model, version, variant, tier).set(1 if loaded else 0)
         self.session_provider(unit, tier, provider if loaded else "")
 
-    def session_provider(self, unit: str, tier: str, provider: str) -> None:
+    def session_provider(self, unit: ComputeUnit, tier: str, provider: str) -> None:
         """tiermesh_worker_session_info: 1 labelled with the provider the unit's session got
         ("": the unit has no session any more; its series goes)."""
-        model, version, variant = split_unit(unit)
+        model, version, variant = unit.labels
         before = self._providers.pop((unit, tier), None)
         if before is not None and before != provider:
             self.session_info.remove(model, version, variant, tier, before)
@@ -164,9 +165,15 @@ class GenerationMetrics:
         )
 
     def finished(
-        self, unit: str, reason: str, prompt: int, generated: int, ttft_s: float, tpot_s: float
+        self,
+        unit: ComputeUnit,
+        reason: str,
+        prompt: int,
+        generated: int,
+        ttft_s: float,
+        tpot_s: float,
     ) -> None:
-        labels = split_unit(unit)
+        labels = unit.labels
         self.ended.labels(*labels, reason).inc()
         self.tokens.labels(*labels, "prompt").inc(prompt)
         self.tokens.labels(*labels, "generated").inc(generated)
@@ -175,7 +182,7 @@ class GenerationMetrics:
         if generated > 1:
             self.tpot.labels(*labels).observe(tpot_s)
 
-    def load(self, unit: str, sequences: int, kv_tokens: int) -> None:
-        labels = split_unit(unit)
+    def load(self, unit: ComputeUnit, sequences: int, kv_tokens: int) -> None:
+        labels = unit.labels
         self.sequences.labels(*labels).set(sequences)
         self.kv_tokens.labels(*labels).set(kv_tokens)

@@ -17,6 +17,7 @@ import numpy as np
 import onnxruntime as ort
 from prometheus_client import CollectorRegistry, Counter
 
+from tiermesh.core.compute_unit import ComputeUnit
 from tiermesh.core.jobs import Job
 from tiermesh.core.model_files import VerifiedModel
 from tiermesh.core.repository import ModelConfig
@@ -44,7 +45,7 @@ def new_session(
     intra_op_threads: int = 0,
     preoptimized: bool = False,
     providers: ProviderChoice | None = None,
-    unit: str = "",
+    unit: ComputeUnit | None = None,
 ) -> Opened:
     """A session of `model`: verified bytes (external data included, nothing read from
     disk) or a path the caller vouches for; `preoptimized` skips graph optimisation.
@@ -182,7 +183,7 @@ class ModelRunner:
         compute_time: ComputeTime | None = None,
         wide_threads: int = 0,
         providers: ProviderChoice | None = None,
-        unit: str = "",
+        unit: ComputeUnit | None = None,
     ) -> None:
         """`model`: what `ModelRepository.verified_model` returned (the worker's way: the
         session is built from the bytes that matched their sha256, external data included,

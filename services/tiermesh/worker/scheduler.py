@@ -114,6 +114,7 @@ from collections import defaultdict
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 
+from tiermesh.core.compute_unit import ComputeUnit
 from tiermesh.core.keys import BACKGROUND_PRIORITY, StreamKey
 from tiermesh.core.model_config import ModelConfig
 
@@ -205,7 +206,7 @@ class Scheduler:
 
     def __init__(
         self,
-        configs: Mapping[str, ModelConfig],
+        configs: Mapping[ComputeUnit, ModelConfig],
         background_share: float = 0.0,
         max_batch_bytes: int = 0,
         *,
@@ -234,16 +235,16 @@ class Scheduler:
         self._bg_ns = 0.0
         self._all_ns = 0.0
         # (unit, level) -> smooth weighted round-robin credit; sums to zero.
-        self._credits: dict[tuple[str, int], float] = defaultdict(float)
+        self._credits: dict[tuple[ComputeUnit, int], float] = defaultdict(float)
         # (unit, online level) -> when a row of it was last read (row_cap).
-        self._last_read: dict[tuple[str, int], int] = {}
+        self._last_read: dict[tuple[ComputeUnit, int], int] = {}
         # (unit, bucket, background) -> cost fit: batch jobs' batches compute on idle
         # threads (worker/lanes.py), so their times say nothing of an online batch's.
-        self._costs: dict[tuple[str, int, bool], _CostFit] = {}
+        self._costs: dict[tuple[ComputeUnit, int, bool], _CostFit] = {}
         self._last_pick_aged = False
         self._arrivals: dict[StreamKey, _Arrivals] = {}
 
-    def set_units(self, configs: Mapping[str, ModelConfig]) -> None:
+    def set_units(self, configs: Mapping[ComputeUnit, ModelConfig]) -> None:
         """The units served from now on (model control opened or closed some). Credits and
         cost fits are kept: a unit loaded again resumes where it was."""
         self._configs = dict(configs)
@@ -257,7 +258,7 @@ class Scheduler:
             (not live and self.background_wait_ms(now_ns) <= 0)
             or (live and self.background_time_share < self._background_share)
         ):
-            return min(background, key=lambda v: (v.key.bucket, v.key.model, v.key.tier)).key
+            return min(background, key=lambda v: (v.key.bucket, v.key.unit, v.key.tier)).key
         if not live:
             return None
         overdue = [(excess, v) for v in live if (excess := self._overdue_ns(v, now_ns)) > 0]
@@ -266,9 +267,9 @@ class Scheduler:
             _, view = min(overdue, key=lambda ev: (-ev[0], *_order(ev[1].key)))
             return view.key
         self._last_pick_aged = False
-        groups: dict[tuple[str, int], list[StreamView]] = defaultdict(list)
+        groups: dict[tuple[ComputeUnit, int], list[StreamView]] = defaultdict(list)
         for v in live:
-            groups[(v.key.model, v.key.priority)].append(v)
+            groups[(v.key.unit, v.key.priority)].append(v)
         weights = {g: self._config(g[0]).scheduling.weight(g[1]) for g in groups}
         self._forget_absent(groups.keys())
         for group, weight in weights.items():
@@ -281,7 +282,7 @@ class Scheduler:
         )
         return chosen.key
 
-    def _forget_absent(self, present: Collection[tuple[str, int]]) -> None:
+    def _forget_absent(self, present: Collection[tuple[ComputeUnit, int]]) -> None:
         """Groups without work forget their credit; the present ones share it (sum zero)."""
         absent = [g for g in self._credits if g not in present]
         if not absent:
@@ -296,7 +297,7 @@ class Scheduler:
         Called for the picked stream, again whenever more entries arrive or time passes."""
         if is_background(view.key):
             return 0.0
-        spec = self._config(view.key.model).bucket(view.key.bucket)
+        spec = self._config(view.key.unit).bucket(view.key.bucket)
         if view.rows >= min(spec.max_batch_size, self.row_cap(view.key, now_ns)):
             return 0.0
         if self.max_batch_bytes and view.size >= self.max_batch_bytes:
@@ -311,7 +312,7 @@ class Scheduler:
         arrivals = self._arrivals.get(view.key)
         if (
             arrivals is not None
-            and self._config(view.key.model).adaptive_wait
+            and self._config(view.key.unit).adaptive_wait
             and arrivals.expected(now_ns, remaining_ns) < ROWS_WORTH_WAITING
         ):
             return 0.0
@@ -329,7 +330,7 @@ class Scheduler:
         else:
             slot.add(rows, now_ns)
         if rows > 0 and not is_background(key):
-            level = (key.model, key.priority)
+            level = (key.unit, key.priority)
             self._last_read[level] = max(self._last_read.get(level, now_ns), now_ns)
 
     def batch_rows(self, view: StreamView, now_ns: int) -> int:
@@ -342,7 +343,7 @@ class Scheduler:
             if self._lanes == 1 and self.online_present(now_ns):
                 return min(rows, self._yield_rows(view.key))
             return rows
-        spec = self._config(view.key.model).bucket(view.key.bucket)
+        spec = self._config(view.key.unit).bucket(view.key.bucket)
         cap = min(view.rows, spec.max_batch_size, self.row_cap(view.key, now_ns))
         fitting = [p for p in spec.preferred_batch_sizes if p <= cap]
         return max(fitting) if fitting else cap
@@ -353,15 +354,15 @@ class Scheduler:
         HIGHER_PRESENT_NS, the most rows estimated to compute within the model's
         ``scheduling.yield_ms`` (at least 1). Uncut before the bucket's cost is measured."""
         if not self._higher_present(key, now_ns):
-            return self._config(key.model).bucket(key.bucket).max_batch_size
+            return self._config(key.unit).bucket(key.bucket).max_batch_size
         return self._yield_rows(key)
 
     def _yield_rows(self, key: StreamKey) -> int:
         """The most rows of this (unit, bucket) estimated to compute within the model's
         ``scheduling.yield_ms`` (at least 1); the bucket's max_batch_size before its cost
         is measured, or with yield_ms 0."""
-        spec = self._config(key.model).bucket(key.bucket)
-        yield_ns = self._config(key.model).scheduling.yield_ms * NS_PER_MS
+        spec = self._config(key.unit).bucket(key.bucket)
+        yield_ns = self._config(key.unit).scheduling.yield_ms * NS_PER_MS
         fit = self._costs.get(_cost_slot(key))
         if fit is None or yield_ns <= 0:
             return spec.max_batch_size
@@ -372,7 +373,7 @@ class Scheduler:
 
     def _higher_present(self, key: StreamKey, now_ns: int) -> bool:
         return any(
-            unit == key.model and level < key.priority and now_ns - at <= HIGHER_PRESENT_NS
+            unit == key.unit and level < key.priority and now_ns - at <= HIGHER_PRESENT_NS
             for (unit, level), at in self._last_read.items()
         )
 
@@ -437,7 +438,7 @@ class Scheduler:
     def background_rows(self, key: StreamKey) -> int:
         """The throughput-optimal batch of this (unit, bucket) for background work: see the
         module docstring. The bucket's max_batch_size until a cost fit with a slope exists."""
-        cap = self._config(key.model).bucket(key.bucket).max_batch_size
+        cap = self._config(key.unit).bucket(key.bucket).max_batch_size
         fit = self._costs.get(_cost_slot(key))
         if fit is None:
             return cap
@@ -456,7 +457,7 @@ class Scheduler:
             return 0
         return max(0, math.ceil(fit.estimate(rows)))
 
-    def _config(self, unit: str) -> ModelConfig:
+    def _config(self, unit: ComputeUnit) -> ModelConfig:
         try:
             return self._configs[unit]
         except KeyError:
@@ -464,11 +465,11 @@ class Scheduler:
 
     def _overdue_ns(self, view: StreamView, now_ns: int) -> int:
         """How far the oldest entry is past its level's age limit (> 0: overdue)."""
-        limit_ms = self._config(view.key.model).scheduling.age_limit(view.key.priority)
+        limit_ms = self._config(view.key.unit).scheduling.age_limit(view.key.priority)
         return (now_ns - view.oldest_enqueued_ns) - round(limit_ms * NS_PER_MS)
 
     def _remaining_wait_ns(self, view: StreamView, now_ns: int) -> int:
-        spec = self._config(view.key.model).bucket(view.key.bucket)
+        spec = self._config(view.key.unit).bucket(view.key.bucket)
         return round(spec.max_batch_wait_ms * NS_PER_MS) - (now_ns - view.first_dequeued_ns)
 
 
@@ -477,11 +478,11 @@ def is_background(key: StreamKey) -> bool:
     return key.priority == BACKGROUND_PRIORITY
 
 
-def _cost_slot(key: StreamKey) -> tuple[str, int, bool]:
+def _cost_slot(key: StreamKey) -> tuple[ComputeUnit, int, bool]:
     """Whose cost fit a batch of this stream feeds and reads: (unit, bucket, background)."""
-    return (key.model, key.bucket, is_background(key))
+    return (key.unit, key.bucket, is_background(key))
 
 
-def _order(key: StreamKey) -> tuple[int, int, str, str]:
+def _order(key: StreamKey) -> tuple[int, int, ComputeUnit, str]:
     """Tie-break between streams: higher priority, lower bucket, then names."""
-    return (key.priority, key.bucket, key.model, key.tier)
+    return (key.priority, key.bucket, key.unit, key.tier)

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from tiermesh.core import keys
+from tiermesh.core.compute_unit import ComputeUnit
 from tiermesh.core.keys import StreamKey
 from tiermesh.core.repository import ModelConfig
 from tiermesh.worker.runner import ModelRunner
@@ -18,8 +19,8 @@ class ServedUnits:
     def __init__(
         self,
         tier: str,
-        configs: Mapping[str, ModelConfig],
-        runners: Mapping[str, ModelRunner],
+        configs: Mapping[ComputeUnit, ModelConfig],
+        runners: Mapping[ComputeUnit, ModelRunner],
         *,
         online: bool,
         background: bool,
@@ -32,19 +33,19 @@ class ServedUnits:
         self.background = background
         self.configs = dict(configs)
         self.runners = dict(runners)
-        self.closing: set[str] = set()
+        self.closing: set[ComputeUnit] = set()
         # Closing units whose queued entries are being answered (not retired meanwhile).
-        self.draining: set[str] = set()
+        self.draining: set[ComputeUnit] = set()
         # The streams read, as of the last `refresh_keys` (model control calls it once the
         # served set changed: between those calls reads go on over the old set).
         self.keys = self.stream_keys()
 
     @property
-    def serving(self) -> list[str]:
+    def serving(self) -> list[ComputeUnit]:
         """The units this worker reads and heartbeats for."""
         return [u for u in self.configs if u not in self.closing]
 
-    def providers(self, units: list[str]) -> dict[str, str]:
+    def providers(self, units: list[ComputeUnit]) -> dict[ComputeUnit, str]:
         """The execution provider each of `units` got its session on (unit -> provider), for
         the heartbeat; units without a session (or whose provider is unknown) are left out."""
         return {

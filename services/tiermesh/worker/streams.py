@@ -19,6 +19,7 @@ import structlog
 from redis.exceptions import ResponseError
 
 from tiermesh.core import keys
+from tiermesh.core.compute_unit import ComputeUnit
 from tiermesh.core.keys import StreamKey
 from tiermesh.core.redis_cluster import execute_replicated, get_many, is_cluster
 from tiermesh.core.wire import decode_job
@@ -102,13 +103,13 @@ class WorkStreams(Protocol):
 
     async def heartbeat(
         self,
-        models: Iterable[str],
+        units: Iterable[ComputeUnit],
         tier: str,
         ttl_ms: int,
-        providers: Mapping[str, str] | None = None,
+        providers: Mapping[ComputeUnit, str] | None = None,
     ) -> None: ...
 
-    async def leave(self, models: Iterable[str], tier: str) -> None: ...
+    async def leave(self, units: Iterable[ComputeUnit], tier: str) -> None: ...
 
 
 class StreamClient:
@@ -387,7 +388,7 @@ class StreamClient:
                 pipe.xdel(stream.name, *entry_ids)
                 if drain_rate is not None:
                     pipe.hset(
-                        keys.rate_key(stream.model, stream.tier),
+                        keys.rate_key(stream.unit, stream.tier),
                         keys.rate_field(stream.bucket),
                         f"{drain_rate:.3f}",
                     )
@@ -493,7 +494,7 @@ class StreamClient:
         try:
             async with self._redis.pipeline(transaction=True) as pipe:
                 pipe.xadd(
-                    keys.dead_letter_key(entry.stream.model, entry.stream.tier),
+                    keys.dead_letter_key(entry.stream.unit, entry.stream.tier),
                     fields,
                     maxlen=self._dead_max_len,
                     approximate=False,
@@ -534,9 +535,7 @@ class StreamClient:
         """XADD a job to another tier's stream (a cascade); False when no worker lives there
         (the caller then keeps its own answer)."""
         now_ms = int(time.time() * 1000)
-        if not await self._redis.zcount(
-            keys.workers_key(stream.model, stream.tier), now_ms, "+inf"
-        ):
+        if not await self._redis.zcount(keys.workers_key(stream.unit, stream.tier), now_ms, "+inf"):
             return False
         async with self._redis.pipeline(transaction=False) as pipe:
             pipe.xadd(
@@ -559,34 +558,34 @@ class StreamClient:
 
     async def heartbeat(
         self,
-        models: Iterable[str],
+        units: Iterable[ComputeUnit],
         tier: str,
         ttl_ms: int,
-        providers: Mapping[str, str] | None = None,
+        providers: Mapping[ComputeUnit, str] | None = None,
     ) -> None:
-        """Register this consumer in the worker set of each model on `tier` for `ttl_ms`
+        """Register this consumer in the worker set of each unit on `tier` for `ttl_ms`
         (routers admit work while one is live), dropping members whose time is up; and, in
-        the same round trip, the execution provider its session of each model got
-        (`providers`: model -> provider; a model without one is left out), in a key of its
+        the same round trip, the execution provider its session of each unit got
+        (`providers`: unit -> provider; a unit without one is left out), in a key of its
         own that expires with the membership (ModelConfig reads it)."""
         now_ms = int(time.time() * 1000)
         providers = providers or {}
         async with self._redis.pipeline(transaction=False) as pipe:
-            for model in models:
-                key = keys.workers_key(model, tier)
+            for unit in units:
+                key = keys.workers_key(unit, tier)
                 pipe.zadd(key, {self.consumer: now_ms + ttl_ms})
                 pipe.zremrangebyscore(key, "-inf", now_ms)
-                if provider := providers.get(model):
-                    pipe.set(keys.provider_key(model, tier, self.consumer), provider, px=ttl_ms)
+                if provider := providers.get(unit):
+                    pipe.set(keys.provider_key(unit, tier, self.consumer), provider, px=ttl_ms)
             await pipe.execute()
 
-    async def leave(self, models: Iterable[str], tier: str) -> None:
-        """Deregister this consumer from the worker set of each model on `tier`, and drop
+    async def leave(self, units: Iterable[ComputeUnit], tier: str) -> None:
+        """Deregister this consumer from the worker set of each unit on `tier`, and drop
         its execution provider there."""
         async with self._redis.pipeline(transaction=False) as pipe:
-            for model in models:
-                pipe.zrem(keys.workers_key(model, tier), self.consumer)
-                pipe.delete(keys.provider_key(model, tier, self.consumer))
+            for unit in units:
+                pipe.zrem(keys.workers_key(unit, tier), self.consumer)
+                pipe.delete(keys.provider_key(unit, tier, self.consumer))
             await pipe.execute()
 
 
@@ -594,7 +593,7 @@ def _by_slot(streams: Sequence[StreamKey]) -> list[tuple[StreamKey, ...]]:
     """`streams` grouped by their hash tag (their model's slot), in order."""
     groups: dict[str, list[StreamKey]] = defaultdict(list)
     for stream in streams:
-        groups[keys.model_tag(stream.model)].append(stream)
+        groups[keys.model_tag(stream.unit.model)].append(stream)
     return [tuple(g) for g in groups.values()]
 
 

@@ -14,8 +14,8 @@ from functools import partial
 from tokenizers import Tokenizer
 
 from tiermesh.convert.gguf_tokenizer import ChatFile
+from tiermesh.core.compute_unit import ComputeUnit
 from tiermesh.core.control_watch import ControlWatch
-from tiermesh.core.keys import split_unit
 from tiermesh.core.repository import ModelConfig, ModelRepository
 from tiermesh.core.sessions import Fallback, ProviderChoice, ProviderRequest
 from tiermesh.generate.detok import TextStream, for_tokenizer
@@ -39,7 +39,7 @@ def provider_choice(
 
 def open_runner(
     repo: ModelRepository,
-    unit: str,
+    unit: ComputeUnit,
     cfg: ModelConfig,
     threads: int,
     compute_time: ComputeTime | None = None,
@@ -51,12 +51,11 @@ def open_runner(
     providers asked for (None: CPU). Blocking: reads, hashes and builds; the loop calls it
     in a thread. Raises RepositoryError on a mismatch, ProviderUnavailable as
     core/sessions.py says."""
-    _, version, variant = split_unit(unit)
     return ModelRunner(
         cfg,
-        repo.verified_model(cfg.name, version, variant),
+        repo.verified_model(cfg.name, unit.version, unit.variant),
         threads,
-        preoptimized=repo.preoptimized(cfg.name, variant, version),
+        preoptimized=repo.preoptimized(cfg.name, unit.variant, unit.version),
         compute_time=compute_time,
         wide_threads=wide_threads,
         providers=providers,
@@ -73,7 +72,7 @@ class UnitControl:
     watch: ControlWatch
     repo: ModelRepository
     names: Sequence[str]
-    open: Callable[[str, ModelConfig], ModelRunner]
+    open: Callable[[ComputeUnit, ModelConfig], ModelRunner]
     interval_s: float = 0.5
 
 
@@ -89,7 +88,7 @@ class GenerativeUnit:
 
 def open_generative(
     repo: ModelRepository,
-    unit: str,
+    unit: ComputeUnit,
     cfg: ModelConfig,
     threads: int,
     providers: ProviderChoice | None = None,
@@ -99,9 +98,8 @@ def open_generative(
     hashes, builds); raises RepositoryError."""
     assert cfg.generation is not None
     spec = cfg.generation
-    _, version, variant = split_unit(unit)
     started = time.perf_counter()
-    model = repo.verified_model(cfg.name, version, variant)
+    model = repo.verified_model(cfg.name, unit.version, unit.variant)
     session, provider = new_session(model, threads, providers=providers, unit=unit)
     folder = model.path.parent
     chat = ChatFile.read(folder / spec.chat_file)
