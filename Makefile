@@ -61,6 +61,7 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check services tests scripts benchmarks
 	$(VENV)/bin/ruff format --check services tests scripts benchmarks
 	$(VENV)/bin/mypy
+	$(VENV)/bin/lint-imports
 
 # Optional local tracing UI (Arize Phoenix) in its own environment: it needs protobuf 7,
 # tritonclient needs 6. Then `TIERMESH_TRACE_UI=1 make run`.
@@ -69,4 +70,4 @@ trace-ui:
 	.tiermesh/trace-ui/bin/python -m pip install --quiet arize-phoenix
 
 clean:
-	rm -rf $(VENV) .tiermesh .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) .tiermesh .pytest_cache .mypy_cache .ruff_cache .import_linter_cache

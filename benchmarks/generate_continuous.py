@@ -46,7 +46,7 @@ from tokenizers import Tokenizer
 
 from tiermesh.convert import smollm2
 from tiermesh.convert.gguf_tokenizer import (
-    ChatTemplate,
+    chat_template_from_metadata,
     read_tokenizer_metadata,
     stop_token_ids,
     tokenizer_json,
@@ -144,7 +144,7 @@ def main() -> None:
     gguf = smollm2.gguf_file(progress=False)
     meta = read_tokenizer_metadata(gguf)
     tokenizer = Tokenizer.from_str(tokenizer_json(meta))
-    template = ChatTemplate.from_metadata(meta)
+    template = chat_template_from_metadata(meta)
     stop = [] if args.ignore_stop else stop_token_ids(meta)
     prompts = [
         tuple(

@@ -35,7 +35,7 @@ from tiermesh.bench.cpu import process_cpu_s
 from tiermesh.bench.goload import LoadConfig, infer_request, run_load
 from tiermesh.bench.stats import percentile
 from tiermesh.bench.workload import Workload
-from tiermesh.convert.fetch import default_cache_dir
+from tiermesh.core.cache_dir import default_cache_dir
 from tiermesh.up.processes import free_port
 from tiermesh.up.supervisor import Mesh, UpOptions
 

@@ -59,7 +59,7 @@ from tiermesh.bench.cpu import process_cpu_s
 from tiermesh.bench.goload import LoadConfig, LoadUnavailable, infer_request, run_load
 from tiermesh.bench.goload import binary as goload_binary
 from tiermesh.bench.workload import RequestSpec, Tensor, TokenText, counting_tokenizer, mixed_texts
-from tiermesh.convert.fetch import default_cache_dir
+from tiermesh.core.cache_dir import default_cache_dir
 from tiermesh.core.model_config import parse_config
 from tiermesh.core.model_files import mirror_model
 from tiermesh.up.processes import free_port

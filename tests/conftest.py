@@ -17,10 +17,10 @@ import redis.asyncio as aioredis
 from onnx import TensorProto, helper, numpy_helper
 
 from tests.tiny_llama import write_tiny_gguf
-from tiermesh.convert.fetch import default_cache_dir
 from tiermesh.convert.llama import convert_gguf
 from tiermesh.convert.minilm import fetch_minilm
 from tiermesh.core.builtin_models import BUILDERS, IR_VERSION, OPSET, build_into, build_mlp
+from tiermesh.core.cache_dir import default_cache_dir
 from tiermesh.core.model_files import mirror_model
 from tiermesh.up.certs import DevCerts, write_dev_certs
 from tiermesh.up.processes import free_port

@@ -24,7 +24,7 @@ from tests.conftest import MODELS
 from tests.e2e.conftest import UpProcess, start_up
 from tests.e2e.sentences import sentences
 from tiermesh.convert import extract_member, fetch_wheel
-from tiermesh.convert.fetch import default_cache_dir
+from tiermesh.core.cache_dir import default_cache_dir
 from tiermesh.worker.runner import session_options
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]

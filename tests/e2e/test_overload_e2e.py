@@ -36,7 +36,7 @@ from tiermesh.bench.goload import LoadConfig, LoadRequest, infer_request, run_lo
 from tiermesh.bench.records import OK, Record, Reply
 from tiermesh.bench.stats import figures, lag_figures, percentile
 from tiermesh.bench.workload import Workload
-from tiermesh.convert.fetch import default_cache_dir
+from tiermesh.core.cache_dir import default_cache_dir
 
 pytestmark = [
     pytest.mark.e2e,

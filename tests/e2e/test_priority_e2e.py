@@ -31,7 +31,7 @@ from tiermesh.bench.goload import LoadConfig, LoadRequest, infer_request, run_lo
 from tiermesh.bench.records import OK, Record
 from tiermesh.bench.stats import percentile, server_figures
 from tiermesh.bench.workload import RequestSpec, Tensor, counting_tokenizer, text_with_tokens
-from tiermesh.convert.fetch import default_cache_dir
+from tiermesh.core.cache_dir import default_cache_dir
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, needs_go]
 

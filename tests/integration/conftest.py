@@ -19,6 +19,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from tests.conftest import door_cache
 from tiermesh.core.delivery_client import GatewayClients
 from tiermesh.core.message_bytes import MAX_MESSAGE_BYTES
+from tiermesh.core.output_steps import Steps
 from tiermesh.core.server import make_server
 from tiermesh.core.settings import (
     GatewaySettings,
@@ -33,7 +34,6 @@ from tiermesh.gateway.delivery import DeliveryServicer
 from tiermesh.gateway.pending import PendingRequests
 from tiermesh.postprocess.__main__ import serve as serve_postprocess
 from tiermesh.postprocess.servicer import PostprocessServicer
-from tiermesh.postprocess.steps import Steps
 from tiermesh.router.__main__ import serve as serve_router
 from tiermesh.v1 import delivery_pb2_grpc, postprocess_pb2_grpc
 from tiermesh.worker.__main__ import serve as serve_worker

@@ -17,13 +17,13 @@ import tritonclient.grpc.aio as aioclient
 
 from tests.integration.conftest import start_mesh
 from tests.polling import until
-from tiermesh.batch.feeder import Feeder
 from tiermesh.batch.plan import job_streams
 from tiermesh.batch.store import DEFAULT_RETENTION_S, BatchStore
 from tiermesh.core import keys
 from tiermesh.core.repository import ModelRepository
 from tiermesh.core.tensors import split_bytes
 from tiermesh.core.wire import tensor_from_proto
+from tiermesh.router.batch_feeder import Feeder
 from tiermesh.v1 import batch_pb2, batch_pb2_grpc
 
 pytestmark = pytest.mark.integration

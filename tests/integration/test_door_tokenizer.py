@@ -1,5 +1,5 @@
 """The Go front door's tokenizer (frontdoor/go/wordpiece.go) against the router's
-(router/text.py, the `tokenizers` library) on the real MiniLM tokenizers: the same ids and
+(core/text.py, the `tokenizers` library) on the real MiniLM tokenizers: the same ids and
 the same `truncated` for every ASCII text, including what a BertNormalizer drops or splits
 (control characters, tabs and line ends, punctuation, special tokens written in the text,
 words longer than WordPiece takes, texts past max_length); any other text is left to the
@@ -21,8 +21,8 @@ from tests.go_toolchain import needs_go
 from tests.integration.conftest import door_answers
 from tiermesh.core.direct_plan import text_plan
 from tiermesh.core.repository import ModelRepository
+from tiermesh.core.text import TextEncoder
 from tiermesh.gateway.door_plans import DoorPlans
-from tiermesh.router.text import TextEncoder
 
 pytestmark = [
     pytest.mark.slow,

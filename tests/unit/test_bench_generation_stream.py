@@ -24,7 +24,7 @@ from tiermesh.bench.calls import BenchError, GenSender, generative_model
 from tiermesh.bench.config import BenchConfig
 from tiermesh.bench.genwork import GenerationPlan, GenWorkload
 from tiermesh.bench.records import INCOMPLETE, OK, STREAM_ERROR
-from tiermesh.gateway.converters import set_parameter
+from tiermesh.core.v2_parameters import set_parameter
 
 FINAL = {"prompt_tokens": 12, "generated_tokens": 4, "ttft_ms": 80.0, "tpot_ms": 20.0}
 

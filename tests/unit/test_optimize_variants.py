@@ -16,12 +16,12 @@ from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processor
 
 from tiermesh.convert.bert_graph import BertConfig, build_bert_onnx
 from tiermesh.core.repository import sha256_file
+from tiermesh.core.text import TextEncoder
 from tiermesh.optimize import gated, variants
 from tiermesh.optimize.calibrate import TextCalibrationReader
 from tiermesh.optimize.datasets import builtin_texts, read_texts, texts_sha256
 from tiermesh.optimize.gate import Gate
 from tiermesh.optimize.sensitivity import mixed_precision, node_sensitivity
-from tiermesh.router.text import TextEncoder
 from tiermesh.worker.runner import session_options
 
 WORDS = [

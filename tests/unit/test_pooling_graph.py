@@ -16,9 +16,9 @@ from tiermesh.core.compute_unit import ComputeUnit
 from tiermesh.core.jobs import Job, JobResult
 from tiermesh.core.keys import StreamKey
 from tiermesh.core.model_config import PoolSpec
+from tiermesh.core.output_steps import Steps, mean_pool_l2
 from tiermesh.core.repository import ModelConfig, parse_config
 from tiermesh.core.tensors import from_numpy, to_numpy
-from tiermesh.postprocess.steps import Steps, mean_pool_l2
 from tiermesh.worker.batching import QueuedJob
 from tiermesh.worker.pooling_graph import with_pooling
 from tiermesh.worker.results import computed

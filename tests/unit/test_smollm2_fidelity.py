@@ -20,7 +20,11 @@ from tokenizers import Tokenizer
 
 from tests.conftest import MODELS
 from tiermesh.convert import provenance, smollm2
-from tiermesh.convert.gguf_tokenizer import ChatTemplate, read_tokenizer_metadata, tokenizer_json
+from tiermesh.convert.gguf_tokenizer import (
+    chat_template_from_metadata,
+    read_tokenizer_metadata,
+    tokenizer_json,
+)
 from tiermesh.convert.llama import convert_gguf
 from tiermesh.convert.llama_check import greedy, leading_matches
 from tiermesh.worker.runner import session_options
@@ -88,7 +92,7 @@ def test_greedy_generation_equals_transformers_on_the_same_gguf(
     tok, model = reference
     meta = read_tokenizer_metadata(gguf)
     ours = Tokenizer.from_str(tokenizer_json(meta))
-    template = ChatTemplate.from_metadata(meta)
+    template = chat_template_from_metadata(meta)
     eos = model.generation_config.eos_token_id
     turn_end = set(eos if isinstance(eos, list) else [eos])
     assert turn_end == {meta.eos_token_id}

@@ -14,10 +14,10 @@ from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processor
 
 from tiermesh.core.jobs import Job, JobResult
 from tiermesh.core.model_config import PoolSpec
+from tiermesh.core.output_steps import Steps, mean_pool_l2
 from tiermesh.core.repository import ModelConfig, parse_config
 from tiermesh.core.tensors import TensorData, from_numpy, to_numpy
-from tiermesh.postprocess.steps import Steps, mean_pool_l2
-from tiermesh.router.text import PARALLEL_FROM, TextEncoder
+from tiermesh.core.text import PARALLEL_FROM, TextEncoder
 from tiermesh.worker.runner import ModelRunner, pad_to
 
 WORDS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "hello", "world", "the", "cat", "sat", "on"]

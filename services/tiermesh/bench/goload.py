@@ -41,8 +41,8 @@ from tritonclient.utils import serialize_byte_tensor
 from tiermesh.bench.calls import reply_of
 from tiermesh.bench.records import OK, Outcome, Record
 from tiermesh.bench.workload import RequestSpec
+from tiermesh.core.v2_parameters import set_parameter
 from tiermesh.frontdoor.build import FrontDoorUnavailable, build
-from tiermesh.gateway.converters import set_parameter
 
 SOURCES = Path(__file__).parent / "goload"
 # Past duration + deadline: connecting, encoding the records, the process's start and end.

@@ -48,8 +48,8 @@ def cmd_models(args: argparse.Namespace) -> int:
 def _fetch(root: Path, args: argparse.Namespace) -> list[str]:
     """Fetches the named models (all when none is named); returns the names fetched."""
     from tiermesh.convert import smollm2
-    from tiermesh.convert.fetch import default_cache_dir
     from tiermesh.convert.minilm import MODELS, fetch_minilm
+    from tiermesh.core.cache_dir import default_cache_dir
 
     known = [*MODELS, smollm2.NAME]
     names = list(dict.fromkeys(args.names or known))

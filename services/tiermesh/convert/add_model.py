@@ -187,7 +187,7 @@ def _tensors(
 
 
 def _check_tokenizer(path: Path, max_length: int) -> None:
-    from tiermesh.router.text import TextEncoder
+    from tiermesh.core.text import TextEncoder
 
     try:
         TextEncoder(path, max_length)
@@ -324,7 +324,7 @@ def _probe_feeds(
     rows = min(PROBE_ROWS, cfg.max_batch_size)
     if cfg.tokenize is None:
         return [zeros(cfg.runs_inputs, rows, size) for size in PROBE_SIZES]
-    from tiermesh.router.text import TextEncoder
+    from tiermesh.core.text import TextEncoder
 
     file = cfg.tokenize.tokenizer_file
     folder = repo.checked_files(cfg.name, [file], version)

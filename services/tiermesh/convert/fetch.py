@@ -23,14 +23,6 @@ WHEELS_DIR = "wheels"
 _STDERR_TAIL_LINES = 15
 
 
-def default_cache_dir() -> Path:
-    """Where downloads and conversions are cached: $TIERMESH_CACHE_DIR, else
-    $XDG_CACHE_HOME/tiermesh, else ~/.cache/tiermesh. Outside git, shared between runs."""
-    if env := os.environ.get("TIERMESH_CACHE_DIR"):
-        return Path(env)
-    return Path(os.environ.get("XDG_CACHE_HOME", "") or Path.home() / ".cache") / "tiermesh"
-
-
 class FetchError(RuntimeError):
     """A wheel could not be downloaded or a member could not be read from it."""
 

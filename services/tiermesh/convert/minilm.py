@@ -128,8 +128,8 @@ def _quantize_and_check(job: Job) -> None:
     """The int8 variant: the mixed-precision INT8 that passes the accuracy gate, and its
     gate record (gates.yaml) that lets it serve."""
     # Imported here: optimize's variant builders import this module's quantize_int8.
+    from tiermesh.core.text import TextEncoder
     from tiermesh.optimize.gated import gated_int8
-    from tiermesh.router.text import TextEncoder
 
     job.steps.next("quantize int8 (mixed precision, gated)")
     fp32, int8 = job.folder / "model.onnx", job.folder / "model.int8.onnx"

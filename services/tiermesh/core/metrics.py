@@ -16,6 +16,8 @@ from prometheus_client import (
     start_http_server,
 )
 
+from tiermesh.core.keys import StreamKey
+
 # Seconds: from a fraction of a millisecond (a refusal) to tens of seconds (a long queue).
 LATENCY_BUCKETS = (
     0.0005,
@@ -37,6 +39,20 @@ LATENCY_BUCKETS = (
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
 # The labels every per-request latency carries.
 REQUEST_LABELS = ("model", "tier", "priority", "bucket", "variant")
+# The labels of a per-stream metric (the worker's batches, the router's stream depths and lag).
+STREAM_LABELS = ("model", "version", "variant", "tier", "priority", "bucket")
+
+
+def stream_labels(key: StreamKey) -> dict[str, str]:
+    model, version, variant = key.unit.labels
+    return {
+        "model": model,
+        "version": version,
+        "variant": variant,
+        "tier": key.tier,
+        "priority": str(key.priority),
+        "bucket": str(key.bucket),
+    }
 
 
 def new_registry() -> CollectorRegistry:

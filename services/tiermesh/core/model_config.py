@@ -55,7 +55,7 @@ class ModelVersion:
     files: Mapping[str, str]
 
 
-# What text input processing gives a job (router/text.py, and the Go front door's
+# What text input processing gives a job (core/text.py, and the Go front door's
 # tokenizer): its compute inputs, and the annotation that tells the caller its text was cut.
 TOKEN_IDS = "input_ids"
 TOKEN_MASK = "attention_mask"

@@ -165,7 +165,7 @@ class RouterSettings(ServiceSettings):
     # this long after the evaluating one died).
     rollout_eval_interval_ms: int = Field(default=500, gt=0)
     rollout_lock_ttl_ms: int = Field(default=3000, gt=0)
-    # Batch jobs (batch/feeder.py): the tier their work is pinned to ("" = the model's last
+    # Batch jobs (router/batch_feeder.py): the tier their work is pinned to ("" = the model's last
     # tier), inputs moved per round and job, the most of a job's inputs queued at once.
     batch_tier: str = ""
     batch_feed_chunk: int = Field(default=64, gt=0)

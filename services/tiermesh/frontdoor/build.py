@@ -158,7 +158,7 @@ def _run(argv: list[str], cwd: Path, env: dict[str, str] | None = None) -> None:
 
 def main() -> int:
     """`python -m tiermesh.frontdoor.build`: build (or find) the binary in the cache."""
-    from tiermesh.convert.fetch import default_cache_dir
+    from tiermesh.core.cache_dir import default_cache_dir
 
     try:
         print(f"front door: {build(default_cache_dir())}")

@@ -195,7 +195,7 @@ class BatchJobsServicer(batch_pb2_grpc.BatchJobsServicer):
                 f"model '{cfg.name}' generates text: batch jobs take models that answer in one "
                 "pass; send its prompts with ModelInfer or ModelStreamInfer"
             )
-        # "" = as online: the tier's variant, else the model's default (batch/feeder.py).
+        # "" = as online: the tier's variant, else the model's default (router/batch_feeder.py).
         variant = variant_of(cfg, first.variant) if first.variant else ""
         timeout_s = self._submit_timeout_s
         if caller.time_remaining_s is not None:

@@ -12,6 +12,7 @@ from tiermesh.core.errors import invalid, shown, shown_shape
 from tiermesh.core.jobs import JobResult
 from tiermesh.core.repository import ModelConfig, TensorSpec
 from tiermesh.core.tensors import BYTES, TensorData, element_count, join_bytes
+from tiermesh.core.v2_parameters import set_parameter
 from tiermesh.core.validation import MAX_LISTED_ELEMENTS, Screen, no_screen
 from tiermesh.gateway.facts import response_facts
 from tiermesh.gateway.generation import PARAMETERS as GENERATION_PARAMETERS
@@ -165,18 +166,6 @@ def infer_response(
     for key, value in response_facts(result, responded_ns, cache_hit).items():
         set_parameter(resp.parameters[key], value)
     return resp
-
-
-def set_parameter(param: service_pb2.InferParameter, value: object) -> None:
-    """An InferParameter from a Python value, as tritonclient's own request parameters."""
-    if isinstance(value, bool):
-        param.bool_param = value
-    elif isinstance(value, int):
-        param.int64_param = value
-    elif isinstance(value, float):
-        param.double_param = value
-    else:
-        param.string_param = str(value)
 
 
 # Triton's response parameter that marks the last response of a request on a stream.

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 import numpy as np
 from onnxruntime.quantization import CalibrationDataReader
 
-from tiermesh.router.text import TextEncoder
+from tiermesh.core.text import TextEncoder
 
 
 class TextCalibrationReader(CalibrationDataReader):

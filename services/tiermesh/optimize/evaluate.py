@@ -17,7 +17,7 @@ import numpy.typing as npt
 import onnxruntime as ort
 
 from tiermesh.core.sessions import open_session, session_options
-from tiermesh.router.text import TextEncoder
+from tiermesh.core.text import TextEncoder
 
 Floats = npt.NDArray[np.float32]
 OUTPUT = "last_hidden_state"

@@ -18,10 +18,10 @@ from pathlib import Path
 from tiermesh.convert.minilm import quantize_int8
 from tiermesh.core.gates import GateRecord
 from tiermesh.core.repository import sha256_file
+from tiermesh.core.text import TextEncoder
 from tiermesh.optimize import calibrate, datasets, evaluate, sensitivity
 from tiermesh.optimize.gate import Gate
 from tiermesh.optimize.variants import VariantError
-from tiermesh.router.text import TextEncoder
 
 DEFAULT_GATE = Gate("cosine", 0.99)
 DYNAMIC = "dynamic INT8, per channel"

@@ -15,11 +15,11 @@ from tqdm import tqdm
 
 from tiermesh.core.gates import write_record
 from tiermesh.core.repository import BUILT_VARIANTS, ModelRepository
+from tiermesh.core.text import TextEncoder
 from tiermesh.optimize import calibrate, evaluate, sensitivity, variants
 from tiermesh.optimize.gate import Gate
 from tiermesh.optimize.gated import gate_record
 from tiermesh.optimize.report import VariantResult, write
-from tiermesh.router.text import TextEncoder
 
 Builder = Callable[[Path, Path], Path]
 LENGTHS = (16, 64, 128)

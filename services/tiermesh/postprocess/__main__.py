@@ -10,6 +10,7 @@ from tiermesh.core.delivery_client import GatewayClients
 from tiermesh.core.heap import settle_heap
 from tiermesh.core.logging import configure_logging
 from tiermesh.core.metrics import MetricsServer, new_registry
+from tiermesh.core.output_steps import Steps
 from tiermesh.core.repository import ModelRepository
 from tiermesh.core.server import (
     ReadyCallback,
@@ -31,7 +32,6 @@ from tiermesh.core.tls import (
 )
 from tiermesh.postprocess.metrics import PostprocessMetrics
 from tiermesh.postprocess.servicer import PostprocessServicer
-from tiermesh.postprocess.steps import Steps
 from tiermesh.v1 import postprocess_pb2_grpc
 
 log = structlog.get_logger("tiermesh.postprocess")

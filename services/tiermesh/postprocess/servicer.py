@@ -15,10 +15,10 @@ from tiermesh.core.call_stream import StreamServing
 from tiermesh.core.delivery_client import GatewayClients
 from tiermesh.core.grpc_errors import grpc_method
 from tiermesh.core.jobs import JobResult
+from tiermesh.core.output_steps import Steps
 from tiermesh.core.repository import ModelRepository, RepositoryError
 from tiermesh.core.wire import result_from_proto
 from tiermesh.postprocess.metrics import PostprocessMetrics
-from tiermesh.postprocess.steps import Steps
 from tiermesh.v1 import postprocess_pb2, postprocess_pb2_grpc
 
 log = structlog.get_logger("tiermesh.postprocess")

@@ -11,7 +11,6 @@ import uuid
 import redis.asyncio as aioredis
 import structlog
 
-from tiermesh.batch.feeder import Feeder
 from tiermesh.batch.store import BatchStore
 from tiermesh.core.control_watch import ControlState, ControlWatch
 from tiermesh.core.heap import settle_heap
@@ -33,19 +32,20 @@ from tiermesh.core.server import (
 from tiermesh.core.settings import RouterSettings
 from tiermesh.core.telemetry import Telemetry
 from tiermesh.core.tenants import load_tenants
+from tiermesh.core.text import TextEncoder
 from tiermesh.core.tls import caller_checks, internal_server_credentials
 from tiermesh.rollout.cache import RolloutStates
 from tiermesh.rollout.controller import RolloutController
 from tiermesh.rollout.metrics import RolloutMetrics
 from tiermesh.rollout.store import RolloutStore
 from tiermesh.router.admission import Admitter
+from tiermesh.router.batch_feeder import Feeder
 from tiermesh.router.health_metrics import HealthCollector
 from tiermesh.router.metrics import QueueCollector, RouterMetrics
 from tiermesh.router.prompt import PromptEncoder
 from tiermesh.router.routing import BatchRouter, JobChecks
 from tiermesh.router.servicer import RouterServicer
 from tiermesh.router.stranded import StrandedWork
-from tiermesh.router.text import TextEncoder
 from tiermesh.v1 import router_pb2_grpc
 
 log = structlog.get_logger("tiermesh.router")

@@ -9,10 +9,10 @@ from tiermesh.core.errors import MeshError, invalid, unavailable
 from tiermesh.core.jobs import Job
 from tiermesh.core.model_config import TEXT_TOKENS, TOO_LONG, TRUNCATED, WHOLE_TEXT
 from tiermesh.core.tensors import TensorData, to_numpy
+from tiermesh.core.text import TextEncoder
 from tiermesh.generate.inputs import GenerationInputError
 from tiermesh.generate.tensors import prompt_of
 from tiermesh.router.prompt import PromptEncoder
-from tiermesh.router.text import TextEncoder
 
 # From this many texts in a batch the tokenizer runs on a thread, the event loop meanwhile
 # serving other streams; below it the hop to the thread costs more than it frees.

@@ -12,9 +12,9 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from tiermesh.core import keys
+from tiermesh.core.metrics import STREAM_LABELS, stream_labels
 from tiermesh.core.model_config import ModelConfig
 from tiermesh.core.redis_client import connect_sync
-from tiermesh.worker.metrics import STREAM_LABELS, stream_labels
 
 TIERS = ("edge", "center")
 

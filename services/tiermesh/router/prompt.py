@@ -9,10 +9,10 @@ from pathlib import Path
 import numpy as np
 from tokenizers import Tokenizer
 
-from tiermesh.convert.gguf_tokenizer import ChatFile
 from tiermesh.core.jobs import Generation
 from tiermesh.core.model_config import GenerationSpec
 from tiermesh.core.tensors import TensorData, from_numpy
+from tiermesh.generate.chat_file import ChatFile
 from tiermesh.generate.inputs import check_prompt_length
 
 PROMPT_IDS = "input_ids"

@@ -33,6 +33,7 @@ from tiermesh.core.model_config import ModelConfig
 from tiermesh.core.repository import ModelRepository
 from tiermesh.core.settings import RouterSettings
 from tiermesh.core.tenants import Tenant
+from tiermesh.core.text import TextEncoder
 from tiermesh.core.validation import check_job
 from tiermesh.core.wire import encode_job
 from tiermesh.rollout.cache import RolloutStates
@@ -48,7 +49,6 @@ from tiermesh.router.policy import (
     tier_stream,
 )
 from tiermesh.router.prompt import PromptEncoder
-from tiermesh.router.text import TextEncoder
 from tiermesh.router.tiers import choose_tier
 
 log = structlog.get_logger("tiermesh.router")

@@ -451,7 +451,7 @@ class Mesh:
             if lacks:
                 self.door_choice = f"python (the Go door does not do {' or '.join(lacks)} yet)"
                 return None
-        from tiermesh.convert.fetch import default_cache_dir
+        from tiermesh.core.cache_dir import default_cache_dir
         from tiermesh.frontdoor.build import FrontDoorUnavailable, build
 
         try:

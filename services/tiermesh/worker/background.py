@@ -15,8 +15,8 @@ from tiermesh.batch.store import BatchStore
 from tiermesh.core.compute_unit import ComputeUnit
 from tiermesh.core.jobs import JobResult
 from tiermesh.core.model_config import ModelConfig
+from tiermesh.core.output_steps import Steps
 from tiermesh.core.wire import encode_batch_result
-from tiermesh.postprocess.steps import Steps
 from tiermesh.worker.batching import QueuedJob
 
 

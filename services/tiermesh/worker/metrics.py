@@ -7,21 +7,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from tiermesh.core.compute_unit import ComputeUnit
 from tiermesh.core.keys import StreamKey
-from tiermesh.core.metrics import BATCH_BUCKETS, LATENCY_BUCKETS
-
-STREAM_LABELS = ("model", "version", "variant", "tier", "priority", "bucket")
-
-
-def stream_labels(key: StreamKey) -> dict[str, str]:
-    model, version, variant = key.unit.labels
-    return {
-        "model": model,
-        "version": version,
-        "variant": variant,
-        "tier": key.tier,
-        "priority": str(key.priority),
-        "bucket": str(key.bucket),
-    }
+from tiermesh.core.metrics import BATCH_BUCKETS, LATENCY_BUCKETS, STREAM_LABELS, stream_labels
 
 
 class WorkerMetrics:

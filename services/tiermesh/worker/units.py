@@ -13,11 +13,11 @@ from functools import partial
 
 from tokenizers import Tokenizer
 
-from tiermesh.convert.gguf_tokenizer import ChatFile
 from tiermesh.core.compute_unit import ComputeUnit
 from tiermesh.core.control_watch import ControlWatch
 from tiermesh.core.repository import ModelConfig, ModelRepository
 from tiermesh.core.sessions import Fallback, ProviderChoice, ProviderRequest
+from tiermesh.generate.chat_file import ChatFile
 from tiermesh.generate.detok import TextStream, for_tokenizer
 from tiermesh.generate.engine import Engine
 from tiermesh.generate.scheduler import Limits

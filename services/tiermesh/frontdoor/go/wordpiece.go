@@ -203,7 +203,7 @@ func (wp *wordPiece) pieces(ids []int64, word []byte) []int64 {
 }
 
 // tokenized is the request's text tensor as the router's (input_ids, attention_mask): one
-// row per text, padded with 0 to the longest (router/text.py); ok=false when any text is
+// row per text, padded with 0 to the longest (core/text.py); ok=false when any text is
 // not the door's to tokenize.
 func (wp *wordPiece) tokenized(texts []byte, rows int64) (ids, mask []byte, length int64, truncated, ok bool) {
 	all := make([][]int64, 0, rows)

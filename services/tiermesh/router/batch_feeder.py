@@ -28,12 +28,12 @@ from tiermesh.core.keys import BACKGROUND_PRIORITY, StreamKey
 from tiermesh.core.loops import repeat
 from tiermesh.core.model_config import ModelConfig
 from tiermesh.core.repository import ModelRepository
+from tiermesh.core.text import TextEncoder
 from tiermesh.core.wire import decode_job, encode_job
 from tiermesh.router.inputs import with_tokens
 from tiermesh.router.policy import choose_stream
-from tiermesh.router.text import TextEncoder
 
-log = structlog.get_logger("tiermesh.batch.feeder")
+log = structlog.get_logger("tiermesh.router.batch_feeder")
 # Rounds while no job is active come this many feed intervals apart (20 ms -> 0.5 s).
 IDLE_INTERVALS = 25
 

@@ -1,4 +1,7 @@
-"""Per-model output steps (pooling, softmax + top-k, ...). Pure: results in, results out."""
+"""Per-model output steps (pooling, softmax + top-k, ...). Pure: results in, results out.
+
+Applied by postprocess to online answers and by the worker to batch-job results
+(worker/background.py), so both give the same answer for the same input."""
 
 from __future__ import annotations
 
