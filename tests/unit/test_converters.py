@@ -169,7 +169,7 @@ def test_sticky_key_and_version_reach_the_request() -> None:
     msg = service_pb2.ModelInferRequest(model_name="m", model_version="2")
     msg.parameters["sticky_key"].string_param = "user-42"
     req = infer_request(msg)
-    assert (req.sticky_key, req.version) == ("user-42", "2")
+    assert (req.controls.sticky_key, req.version) == ("user-42", "2")
     msg.parameters["sticky_key"].int64_param = 42
     assert "parameter 'sticky_key' must be a string" in _invalid(msg)
 

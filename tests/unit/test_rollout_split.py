@@ -8,8 +8,9 @@ from typing import Any
 import pytest
 
 from tiermesh.core.canary_spec import CanarySpec
+from tiermesh.core.controls import Controls
 from tiermesh.core.jobs import Job
-from tiermesh.rollout.split import STICKY_KEY, in_canary, mirrored, place, sticky_key
+from tiermesh.rollout.split import in_canary, mirrored, place, sticky_key
 from tiermesh.rollout.state import RolloutState
 
 RUNNING = RolloutState(
@@ -31,9 +32,9 @@ def test_share_of_keys_on_the_canary_matches_the_percent(percent: float) -> None
 
 def test_the_same_key_always_gets_the_same_version() -> None:
     for i in range(200):
-        job = _job(annotations={STICKY_KEY: f"user-{i}"})
+        job = _job(controls=Controls(sticky_key=f"user-{i}"))
         first = place("1", RUNNING, job).version
-        again = [place("1", RUNNING, _job(request_id=str(n), annotations=job.annotations))
+        again = [place("1", RUNNING, _job(request_id=str(n), controls=job.controls))
                  for n in range(5)]  # fmt: skip
         assert {p.version for p in again} == {first}
 
@@ -46,7 +47,10 @@ def test_a_bigger_percent_keeps_the_keys_already_on_the_canary() -> None:
 
 
 def test_sticky_key_prefers_parameter_then_tenant_then_client_id_then_request_id() -> None:
-    assert sticky_key(_job(annotations={STICKY_KEY: "s"}, tenant="t", client_request_id="c")) == "s"
+    assert (
+        sticky_key(_job(controls=Controls(sticky_key="s"), tenant="t", client_request_id="c"))
+        == "s"
+    )
     assert sticky_key(_job(tenant="t", client_request_id="c")) == "t"
     assert sticky_key(_job(client_request_id="c")) == "c"
     assert sticky_key(_job()) == "r"

@@ -15,9 +15,6 @@ from tiermesh.core.model_config import ModelConfig
 # -> done; cancelled from any of them.
 LOADING, QUEUED, RUNNING, DONE, CANCELLED = "loading", "queued", "running", "done", "cancelled"
 FINISHED = frozenset({DONE, CANCELLED})
-# Annotations a batch job's requests carry on the queue (workers read them).
-JOB_ANNOTATION = "batch_job"
-INDEX_ANNOTATION = "batch_index"
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,6 +9,7 @@ from typing import Any, TypeVar
 
 import grpc
 
+from tiermesh.core.controls import NO_CONTROLS, Controls
 from tiermesh.core.tensors import TensorData
 
 T = TypeVar("T")
@@ -115,6 +116,7 @@ class Job:
     trace_context: Mapping[str, str] = field(default_factory=dict)
     annotations: Mapping[str, str] = field(default_factory=dict)
     generation: Generation | None = None
+    controls: Controls = NO_CONTROLS
 
     @property
     def rows(self) -> int:
@@ -153,6 +155,7 @@ class JobResult:
     batch_traceparent: str = ""
     # Delivered by its worker, not postprocess: no output step was left to run.
     direct: bool = False
+    controls: Controls = NO_CONTROLS
 
     @classmethod
     def for_job(cls, job: Job, **fields: object) -> JobResult:
@@ -170,6 +173,7 @@ class JobResult:
             timing=job.timing,
             trace_context=job.trace_context,
             annotations=job.annotations,
+            controls=job.controls,
         )
         base.update(fields)
         return cls(**base)  # type: ignore[arg-type]

@@ -14,6 +14,7 @@ from typing import TypeVar
 import grpc
 import structlog
 
+from tiermesh.core.controls import NO_CONTROLS
 from tiermesh.core.jobs import JobResult
 from tiermesh.core.tensors import TensorData
 
@@ -91,6 +92,9 @@ def result_bytes(r: JobResult) -> int:
         )
     )
     n = _RESULT_FIXED + _FIELD + _text(text) + 3 * _FIELD * (len(meta) + len(tags))
+    if r.controls is not NO_CONTROLS:
+        controls = r.controls.to_wire()
+        n += _text("".join((*controls, *controls.values()))) + 3 * _FIELD * len(controls)
     for t in r.outputs:
         n += tensor_bytes(t)
     for t in r.aux:

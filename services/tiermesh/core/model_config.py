@@ -60,10 +60,8 @@ class ModelVersion:
 TOKEN_IDS = "input_ids"
 TOKEN_MASK = "attention_mask"
 TRUNCATED = "truncated"
-# Asked by a job's caller (the OpenAI embeddings door): refuse a text longer than the model's
-# max_length instead of cutting it, and count the tokens of the job's texts (the caller's
-# `usage`), as the annotation TEXT_TOKENS of its result.
-WHOLE_TEXT = "whole_text"
+# The tokens of a job's texts, an annotation of its result when its caller asked for the
+# whole text (`Controls.whole_text`: the OpenAI embeddings door's `usage`).
 TEXT_TOKENS = "text_tokens"
 # How the router's refusal of such a text begins.
 TOO_LONG = "a text is longer than the model's"

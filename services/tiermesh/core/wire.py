@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Collection, Mapping
 
+from tiermesh.core.controls import Controls
 from tiermesh.core.errors import code_from_int, code_to_int
 from tiermesh.core.jobs import Generation, Job, JobResult, Timing
 from tiermesh.core.tensors import TensorData
@@ -78,6 +79,7 @@ def job_to_proto(job: Job) -> job_pb2.Job:
         timing=timing_to_proto(job.timing),
         trace_context=dict(job.trace_context),
         annotations=dict(job.annotations),
+        controls=job.controls.to_wire(),
         generation=generation_to_proto(job.generation) if job.generation else None,
     )
 
@@ -126,6 +128,7 @@ def job_from_proto(msg: job_pb2.Job) -> Job:
         timing=timing_from_proto(msg.timing),
         trace_context=_mapping(msg.trace_context),
         annotations=_mapping(msg.annotations),
+        controls=Controls.from_wire(msg.controls),
         generation=generation_from_proto(msg.generation) if msg.HasField("generation") else None,
     )
 
@@ -169,6 +172,7 @@ def result_to_proto(r: JobResult) -> job_pb2.Result:
         bucket=r.bucket,
         batch_size=r.batch_size,
         annotations=dict(r.annotations),
+        controls=r.controls.to_wire(),
         aux=[tensor_to_proto(t) for t in r.aux],
         variant=r.variant,
         worker=r.worker,
@@ -196,6 +200,7 @@ def result_from_proto(msg: job_pb2.Result) -> JobResult:
         bucket=msg.bucket,
         batch_size=msg.batch_size,
         annotations=_mapping(msg.annotations),
+        controls=Controls.from_wire(msg.controls),
         aux=_tensors(msg.aux),
         variant=msg.variant,
         worker=msg.worker,

@@ -8,6 +8,8 @@ from typing import Any
 import numpy as np
 from tritonclient.grpc import model_config_pb2, service_pb2
 
+from tiermesh.core.controls import PARAMETERS as CONTROL_PARAMETERS
+from tiermesh.core.controls import Controls
 from tiermesh.core.errors import invalid, shown, shown_shape
 from tiermesh.core.jobs import JobResult
 from tiermesh.core.repository import ModelConfig, TensorSpec
@@ -148,9 +150,16 @@ def infer_request(msg: service_pb2.ModelInferRequest, screen: Screen = no_screen
         priority=priority,
         timeout_us=_param_int(msg.parameters, "timeout"),
         variant=_param_str(msg.parameters, "variant"),
-        sticky_key=_param_str(msg.parameters, "sticky_key"),
+        controls=_controls(_param_values(msg.parameters, CONTROL_PARAMETERS)),
         parameters=_param_values(msg.parameters, GENERATION_PARAMETERS),
     )
+
+
+def _controls(parameters: dict[str, object]) -> Controls:
+    try:
+        return Controls.from_parameters(parameters)
+    except ValueError as exc:
+        raise invalid(str(exc)) from None
 
 
 def infer_response(

@@ -26,7 +26,6 @@ from tiermesh.gateway.pending import PartialCallback, PendingRequests
 from tiermesh.gateway.shedding import Shedder, ShedKey
 from tiermesh.gateway.statistics import InferenceStatistics
 from tiermesh.gateway.upstream import Upstream
-from tiermesh.rollout.split import ROLLOUT_ARM
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,7 +143,7 @@ class Dispatcher:
         if result.code != grpc.StatusCode.OK:
             raise MeshError(result.code, result.message)
         # A canary's answer is not cached: it would reach stable-routed callers too.
-        if digest is not None and result.annotations.get(ROLLOUT_ARM) != "canary":
+        if digest is not None and result.controls.rollout_arm != "canary":
             put = self._clock_ns()
             await self._up.cache.put(cfg.name, digest, result, cfg.response_cache)  # type: ignore[union-attr]
             lookup_ns += self._clock_ns() - put

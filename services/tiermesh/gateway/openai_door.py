@@ -27,6 +27,7 @@ import numpy as np
 import structlog
 from aiohttp import web
 
+from tiermesh.core.controls import NO_CONTROLS, Controls
 from tiermesh.core.errors import INTERNAL_MESSAGE, MeshError, unknown_model
 from tiermesh.core.grpc_errors import REDIS_OUTAGE, REDIS_OUTAGE_MESSAGE
 from tiermesh.core.jobs import JobResult
@@ -375,7 +376,7 @@ def _infer_request(model: str, inputs: Any, headers: Headers, whole_text: bool) 
         client_request_id=headers.client_request_id,
         priority=headers.priority,
         timeout_us=headers.timeout_us,
-        whole_text=whole_text,
+        controls=Controls(whole_text=whole_text) if whole_text else NO_CONTROLS,
     )
 
 

@@ -37,7 +37,6 @@ from tiermesh.core.errors import (
     unknown_model,
 )
 from tiermesh.core.jobs import Job, Timing
-from tiermesh.core.model_config import WHOLE_TEXT
 from tiermesh.core.repository import ModelConfig, ModelRepository
 from tiermesh.core.settings import GatewaySettings
 from tiermesh.core.telemetry import CallerTraces, trace_id_of, unsampled, w3c_context
@@ -66,7 +65,6 @@ from tiermesh.gateway.security import Gate
 from tiermesh.gateway.statistics import InferenceStatistics, model_stats_doc
 from tiermesh.gateway.statistics_store import StatisticsStore
 from tiermesh.gateway.upstream import Upstream
-from tiermesh.rollout.split import STICKY_KEY
 
 __all__ = ["SERVER", "Answer", "Caller", "DataPlane", "ServerInfo"]
 
@@ -448,7 +446,7 @@ class DataPlane:
             requested_outputs=req.requested_outputs,
             timing=Timing(received_ns=received_ns),
             trace_context=self._trace_context(call, caller),
-            annotations=_annotations(req),
+            controls=req.controls,
             generation=generation,
         )
 
@@ -614,11 +612,3 @@ class DataPlane:
                 peer=caller.peer,
                 duration_ms=(ended_ns - started_ns) / 1e6,
             )
-
-
-def _annotations(req: InferRequest) -> dict[str, str]:
-    """What a request asks of the mesh beside its inputs."""
-    annotations = {STICKY_KEY: req.sticky_key} if req.sticky_key else {}
-    if req.whole_text:
-        annotations[WHOLE_TEXT] = "true"
-    return annotations

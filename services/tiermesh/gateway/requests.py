@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from tiermesh.core.controls import NO_CONTROLS, Controls
 from tiermesh.core.errors import invalid, not_gated, shown, unknown_model
 from tiermesh.core.repository import ModelConfig, ModelRepository
 from tiermesh.core.tensors import TensorData
@@ -27,18 +28,15 @@ class InferRequest:
     timeout_us: int | None = None
     # The `variant` request parameter (fp32, int8, ...); "" = the model's default.
     variant: str = ""
-    # The `sticky_key` request parameter: requests with one key see one version of a model
-    # during a canary rollout ("" = the tenant's, else the request id's).
-    sticky_key: str = ""
+    # The request parameters and door settings that say how the mesh treats it.
+    controls: Controls = NO_CONTROLS
     # Generation parameters (max_new_tokens, temperature, ...) as the caller sent them
     # (int, float, str or bool); only a generative model reads them.
     parameters: Mapping[str, object] = field(default_factory=dict)
     # The OpenAI door's: a conversation for the chat template ((role, content) pairs), a
-    # prompt without the template (a completion), a text refused rather than cut (an
-    # embedding, whose tokens its result counts).
+    # prompt without the template (a completion).
     messages: tuple[tuple[str, str], ...] = ()
     raw_prompt: bool = False
-    whole_text: bool = False
 
 
 def find_model(repo: ModelRepository, name: str, version: str) -> ModelConfig:

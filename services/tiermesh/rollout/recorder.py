@@ -16,7 +16,6 @@ import structlog
 from tiermesh.core.jobs import JobResult
 from tiermesh.core.loops import raise_if_cancelling
 from tiermesh.rollout.drift import Pair, ShadowPairs
-from tiermesh.rollout.split import SHADOW_OF
 from tiermesh.rollout.store import RolloutStore
 from tiermesh.rollout.window import WindowCounts
 
@@ -26,7 +25,7 @@ MAX_PENDING_BUCKETS = 10_000
 
 
 def is_shadow(result: JobResult) -> bool:
-    return SHADOW_OF in result.annotations
+    return bool(result.controls.shadow_of)
 
 
 class Recorder:

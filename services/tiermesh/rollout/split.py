@@ -18,10 +18,6 @@ from typing import Literal
 from tiermesh.core.jobs import Job
 from tiermesh.rollout.state import RolloutState
 
-STICKY_KEY = "sticky_key"  # request parameter and job annotation
-ROLLOUT_ARM = "rollout"  # job annotation: which side of a running rollout served it
-SHADOW_OF = "shadow_of"  # job annotation of a mirrored copy: the primary's request id
-
 Arm = Literal["named", "default", "stable", "canary"]
 
 
@@ -41,7 +37,7 @@ def unit_interval(text: str) -> float:
 
 def sticky_key(job: Job) -> str:
     return (
-        job.annotations.get(STICKY_KEY)
+        job.controls.sticky_key
         or job.tenant
         or job.client_request_id
         or job.request_id  # random: such a caller is not sticky

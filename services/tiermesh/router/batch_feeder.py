@@ -15,14 +15,13 @@ import structlog
 
 from tiermesh.batch.plan import (
     FINISHED,
-    INDEX_ANNOTATION,
-    JOB_ANNOTATION,
     JobRecord,
     background_tier,
     feed_count,
     request_id,
 )
 from tiermesh.batch.store import BatchStore
+from tiermesh.core.controls import Controls
 from tiermesh.core.jobs import Job, Timing
 from tiermesh.core.keys import BACKGROUND_PRIORITY, StreamKey
 from tiermesh.core.loops import repeat
@@ -127,7 +126,7 @@ class Feeder:
             tenant=rec.tenant,
             version=cfg.version_for(rec.version),
             variant=cfg.variant_for(rec.variant, cfg.tier(tier)),
-            annotations={JOB_ANNOTATION: rec.job_id, INDEX_ANNOTATION: str(index)},
+            controls=Controls(batch_job=rec.job_id, batch_index=index),
         )
 
     def _entry(self, cfg: ModelConfig, rec: JobRecord, job: Job) -> tuple[StreamKey, bytes]:

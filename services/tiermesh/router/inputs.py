@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 from tiermesh.core.errors import MeshError, invalid, unavailable
 from tiermesh.core.jobs import Job
-from tiermesh.core.model_config import TEXT_TOKENS, TOO_LONG, TRUNCATED, WHOLE_TEXT
+from tiermesh.core.model_config import TEXT_TOKENS, TOO_LONG, TRUNCATED
 from tiermesh.core.tensors import TensorData, to_numpy
 from tiermesh.core.text import TextEncoder
 from tiermesh.generate.inputs import GenerationInputError
@@ -22,7 +22,8 @@ TOKENIZE_IN_THREAD = 8
 async def tokenized(encoder: TextEncoder, jobs: Sequence[Job]) -> list[Job | MeshError]:
     """Each job's text as token ids and attention mask, `truncated` told to the caller: one
     encode_batch call for all of them (it runs without the GIL). A job whose caller asked
-    for its whole text (WHOLE_TEXT) and whose text was cut is refused INVALID_ARGUMENT."""
+    for its whole text (`Controls.whole_text`) and whose text was cut is refused
+    INVALID_ARGUMENT."""
     tensors = [job.inputs[0] for job in jobs]
     if len(tensors) >= TOKENIZE_IN_THREAD:
         encoded = await asyncio.to_thread(encoder.encode_many, tensors)
@@ -30,7 +31,7 @@ async def tokenized(encoder: TextEncoder, jobs: Sequence[Job]) -> list[Job | Mes
         encoded = encoder.encode_many(tensors)
     out: list[Job | MeshError] = []
     for job, e in zip(jobs, encoded, strict=True):
-        if WHOLE_TEXT not in job.annotations:
+        if not job.controls.whole_text:
             out.append(with_tokens(job, e))
         elif e[1]:
             out.append(invalid(f"{TOO_LONG} {encoder.max_length} tokens"))

@@ -37,7 +37,7 @@ from tiermesh.core.text import TextEncoder
 from tiermesh.core.validation import check_job
 from tiermesh.core.wire import encode_job
 from tiermesh.rollout.cache import RolloutStates
-from tiermesh.rollout.split import ROLLOUT_ARM, SHADOW_OF, Placement, place
+from tiermesh.rollout.split import Placement, place
 from tiermesh.router.admission import Admitter, Enqueue
 from tiermesh.router.inputs import prompted, tokenized
 from tiermesh.router.metrics import RouterMetrics
@@ -209,10 +209,11 @@ class BatchRouter:
             assert cfg is not None
             state = self._rollouts.get(cfg.queue_model) if self._rollouts is not None else None
             placement = place(cfg.stable.version, state, w.job)
-            annotations = w.job.annotations
             if placement.arm in ("stable", "canary"):
-                annotations = {**annotations, ROLLOUT_ARM: placement.arm}
-            w.job = w.job.with_(version=placement.version, annotations=annotations)
+                controls = w.job.controls.with_(rollout_arm=placement.arm)
+                w.job = w.job.with_(version=placement.version, controls=controls)
+            else:
+                w.job = w.job.with_(version=placement.version)
             w.placement = placement
             variant, version = w.job.variant, cfg.version_for(w.job.version)
             if variant and not cfg.serves(variant, version):
@@ -348,11 +349,7 @@ class BatchRouter:
             shadow = w.job.with_(
                 request_id=f"{w.job.request_id}-shadow",
                 version=placement.shadow_version,
-                annotations={
-                    **w.job.annotations,
-                    SHADOW_OF: w.job.request_id,
-                    ROLLOUT_ARM: "shadow",
-                },
+                controls=w.job.controls.with_(shadow_of=w.job.request_id, rollout_arm="shadow"),
             )
             stream = choose_stream(cfg, shadow, w.tier)
             items.append(

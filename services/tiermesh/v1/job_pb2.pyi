@@ -56,7 +56,7 @@ class ChatMessage(_message.Message):
     def __init__(self, role: _Optional[str] = ..., content: _Optional[str] = ...) -> None: ...
 
 class Job(_message.Message):
-    __slots__ = ("request_id", "client_request_id", "tenant", "model", "version", "variant", "priority", "bucket", "tier", "deadline_ns", "gateway", "inputs", "requested_outputs", "timing", "trace_context", "annotations", "generation")
+    __slots__ = ("request_id", "client_request_id", "tenant", "model", "version", "variant", "priority", "bucket", "tier", "deadline_ns", "gateway", "inputs", "requested_outputs", "timing", "trace_context", "annotations", "generation", "controls")
     class TraceContextEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -65,6 +65,13 @@ class Job(_message.Message):
         value: str
         def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
     class AnnotationsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    class ControlsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
         VALUE_FIELD_NUMBER: _ClassVar[int]
@@ -88,6 +95,7 @@ class Job(_message.Message):
     TRACE_CONTEXT_FIELD_NUMBER: _ClassVar[int]
     ANNOTATIONS_FIELD_NUMBER: _ClassVar[int]
     GENERATION_FIELD_NUMBER: _ClassVar[int]
+    CONTROLS_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     client_request_id: str
     tenant: str
@@ -105,10 +113,11 @@ class Job(_message.Message):
     trace_context: _containers.ScalarMap[str, str]
     annotations: _containers.ScalarMap[str, str]
     generation: Generation
-    def __init__(self, request_id: _Optional[str] = ..., client_request_id: _Optional[str] = ..., tenant: _Optional[str] = ..., model: _Optional[str] = ..., version: _Optional[str] = ..., variant: _Optional[str] = ..., priority: _Optional[int] = ..., bucket: _Optional[int] = ..., tier: _Optional[str] = ..., deadline_ns: _Optional[int] = ..., gateway: _Optional[str] = ..., inputs: _Optional[_Iterable[_Union[_tensor_pb2.Tensor, _Mapping]]] = ..., requested_outputs: _Optional[_Iterable[str]] = ..., timing: _Optional[_Union[Timing, _Mapping]] = ..., trace_context: _Optional[_Mapping[str, str]] = ..., annotations: _Optional[_Mapping[str, str]] = ..., generation: _Optional[_Union[Generation, _Mapping]] = ...) -> None: ...
+    controls: _containers.ScalarMap[str, str]
+    def __init__(self, request_id: _Optional[str] = ..., client_request_id: _Optional[str] = ..., tenant: _Optional[str] = ..., model: _Optional[str] = ..., version: _Optional[str] = ..., variant: _Optional[str] = ..., priority: _Optional[int] = ..., bucket: _Optional[int] = ..., tier: _Optional[str] = ..., deadline_ns: _Optional[int] = ..., gateway: _Optional[str] = ..., inputs: _Optional[_Iterable[_Union[_tensor_pb2.Tensor, _Mapping]]] = ..., requested_outputs: _Optional[_Iterable[str]] = ..., timing: _Optional[_Union[Timing, _Mapping]] = ..., trace_context: _Optional[_Mapping[str, str]] = ..., annotations: _Optional[_Mapping[str, str]] = ..., generation: _Optional[_Union[Generation, _Mapping]] = ..., controls: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class Result(_message.Message):
-    __slots__ = ("request_id", "client_request_id", "model", "version", "gateway", "code", "message", "outputs", "timing", "trace_context", "tier", "priority", "bucket", "batch_size", "annotations", "aux", "variant", "worker", "partial", "text_offset", "batch_traceparent", "direct")
+    __slots__ = ("request_id", "client_request_id", "model", "version", "gateway", "code", "message", "outputs", "timing", "trace_context", "tier", "priority", "bucket", "batch_size", "annotations", "aux", "variant", "worker", "partial", "text_offset", "batch_traceparent", "direct", "controls")
     class TraceContextEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -117,6 +126,13 @@ class Result(_message.Message):
         value: str
         def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
     class AnnotationsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    class ControlsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
         VALUE_FIELD_NUMBER: _ClassVar[int]
@@ -145,6 +161,7 @@ class Result(_message.Message):
     TEXT_OFFSET_FIELD_NUMBER: _ClassVar[int]
     BATCH_TRACEPARENT_FIELD_NUMBER: _ClassVar[int]
     DIRECT_FIELD_NUMBER: _ClassVar[int]
+    CONTROLS_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     client_request_id: str
     model: str
@@ -167,4 +184,5 @@ class Result(_message.Message):
     text_offset: int
     batch_traceparent: str
     direct: bool
-    def __init__(self, request_id: _Optional[str] = ..., client_request_id: _Optional[str] = ..., model: _Optional[str] = ..., version: _Optional[str] = ..., gateway: _Optional[str] = ..., code: _Optional[int] = ..., message: _Optional[str] = ..., outputs: _Optional[_Iterable[_Union[_tensor_pb2.Tensor, _Mapping]]] = ..., timing: _Optional[_Union[Timing, _Mapping]] = ..., trace_context: _Optional[_Mapping[str, str]] = ..., tier: _Optional[str] = ..., priority: _Optional[int] = ..., bucket: _Optional[int] = ..., batch_size: _Optional[int] = ..., annotations: _Optional[_Mapping[str, str]] = ..., aux: _Optional[_Iterable[_Union[_tensor_pb2.Tensor, _Mapping]]] = ..., variant: _Optional[str] = ..., worker: _Optional[str] = ..., partial: _Optional[bool] = ..., text_offset: _Optional[int] = ..., batch_traceparent: _Optional[str] = ..., direct: _Optional[bool] = ...) -> None: ...
+    controls: _containers.ScalarMap[str, str]
+    def __init__(self, request_id: _Optional[str] = ..., client_request_id: _Optional[str] = ..., model: _Optional[str] = ..., version: _Optional[str] = ..., gateway: _Optional[str] = ..., code: _Optional[int] = ..., message: _Optional[str] = ..., outputs: _Optional[_Iterable[_Union[_tensor_pb2.Tensor, _Mapping]]] = ..., timing: _Optional[_Union[Timing, _Mapping]] = ..., trace_context: _Optional[_Mapping[str, str]] = ..., tier: _Optional[str] = ..., priority: _Optional[int] = ..., bucket: _Optional[int] = ..., batch_size: _Optional[int] = ..., annotations: _Optional[_Mapping[str, str]] = ..., aux: _Optional[_Iterable[_Union[_tensor_pb2.Tensor, _Mapping]]] = ..., variant: _Optional[str] = ..., worker: _Optional[str] = ..., partial: _Optional[bool] = ..., text_offset: _Optional[int] = ..., batch_traceparent: _Optional[str] = ..., direct: _Optional[bool] = ..., controls: _Optional[_Mapping[str, str]] = ...) -> None: ...

@@ -10,9 +10,10 @@ from collections.abc import Mapping, Sequence
 
 import grpc
 
-from tiermesh.batch.plan import CANCELLED, INDEX_ANNOTATION, JOB_ANNOTATION
+from tiermesh.batch.plan import CANCELLED
 from tiermesh.batch.store import BatchStore
 from tiermesh.core.compute_unit import ComputeUnit
+from tiermesh.core.controls import Controls
 from tiermesh.core.jobs import JobResult
 from tiermesh.core.model_config import ModelConfig
 from tiermesh.core.output_steps import Steps
@@ -20,13 +21,9 @@ from tiermesh.core.wire import encode_batch_result
 from tiermesh.worker.batching import QueuedJob
 
 
-def job_of(annotations: Mapping[str, str]) -> tuple[str, int] | None:
+def job_of(controls: Controls) -> tuple[str, int] | None:
     """(job id, input index) of a batch-job request; None for any other request."""
-    job_id = annotations.get(JOB_ANNOTATION)
-    index = annotations.get(INDEX_ANNOTATION, "")
-    if not job_id or not index.isdigit():
-        return None
-    return job_id, int(index)
+    return (controls.batch_job, controls.batch_index) if controls.batch_job else None
 
 
 class BackgroundResults:
@@ -42,13 +39,13 @@ class BackgroundResults:
         self, batch: Sequence[QueuedJob]
     ) -> tuple[list[QueuedJob], list[QueuedJob]]:
         """(to compute, to drop): entries of jobs cancelled (or gone) are not computed."""
-        ids = sorted({j[0] for q in batch if (j := job_of(q.job.annotations))})
+        ids = sorted({j[0] for q in batch if (j := job_of(q.job.controls))})
         statuses = await self._store.statuses(ids)
         dead = {i for i in ids if statuses.get(i, CANCELLED) == CANCELLED}
         keep: list[QueuedJob] = []
         drop: list[QueuedJob] = []
         for q in batch:
-            j = job_of(q.job.annotations)
+            j = job_of(q.job.controls)
             (drop if j is None or j[0] in dead else keep).append(q)
         return keep, drop
 
@@ -57,7 +54,7 @@ class BackgroundResults:
         how many were new. Raises Redis errors: the caller then leaves the entries pending."""
         by_job: dict[str, list[tuple[int, bytes, bool]]] = defaultdict(list)
         for r in results:
-            j = job_of(r.annotations)
+            j = job_of(r.controls)
             if j is None:
                 continue
             r = self._steps.apply(r)

@@ -158,7 +158,7 @@ class Membership:
         if self._background is not None:  # batch-job inputs: an error result in their job
             with contextlib.suppress(*STREAM_ERRORS):
                 await self._background.write(answers)
-            answers = [a for a in answers if job_of(a.annotations) is None]
+            answers = [a for a in answers if job_of(a.controls) is None]
         if answers:
             try:
                 await self._handoff.process(answers)

@@ -10,7 +10,8 @@ import (
 	"tiermeshv1"
 )
 
-// shadowOf marks the result of a copy mirrored to a canary: nobody waits for it here.
+// shadowOf (a control, tiermesh/core/controls.py) marks the result of a copy mirrored to a
+// canary: nobody waits for it here.
 const shadowOf = "shadow_of"
 
 // pending holds the calls waiting for their result, by request id.
@@ -67,7 +68,7 @@ type deliveryServer struct {
 func (d *deliveryServer) deliver(msg *tiermeshv1.Deliveries) *tiermeshv1.DeliverReply {
 	reply := &tiermeshv1.DeliverReply{BatchId: msg.BatchId}
 	for _, r := range msg.Results {
-		if _, shadow := r.Annotations[shadowOf]; shadow && !r.Partial {
+		if _, shadow := r.Controls[shadowOf]; shadow && !r.Partial {
 			if d.books != nil { // a canary's answer: compared at the gateway
 				d.books.shadow(r)
 			}
