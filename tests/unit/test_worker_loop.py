@@ -24,6 +24,7 @@ from tests.integration.conftest import Downstream, downstream  # noqa: F401 (a f
 from tiermesh.core import keys
 from tiermesh.core.builtin_models import build_mlp
 from tiermesh.core.compute_unit import ComputeUnit
+from tiermesh.core.controls import NO_CONTROLS, Controls
 from tiermesh.core.jobs import Job, JobResult, Timing
 from tiermesh.core.keys import StreamKey
 from tiermesh.core.model_config import ModelConfig, parse_config
@@ -252,6 +253,7 @@ class Harness:
         *,
         width: int = 4,
         deadline_ms: int | None = 60_000,
+        controls: Controls = NO_CONTROLS,
     ) -> str:
         """Route a request to `stream` (its caller waits at the Delivery server); its entry.
         Its deadline is `deadline_ms` from now on the worker's clock (None: no deadline)."""
@@ -267,6 +269,7 @@ class Harness:
                 priority=stream.priority,
                 tier=stream.tier,
                 timing=Timing(routed_ns=self.clock.now),
+                controls=controls,
             ),
         )
         self.entry_ids[request_id] = entry_id
@@ -535,6 +538,26 @@ async def test_an_unsure_edge_answer_cascades_to_center(
     job = decode_job(moved[keys.JOB_FIELD.encode()])
     assert job.tier == "center" and job.annotations["cascaded"] == "true"
     assert h.worker.cascaded == 1
+
+
+async def test_a_caller_who_says_cascade_false_gets_the_unsure_edge_answer(
+    make: Callable[..., Awaitable[Harness]],
+) -> None:
+    cfg = mlp_config(
+        tiers={"edge": {"max_cost": 0}, "center": {}},
+        cascade={"output": "OUTPUT0", "threshold": 1.0},  # no answer is that sure
+    )
+    h = await make(cfg, tier="edge")
+    edge, center = StreamKey(UNIT, "edge", 2, 0), StreamKey(UNIT, "center", 2, 0)
+    h.streams.workers[(UNIT, "center")].add("center-worker")
+    # As both doors read it from the request's parameters.
+    entry = h.add("hurried", edge, controls=Controls.from_parameters({"cascade": False}))
+    await h.steps()
+    assert h.acked() == [(edge, (entry,))]
+    result = await asyncio.wait_for(h.answers["hurried"], 5)
+    assert result.code == grpc.StatusCode.OK and result.tier == "edge"
+    assert "cascaded" not in result.annotations and not h.streams.entries[center]
+    assert h.worker.cascaded == 0
 
 
 async def test_a_dead_workers_entries_are_reclaimed_and_served(

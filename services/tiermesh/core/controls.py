@@ -36,6 +36,9 @@ class Controls:
     # Requests with one key see one version of a model during a canary rollout ("" = the
     # tenant's, else the request id's).
     sticky_key: str = public("", "sticky_key")
+    # An unsure answer of the edge tier is computed again on the last tier (a model with a
+    # `cascade:` section); false: the caller takes the edge answer as it is, sooner.
+    cascade: bool = public(True, "cascade")
     # The text is refused rather than cut at the model's length (the OpenAI embeddings door).
     whole_text: bool = False
     # Which side of a running rollout served it: "stable", "canary", or "shadow" for a copy

@@ -105,7 +105,7 @@ class Executor:
         self._scheduler.observe(key, rows, end - start, inline)
         cfg = self._units.configs[key.unit]
         for q, out in zip(live, outputs, strict=True):
-            confidence = escalates(cfg, key.tier, out.outputs)
+            confidence = escalates(cfg, key.tier, out.outputs) if q.job.controls.cascade else None
             if confidence is not None and await self._cascade(cfg, q, confidence):
                 continue
             result = results.computed(cfg, q, out, start, end, rows, self._streams.consumer)
