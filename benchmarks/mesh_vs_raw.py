@@ -56,7 +56,12 @@ from tiermesh.bench import runner
 from tiermesh.bench.calls import Sender
 from tiermesh.bench.cpu import process_cpu_s
 from tiermesh.bench.records import Record
-from tiermesh.bench.workload import RequestSpec, Tensor, counting_tokenizer, text_with_tokens
+from tiermesh.bench.workload import (
+    RequestSpec,
+    WorkloadTensor,
+    counting_tokenizer,
+    text_with_tokens,
+)
 from tiermesh.core.model_files import mirror_model
 from tiermesh.core.settings import WorkerSettings
 from tiermesh.up.processes import free_port
@@ -114,15 +119,15 @@ def spec_ids(i: int, n: int, ids: list[int]) -> RequestSpec:
         str(n),
         2,
         (
-            Tensor("input_ids", "INT64", arr),
-            Tensor("attention_mask", "INT64", np.ones_like(arr)),
+            WorkloadTensor("input_ids", "INT64", arr),
+            WorkloadTensor("attention_mask", "INT64", np.ones_like(arr)),
         ),
     )
 
 
 def spec_text(i: int, n: int, text: str) -> RequestSpec:
     arr = np.array([[text.encode()]], dtype=np.object_)
-    return RequestSpec(i, str(n), 2, (Tensor("text", "BYTES", arr),))
+    return RequestSpec(i, str(n), 2, (WorkloadTensor("text", "BYTES", arr),))
 
 
 # --- raw onnxruntime -------------------------------------------------------------------
@@ -278,7 +283,7 @@ class MeshRun:
         self, model: str, specs: list[RequestSpec], concurrency: int
     ) -> tuple[list[Record], float, dict[str, float]]:
         send = Sender(self.client, model, TIMEOUT_S)
-        rec = runner.Recorder()
+        rec = runner.RunRecorder()
         it: Iterator[RequestSpec] = iter(specs)
         before = self.cpu()
         t0 = time.perf_counter()

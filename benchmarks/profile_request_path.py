@@ -105,7 +105,7 @@ async def drive(
     client: grpcaio.InferenceServerClient, model: str, specs: list[RequestSpec], seconds: float
 ) -> tuple[int, float]:
     send = Sender(client, model, mvr.TIMEOUT_S)
-    rec = runner.Recorder()
+    rec = runner.RunRecorder()
 
     def cycle() -> Iterator[RequestSpec]:
         while True:

@@ -58,7 +58,13 @@ from tiermesh.bench.calls import values_of
 from tiermesh.bench.cpu import process_cpu_s
 from tiermesh.bench.goload import LoadConfig, LoadUnavailable, infer_request, run_load
 from tiermesh.bench.goload import binary as goload_binary
-from tiermesh.bench.workload import RequestSpec, Tensor, TokenText, counting_tokenizer, mixed_texts
+from tiermesh.bench.workload import (
+    RequestSpec,
+    TokenText,
+    WorkloadTensor,
+    counting_tokenizer,
+    mixed_texts,
+)
 from tiermesh.core.cache_dir import default_cache_dir
 from tiermesh.core.model_config import parse_config
 from tiermesh.core.model_files import mirror_model
@@ -373,7 +379,9 @@ async def go_flood(
     requests = [
         infer_request(
             model,
-            RequestSpec(i, "flood", 2, (Tensor("text", "BYTES", np.array([[t]], np.object_)),)),
+            RequestSpec(
+                i, "flood", 2, (WorkloadTensor("text", "BYTES", np.array([[t]], np.object_)),)
+            ),
             timeout_us=int(timeout_s * 1e6),
         )
         for i, t in enumerate(texts)

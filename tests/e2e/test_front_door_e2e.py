@@ -52,7 +52,7 @@ from tiermesh.core.wire import decode_job
 from tiermesh.gateway.books import MODEL_INFER
 from tiermesh.rollout.state import RolloutState
 from tiermesh.rollout.store import RolloutStore
-from tiermesh.rollout.window import VersionStats, window_seconds
+from tiermesh.rollout.window import WindowStats, window_seconds
 
 pytestmark = [
     pytest.mark.e2e,
@@ -545,7 +545,7 @@ def test_a_caller_who_leaves_is_marked_for_the_workers(door_up: UpProcess) -> No
         eventually(lambda: len(new()) == 1, f"not one job marked cancelled: {new()}")
 
 
-async def rollout_window(url: str, version: str, since_ms: int) -> VersionStats:
+async def rollout_window(url: str, version: str, since_ms: int) -> WindowStats:
     """What the gateways recorded of one version of the rollout model since `since_ms`."""
     redis = connect(url)
     try:
@@ -569,7 +569,7 @@ def test_canary_drift_and_outcomes_count_what_the_door_answered(
         client = grpcclient.InferenceServerClient(up.url)
         url = up.redis_url()
 
-        def window(version: str) -> VersionStats:
+        def window(version: str) -> WindowStats:
             return asyncio.run(rollout_window(url, version, started_ms))
 
         x = np.array([[0.5, -1.0, 2.0, 0.25]], np.float32)

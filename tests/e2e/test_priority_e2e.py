@@ -30,7 +30,12 @@ from tests.go_toolchain import needs_go
 from tiermesh.bench.goload import LoadConfig, LoadRequest, infer_request, run_load
 from tiermesh.bench.records import OK, Record
 from tiermesh.bench.stats import percentile, server_figures
-from tiermesh.bench.workload import RequestSpec, Tensor, counting_tokenizer, text_with_tokens
+from tiermesh.bench.workload import (
+    RequestSpec,
+    WorkloadTensor,
+    counting_tokenizer,
+    text_with_tokens,
+)
 from tiermesh.core.cache_dir import default_cache_dir
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, needs_go]
@@ -65,7 +70,7 @@ def text_requests(
     for _ in range(n):
         text, _ = text_with_tokens(tok, rng, int(rng.integers(tokens[0], tokens[1] + 1)))
         array = np.array([[text.encode()]], dtype=np.object_)
-        spec = RequestSpec(0, "text", priority, (Tensor("text", "BYTES", array),))
+        spec = RequestSpec(0, "text", priority, (WorkloadTensor("text", "BYTES", array),))
         out.append(infer_request(MODEL, spec))
     return tuple(out)
 

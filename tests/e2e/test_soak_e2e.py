@@ -174,7 +174,7 @@ class Soak:
 
 
 async def closed(send: Sender, workload: Workload, seconds: float) -> list[Record]:
-    recorder = runner.Recorder()
+    recorder = runner.RunRecorder()
     start = time.perf_counter()
     await runner.closed_loop(
         send,
@@ -215,7 +215,7 @@ async def drive(up: UpProcess) -> Soak:
         samples = Samples(pids, int(redis_url.rsplit(":", 1)[1].split("/")[0]))
         stop = asyncio.Event()
         sampling = asyncio.create_task(sampler(samples, redis, stop))
-        recorder = runner.Recorder()
+        recorder = runner.RunRecorder()
         times = arrivals.arrival_times(
             arrivals.BurstPlan(rate_rps=LOAD_SHARE * capacity),
             SOAK_S,

@@ -19,7 +19,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from tests.conftest import door_cache
 from tiermesh.core.delivery_client import GatewayClients
 from tiermesh.core.message_bytes import MAX_MESSAGE_BYTES
-from tiermesh.core.output_steps import Steps
+from tiermesh.core.output_steps import OutputSteps
 from tiermesh.core.server import make_server
 from tiermesh.core.settings import (
     GatewaySettings,
@@ -202,7 +202,7 @@ async def serve_downstream(
     gateways = GatewayClients(5, max_message_bytes=max_message_bytes)
     post = make_server(telemetry, max_message_bytes)
     postprocess_pb2_grpc.add_PostprocessServicer_to_server(
-        PostprocessServicer(Steps(), gateways), post
+        PostprocessServicer(OutputSteps(), gateways), post
     )
     pport = post.add_insecure_port("127.0.0.1:0")
     await delivery.start()

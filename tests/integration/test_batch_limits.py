@@ -38,7 +38,7 @@ from tiermesh.gateway.metrics import GatewayMetrics
 from tiermesh.gateway.pending import PendingRequests
 from tiermesh.gateway.plane import DataPlane
 from tiermesh.gateway.quota import Quota
-from tiermesh.gateway.security import Gate, Security
+from tiermesh.gateway.security import AccessGate, Security
 from tiermesh.gateway.upstream import Cancellations, Liveness, RouterClient, Upstream
 from tiermesh.v1 import batch_pb2, batch_pb2_grpc, tensor_pb2
 
@@ -96,7 +96,7 @@ async def door_factory(redis_url: str, fetched_models: tuple[str, ...]) -> Async
         if tenants is not None:
             quota = Quota(redis, 100)
             security = Security(Tenants(parse_tenants(tenants)), quota, AuditLog(redis, 100))
-        gate = Gate(security, metrics)
+        gate = AccessGate(security, metrics)
         liveness = Liveness(redis)
         # The router is never called by the batch door (the feeder queues its work).
         upstream = Upstream(

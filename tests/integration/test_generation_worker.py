@@ -24,7 +24,7 @@ from tests.polling import until
 from tiermesh.convert.llama_check import greedy
 from tiermesh.core import keys
 from tiermesh.core.compute_unit import ComputeUnit
-from tiermesh.core.jobs import Generation, Job, JobResult, Timing
+from tiermesh.core.jobs import GenerationRequest, Job, JobResult, Timing
 from tiermesh.core.keys import StreamKey
 from tiermesh.core.repository import ModelConfig, parse_config
 from tiermesh.core.server import make_channel
@@ -91,7 +91,7 @@ class Rig:
             tier="center",
             timing=Timing(enqueued_ns=1),
             trace_context={"traceparent": f"00-{TRACE_ID}-{PARENT_ID}-01"},
-            generation=Generation(new, stream=stream),
+            generation=GenerationRequest(new, stream=stream),
         )
         stream_key = StreamKey(UNIT, "center", priority, 0)
         await self.redis.xadd(stream_key.name, {keys.JOB_FIELD: encode_job(job)})

@@ -19,7 +19,7 @@ from tests.grpc_server import serving
 from tiermesh.bench.goload import LoadConfig, LoadUnavailable, infer_request, run_load
 from tiermesh.bench.records import Record
 from tiermesh.bench.stats import figures
-from tiermesh.bench.workload import RequestSpec, Tensor
+from tiermesh.bench.workload import RequestSpec, WorkloadTensor
 from tiermesh.core.cache_dir import default_cache_dir
 
 pytestmark = [
@@ -78,7 +78,7 @@ async def served() -> AsyncIterator[tuple[Servicer, str]]:
 
 
 def spec(length: str, priority: int = 0) -> RequestSpec:
-    x = Tensor("x", "FP32", np.arange(16, dtype=np.float32).reshape(1, 16))
+    x = WorkloadTensor("x", "FP32", np.arange(16, dtype=np.float32).reshape(1, 16))
     return RequestSpec(0, length, priority, (x,))
 
 

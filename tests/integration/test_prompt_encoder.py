@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import yaml
 
-from tiermesh.core.jobs import Generation
+from tiermesh.core.jobs import GenerationRequest
 from tiermesh.core.repository import parse_config
 from tiermesh.core.tensors import to_numpy
 from tiermesh.generate.inputs import GenerationInputError
@@ -29,7 +29,7 @@ def encoder() -> PromptEncoder:
 
 
 def test_prompt_is_templated_and_tokenized(encoder: PromptEncoder) -> None:
-    ids = to_numpy(encoder.encode("What is the capital of France?", Generation(16)))
+    ids = to_numpy(encoder.encode("What is the capital of France?", GenerationRequest(16)))
     assert ids.dtype == np.int64 and ids.shape[0] == 1
     tokens = [int(i) for i in ids[0]]
     # <|im_start|>system ... <|im_end|> <|im_start|>user ... <|im_end|> <|im_start|>assistant
@@ -40,28 +40,31 @@ def test_prompt_is_templated_and_tokenized(encoder: PromptEncoder) -> None:
 
 def test_context_length_is_checked(encoder: PromptEncoder) -> None:
     with pytest.raises(GenerationInputError, match="over the model's context length of 2048"):
-        encoder.encode("word " * 2100, Generation(1))
+        encoder.encode("word " * 2100, GenerationRequest(1))
     with pytest.raises(GenerationInputError, match="exceeds the context length of 2048"):
-        encoder.encode("word " * 1900, Generation(300))
-    assert to_numpy(encoder.encode("word " * 1900, Generation(1))).shape[1] < 2048
+        encoder.encode("word " * 1900, GenerationRequest(300))
+    assert to_numpy(encoder.encode("word " * 1900, GenerationRequest(1))).shape[1] < 2048
 
 
 def test_a_conversation_of_one_user_message_is_the_prompt(encoder: PromptEncoder) -> None:
     """The OpenAI chat door's messages: one user message encodes as the v2 prompt does; a
     system message replaces the template's default one; an earlier turn is in the prompt."""
     question = "What is the capital of France?"
-    prompt = [int(i) for i in to_numpy(encoder.encode(question, Generation(16)))[0]]
-    chat = Generation(16, messages=(("user", question),))
+    prompt = [int(i) for i in to_numpy(encoder.encode(question, GenerationRequest(16)))[0]]
+    chat = GenerationRequest(16, messages=(("user", question),))
     assert [int(i) for i in to_numpy(encoder.encode(question, chat))[0]] == prompt
-    system = Generation(16, messages=(("system", "Answer in French."), ("user", question)))
+    system = GenerationRequest(16, messages=(("system", "Answer in French."), ("user", question)))
     with_system = [int(i) for i in to_numpy(encoder.encode(question, system))[0]]
     assert with_system != prompt and with_system.count(1) == 3
-    turns = Generation(
+    turns = GenerationRequest(
         16, messages=(("user", "Hi"), ("assistant", "Hello! How can I help?"), ("user", question))
     )
     assert [int(i) for i in to_numpy(encoder.encode(question, turns))[0]].count(1) == 5
 
 
 def test_a_raw_prompt_skips_the_template(encoder: PromptEncoder) -> None:
-    ids = [int(i) for i in to_numpy(encoder.encode("Paris is", Generation(4, raw_prompt=True)))[0]]
+    ids = [
+        int(i)
+        for i in to_numpy(encoder.encode("Paris is", GenerationRequest(4, raw_prompt=True)))[0]
+    ]
     assert 1 not in ids and 0 < len(ids) <= 4

@@ -21,10 +21,10 @@ from tiermesh.core.errors import MeshError
 from tiermesh.core.tenants import Tenant
 from tiermesh.gateway.audit import AuditEntry, AuditLog
 from tiermesh.gateway.auth import Tenants
-from tiermesh.gateway.limits import Bucket, take
+from tiermesh.gateway.limits import TokenBucket, take
 from tiermesh.gateway.metrics import GatewayMetrics
 from tiermesh.gateway.quota import IN_FLIGHT, RATE, Quota, QuotaRefused
-from tiermesh.gateway.security import Gate, Security
+from tiermesh.gateway.security import AccessGate, Security
 from tiermesh.up.processes import free_port
 from tiermesh.up.redis_server import start_redis
 
@@ -85,7 +85,7 @@ async def test_the_script_follows_the_reference_arithmetic(
     clock = Clock()
     replicas = [Quota(c, 50, clock_ms=clock) for c in clients]
     t = tenant(rate=7.5, burst=4, max_in_flight=10_000)  # never released here
-    bucket: Bucket | None = None
+    bucket: TokenBucket | None = None
     for i in range(300):
         clock.ms += rng.choice([0, 0, 1, 13, 50, 133, 400])
         expected = take(bucket, clock.ms, t.requests_per_s, t.burst)
@@ -154,7 +154,7 @@ async def test_gate_releases_on_error_and_on_cancellation(
     redis, _ = clients
     quota = Quota(redis, 25)
     metrics = GatewayMetrics(CollectorRegistry())
-    gate = Gate(Security(Tenants([]), quota, AuditLog(redis, 100)), metrics)
+    gate = AccessGate(Security(Tenants([]), quota, AuditLog(redis, 100)), metrics)
     t = tenant(max_in_flight=1)
     far = int((await redis.time())[0]) * 1000 + 600_000
 
@@ -253,7 +253,9 @@ async def test_audit_entries_wait_out_a_redis_outage_and_calls_are_refused_when_
     )
     lost: list[int] = []
     log = AuditLog(down, max_len=100, on_lost=lost.append, max_queued=2)
-    gate = Gate(Security(Tenants([]), Quota(down, 25), log), GatewayMetrics(CollectorRegistry()))
+    gate = AccessGate(
+        Security(Tenants([]), Quota(down, 25), log), GatewayMetrics(CollectorRegistry())
+    )
     server = None
     try:
         log.record(entry(0))

@@ -19,7 +19,7 @@ from tiermesh.core import keys
 from tiermesh.core.jobs import JobResult, Timing
 from tiermesh.core.model_config import CacheSpec
 from tiermesh.core.tensors import TensorData
-from tiermesh.gateway.cache import ResponseCache, cache_digest
+from tiermesh.gateway.cache import AnswerCache, cache_digest
 from tiermesh.up.processes import free_port
 
 pytestmark = pytest.mark.integration
@@ -75,7 +75,7 @@ async def entry_keys(redis: aioredis.Redis, model: str = MODEL) -> set[str]:
 
 
 async def test_put_then_get_returns_the_answer_only(redis: aioredis.Redis) -> None:
-    cache = ResponseCache(redis)
+    cache = AnswerCache(redis)
     d = cache_digest(MODEL, "1", "fp32", "t1", [X], ["y"])
     stored = answer()
     await cache.put(MODEL, d, stored, SPEC)
@@ -98,7 +98,7 @@ async def test_put_then_get_returns_the_answer_only(redis: aioredis.Redis) -> No
 
 
 async def test_misses_count(redis: aioredis.Redis) -> None:
-    cache = ResponseCache(redis)
+    cache = AnswerCache(redis)
     assert await cache.get(MODEL, digest_for(1)) is None
     assert await cache.get("other", digest_for(1)) is None
     await cache.put(MODEL, digest_for(1), answer(), SPEC)
@@ -109,7 +109,7 @@ async def test_misses_count(redis: aioredis.Redis) -> None:
 
 
 async def test_entry_expires_by_ttl_and_leaves_the_index(redis: aioredis.Redis) -> None:
-    cache = ResponseCache(redis)
+    cache = AnswerCache(redis)
     spec = CacheSpec(enabled=True, ttl_s=0.2, max_entries=10)
     await cache.put(MODEL, digest_for(1), answer(), spec)
     pttl = await redis.pttl(keys.cache_entry_key(MODEL, digest_for(1)))
@@ -132,7 +132,7 @@ async def test_entry_expires_by_ttl_and_leaves_the_index(redis: aioredis.Redis) 
 
 async def test_shorter_ttl_drops_entries_written_with_a_longer_one(redis: aioredis.Redis) -> None:
     # After a config change an entry older than the new TTL goes, key and index member both.
-    cache = ResponseCache(redis)
+    cache = AnswerCache(redis)
     await cache.put(MODEL, digest_for(1), answer(), SPEC)
     await cache.put(MODEL, digest_for(2), answer(), CacheSpec(enabled=True, ttl_s=0.05))
     # The index lives as long as its longest-lived answer.
@@ -147,7 +147,7 @@ async def test_shorter_ttl_drops_entries_written_with_a_longer_one(redis: aiored
 
 
 async def test_bound_keeps_the_newest(redis: aioredis.Redis) -> None:
-    cache = ResponseCache(redis)
+    cache = AnswerCache(redis)
     spec = CacheSpec(enabled=True, ttl_s=60.0, max_entries=10)
     index = keys.cache_index_key(MODEL)
     for n in range(50):
@@ -164,7 +164,7 @@ async def test_bound_keeps_the_newest(redis: aioredis.Redis) -> None:
 
 
 async def test_bound_holds_under_concurrent_writes(redis: aioredis.Redis) -> None:
-    cache = ResponseCache(redis)
+    cache = AnswerCache(redis)
     spec = CacheSpec(enabled=True, ttl_s=60.0, max_entries=10)
     await asyncio.gather(*(cache.put(MODEL, digest_for(n), answer(), spec) for n in range(200)))
     assert await redis.zcard(keys.cache_index_key(MODEL)) == 10
@@ -173,7 +173,7 @@ async def test_bound_holds_under_concurrent_writes(redis: aioredis.Redis) -> Non
 
 
 async def test_models_are_bounded_separately(redis: aioredis.Redis) -> None:
-    cache = ResponseCache(redis)
+    cache = AnswerCache(redis)
     spec = CacheSpec(enabled=True, ttl_s=60.0, max_entries=3)
     for n in range(5):
         await cache.put("a", digest_for(n), answer(), spec)
@@ -183,7 +183,7 @@ async def test_models_are_bounded_separately(redis: aioredis.Redis) -> None:
 
 
 async def test_tenants_do_not_share_unless_the_digest_says_so(redis: aioredis.Redis) -> None:
-    cache = ResponseCache(redis)
+    cache = AnswerCache(redis)
     mine = cache_digest(MODEL, "1", "fp32", "t1", [X], ["y"])
     theirs = cache_digest(MODEL, "1", "fp32", "t2", [X], ["y"])
     shared = cache_digest(MODEL, "1", "fp32", None, [X], ["y"])
@@ -197,7 +197,7 @@ async def test_tenants_do_not_share_unless_the_digest_says_so(redis: aioredis.Re
 
 
 async def test_failed_or_disabled_results_are_not_stored(redis: aioredis.Redis) -> None:
-    cache = ResponseCache(redis)
+    cache = AnswerCache(redis)
     failed = answer(code=grpc.StatusCode.INVALID_ARGUMENT, message="bad", outputs=())
     await cache.put(MODEL, digest_for(1), failed, SPEC)
     await cache.put(MODEL, digest_for(2), answer(code=grpc.StatusCode.DEADLINE_EXCEEDED), SPEC)
@@ -208,7 +208,7 @@ async def test_failed_or_disabled_results_are_not_stored(redis: aioredis.Redis) 
 
 
 async def test_corrupt_entry_is_a_miss(redis: aioredis.Redis) -> None:
-    cache = ResponseCache(redis)
+    cache = AnswerCache(redis)
     await redis.set(keys.cache_entry_key(MODEL, digest_for(1)), b"\xff\xff\xff not a proto")
     assert await cache.get(MODEL, digest_for(1)) is None
     assert (cache.hits, cache.misses, cache.errors) == (0, 1, 1)
@@ -218,7 +218,7 @@ async def test_unreachable_redis_is_a_miss_and_a_skipped_write() -> None:
     client = aioredis.Redis(
         host="127.0.0.1", port=free_port(), socket_connect_timeout=1.0, retry=Retry(NoBackoff(), 0)
     )
-    cache = ResponseCache(client)
+    cache = AnswerCache(client)
     try:
         assert await cache.get(MODEL, digest_for(1)) is None
         await cache.put(MODEL, digest_for(1), answer(), SPEC)

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from tiermesh.gateway.limits import Bucket, take
+from tiermesh.gateway.limits import TokenBucket, take
 
 
 def run(times_ms: list[int], rate: float, burst: int) -> list[int]:
     """retry-after of each request at the given times (0 = admitted)."""
-    bucket: Bucket | None = None
+    bucket: TokenBucket | None = None
     out = []
     for now in times_ms:
         t = take(bucket, now, rate, burst)
@@ -30,7 +30,7 @@ def test_refill_never_exceeds_the_burst() -> None:
 
 
 def test_a_refusal_takes_nothing() -> None:
-    bucket = Bucket(0.5, 0)
+    bucket = TokenBucket(0.5, 0)
     refused = take(bucket, 0, 1, 5)
     assert not refused.admitted and refused.bucket == bucket
     assert refused.retry_after_ms == 500
@@ -41,7 +41,7 @@ def test_a_clock_stepping_back_mints_no_tokens() -> None:
     assert first.admitted
     back = take(first.bucket, 0, rate_per_s=1, burst=1)  # another replica's clock is behind
     assert not back.admitted and back.retry_after_ms == 1000
-    assert take(first.bucket, 2000, rate_per_s=1, burst=1).bucket == Bucket(0.0, 2000)
+    assert take(first.bucket, 2000, rate_per_s=1, burst=1).bucket == TokenBucket(0.0, 2000)
 
 
 def test_slow_rates_wait_whole_milliseconds() -> None:

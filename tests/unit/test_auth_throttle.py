@@ -11,7 +11,7 @@ from tiermesh.core.tenants import Tenant, hash_key
 from tiermesh.gateway.auth import Tenants
 from tiermesh.gateway.auth_throttle import FailedAuth, peer_address
 from tiermesh.gateway.metrics import GatewayMetrics
-from tiermesh.gateway.security import Gate, Security
+from tiermesh.gateway.security import AccessGate, Security
 
 
 @pytest.mark.parametrize(
@@ -51,11 +51,11 @@ def test_the_table_of_addresses_is_bounded_oldest_first() -> None:
     assert failures.wait_ms("d") > 0
 
 
-def _gate(failures: FailedAuth) -> tuple[Gate, CollectorRegistry]:
+def _gate(failures: FailedAuth) -> tuple[AccessGate, CollectorRegistry]:
     registry = CollectorRegistry()
     tenant = Tenant("t", (hash_key("good"),), None, requests_per_s=10, burst=10, max_in_flight=4)
     security = Security(Tenants([tenant]), None, None)  # type: ignore[arg-type]
-    return Gate(security, GatewayMetrics(registry), failures), registry
+    return AccessGate(security, GatewayMetrics(registry), failures), registry
 
 
 def test_the_gate_refuses_a_throttled_address_before_it_looks_at_the_key() -> None:

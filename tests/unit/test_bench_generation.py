@@ -21,7 +21,7 @@ from tiermesh.bench.genwork import (
     span,
 )
 from tiermesh.bench.prompts import BUILTIN_PROMPTS, load_prompts
-from tiermesh.bench.records import OK, STREAM_ERROR, Generation, Outcome, Record, Reply
+from tiermesh.bench.records import OK, STREAM_ERROR, GenerationRecord, Outcome, Record, Reply
 from tiermesh.bench.workload import InputSpec
 from tiermesh.cli.main import main
 
@@ -65,7 +65,7 @@ def test_generation_from_the_final_values() -> None:
     }
     gen = genstats.generation_of(64, pieces, final)
     assert gen.tpot_ms == pytest.approx(100.0)  # (0.4 - 0.1) s over 3 gaps
-    assert gen == Generation(64, 100.0, gen.tpot_ms, 2, 2, 4, 9, 50.0, 12.5, "stop_string")
+    assert gen == GenerationRecord(64, 100.0, gen.tpot_ms, 2, 2, 4, 9, 50.0, 12.5, "stop_string")
     unstreamed = genstats.generation_of(64, pieces, final, streamed=False)
     assert unstreamed.tpot_ms is None and unstreamed.ttft_ms == pytest.approx(100.0)
     failed = genstats.generation_of(8, genstats.Pieces(0.0), None, "boom")
@@ -86,7 +86,7 @@ def gen_rec(
     reason: str = "length",
     error: str = "",
 ) -> Record:
-    gen = Generation(
+    gen = GenerationRecord(
         max_new_tokens=32,
         ttft_ms=ttft,
         tpot_ms=tpot,

@@ -114,7 +114,7 @@ class FakeMesh:
 
 async def test_ladder_loop_finds_the_knee_of_a_fake_mesh() -> None:
     mesh = FakeMesh()
-    recorder = runner.Recorder(clock=mesh.clock)
+    recorder = runner.RunRecorder(clock=mesh.clock)
     work = Workload([InputSpec("INPUT0", "FP32", (-1, 4))], seed=1)
     plan = LadderPlan(step_requests=50, step_duration_s=60.0)
 
@@ -134,7 +134,7 @@ async def test_ladder_loop_finds_the_knee_of_a_fake_mesh() -> None:
 
 async def test_ladder_loop_stops_at_the_request_bound() -> None:
     mesh = FakeMesh()
-    recorder = runner.Recorder(clock=mesh.clock)
+    recorder = runner.RunRecorder(clock=mesh.clock)
     work = Workload([InputSpec("INPUT0", "FP32", (-1, 4))], seed=1)
     result = await runner.ladder(
         mesh.send,

@@ -34,7 +34,7 @@ async def test_closed_loop_stops_at_the_request_limit() -> None:
         clock.now += 0.001
         return Outcome(OK, 1.0)
 
-    recorder = runner.Recorder(clock=clock)
+    recorder = runner.RunRecorder(clock=clock)
     await runner.closed_loop(
         send, Workload(INPUTS, 0), recorder, concurrency=4, limit=10, until=1e9
     )
@@ -47,7 +47,7 @@ async def test_closed_loop_stops_starting_at_the_deadline_and_keeps_concurrency(
     clock = Clock()
     gate = asyncio.Event()
     peak = 0
-    recorder = runner.Recorder(clock=clock)
+    recorder = runner.RunRecorder(clock=clock)
 
     async def send(spec: RequestSpec) -> Outcome:
         nonlocal peak
@@ -69,7 +69,7 @@ async def test_closed_loop_stops_starting_at_the_deadline_and_keeps_concurrency(
 
 
 async def test_halt_stops_new_requests() -> None:
-    recorder = runner.Recorder()
+    recorder = runner.RunRecorder()
 
     async def send(spec: RequestSpec) -> Outcome:
         if spec.index == 4:
@@ -98,7 +98,7 @@ async def test_open_loop_sends_on_schedule_and_counts_what_the_cap_refuses() -> 
             if len(refused) == 3:
                 release.set()
 
-    recorder = runner.Recorder(clock=clock, on_record=on_record)
+    recorder = runner.RunRecorder(clock=clock, on_record=on_record)
     await runner.open_loop(
         send,
         Workload(INPUTS, 0),
@@ -114,7 +114,7 @@ async def test_open_loop_sends_on_schedule_and_counts_what_the_cap_refuses() -> 
 
 
 def test_the_recorder_keeps_its_records_out_of_full_collections() -> None:
-    recorder = runner.Recorder(clock=Clock())
+    recorder = runner.RunRecorder(clock=Clock())
     record = Record(0.0, "16", 1, 0, 0, Outcome(OK, 1.0))
     gc.unfreeze()
     try:

@@ -40,7 +40,7 @@ from tiermesh.gateway.pending import PendingRequests
 from tiermesh.gateway.plane import SERVER, Caller, DataPlane
 from tiermesh.gateway.requests import InferRequest
 from tiermesh.gateway.rest_codec import config_doc, metadata_doc, server_doc
-from tiermesh.gateway.security import Gate
+from tiermesh.gateway.security import AccessGate
 from tiermesh.gateway.upstream import Routed, Upstream
 
 RAW = np.arange(16, dtype="<i4").reshape(1, 16).tobytes()
@@ -96,7 +96,7 @@ def _plane(
         pending,
         "127.0.0.1:1",
         metrics,
-        Gate(None, metrics),
+        AccessGate(None, metrics),
         control=ModelControl(RedisAway(), repo, None),  # type: ignore[arg-type]
         control_enabled=False,
         caller_traces=caller_traces,
@@ -181,7 +181,7 @@ async def test_what_is_off_builds_nothing_per_request(monkeypatch: pytest.Monkey
     def never(*args: Any, **kw: Any) -> Any:
         raise AssertionError("built while off")
 
-    monkeypatch.setattr(Gate, "audit", never)
+    monkeypatch.setattr(AccessGate, "audit", never)
     monkeypatch.setattr(Call, "observed", never)
     plane.capture = Capture(None, CaptureState(rate=0.0), max_len=10)  # type: ignore[arg-type]
     telemetry = Telemetry("gateway")

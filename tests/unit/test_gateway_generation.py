@@ -1,5 +1,5 @@
 """The gateway's side of generative serving: parameters from tritonclient's request, the
-checked Generation, the text a streaming caller has not seen, pieces through the pending
+checked GenerationRequest, the text a streaming caller has not seen, pieces through the pending
 requests, and the config section of a generative model."""
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import yaml
 from tritonclient.grpc._utils import _get_inference_request
 
 from tiermesh.core.errors import MeshError
-from tiermesh.core.jobs import Generation, Job, JobResult
+from tiermesh.core.jobs import GenerationRequest, Job, JobResult
 from tiermesh.core.model_config import GenerationSpec
 from tiermesh.core.repository import RepositoryError, parse_config
 from tiermesh.core.wire import decode_job, encode_job, result_from_proto, result_to_proto
@@ -68,7 +68,7 @@ def test_a_stop_list_that_is_not_json_is_refused() -> None:
 def test_generation_of_checks_and_fills_in() -> None:
     req = request("Tell me.", max_new_tokens=7, temperature=0.8)
     gen = generation_of(SPEC, req.inputs, dict(req.parameters), "rid", stream=True)
-    assert gen == Generation(7, 0.8, 1.0, derived_seed("rid"), (), True)
+    assert gen == GenerationRequest(7, 0.8, 1.0, derived_seed("rid"), (), True)
     assert derived_seed("rid") != derived_seed("other")
     seeded = request("Tell me.", seed=0)
     assert generation_of(SPEC, seeded.inputs, dict(seeded.parameters), "rid", False).seed == 0
@@ -135,7 +135,7 @@ def test_pieces_reach_the_streaming_caller_then_the_answer() -> None:
 
 
 def test_generation_and_pieces_survive_the_wire() -> None:
-    gen = Generation(9, 0.7, 0.9, 2**63 - 1, ("\n\n", "User:"), True)
+    gen = GenerationRequest(9, 0.7, 0.9, 2**63 - 1, ("\n\n", "User:"), True)
     job = Job("r", "smollm2", (text_tensor("hi"),), "gw:1", generation=gen)
     assert decode_job(encode_job(job)).generation == gen
     assert decode_job(encode_job(Job("r", "mlp", (), "gw"))).generation is None

@@ -20,7 +20,7 @@ from tiermesh.core.text import TextEncoder
 from tiermesh.optimize import gated, variants
 from tiermesh.optimize.calibrate import TextCalibrationReader
 from tiermesh.optimize.datasets import builtin_texts, read_texts, texts_sha256
-from tiermesh.optimize.gate import Gate
+from tiermesh.optimize.gate import AccuracyGate
 from tiermesh.optimize.sensitivity import mixed_precision, node_sensitivity
 from tiermesh.worker.runner import session_options
 
@@ -327,7 +327,7 @@ def test_the_shipped_int8_is_dynamic_when_dynamic_passes_with_its_record(
     tiny: Path, encoder: TextEncoder, tmp_path: Path
 ) -> None:
     dst = tmp_path / "model.int8.onnx"
-    lenient = gated.gated_int8(tiny, dst, encoder, Gate("cosine", 0.5), TEXTS, TEXTS)
+    lenient = gated.gated_int8(tiny, dst, encoder, AccuracyGate("cosine", 0.5), TEXTS, TEXTS)
     assert lenient.passed and lenient.method == gated.DYNAMIC and lenient.excluded_nodes == ()
     assert lenient.sha256 == sha256_file(dst) and lenient.file == dst.name
     ops = {n.op_type for n in onnx.load(str(dst)).graph.node}
@@ -335,7 +335,7 @@ def test_the_shipped_int8_is_dynamic_when_dynamic_passes_with_its_record(
     assert lenient.value == lenient.cosine["mean"] >= 0.5
     # Nothing but FP32 itself reaches a cosine above 1: no INT8 passes, nothing is left.
     with pytest.raises(variants.VariantError, match="no set of FP32 nodes makes INT8 pass"):
-        gated.gated_int8(tiny, dst, encoder, Gate("cosine", 1.0001), TEXTS, TEXTS)
+        gated.gated_int8(tiny, dst, encoder, AccuracyGate("cosine", 1.0001), TEXTS, TEXTS)
     assert not dst.exists()
 
 

@@ -16,7 +16,7 @@ from tiermesh.core.compute_unit import ComputeUnit
 from tiermesh.core.jobs import Job, JobResult
 from tiermesh.core.keys import StreamKey
 from tiermesh.core.model_config import PoolSpec
-from tiermesh.core.output_steps import Steps, mean_pool_l2
+from tiermesh.core.output_steps import OutputSteps, mean_pool_l2
 from tiermesh.core.repository import ModelConfig, parse_config
 from tiermesh.core.tensors import from_numpy, to_numpy
 from tiermesh.worker.batching import QueuedJob
@@ -173,7 +173,7 @@ def test_a_worker_hands_on_embeddings_that_postprocess_passes(tmp_path: Path) ->
     jobs = [_job("a", [3, 9, 27]), _job("b", [5])]  # b is padded to 3 in the batch
     pooled = ModelRunner(cfg, path).run([q.job for q in jobs])
     tokens = ModelRunner(_cfg(pool=False), path).run([q.job for q in jobs])
-    steps = Steps.for_models({"embed": cfg})
+    steps = OutputSteps.for_models({"embed": cfg})
     for q, out, unpooled in zip(jobs, pooled, tokens, strict=True):
         result = computed(cfg, q, out, 1, 2, 2, "w")
         assert [o.name for o in result.outputs] == ["sentence_embedding"]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from tiermesh.core.canary_spec import CanarySpec
 from tiermesh.rollout.judge import judge
-from tiermesh.rollout.window import VersionStats, latency_bucket
+from tiermesh.rollout.window import WindowStats, latency_bucket
 
 SPEC = CanarySpec(
     min_requests=10, max_error_rate=0.1, max_p99_ratio=2.0, p99_floor_ms=5, min_cosine=0.99
@@ -13,9 +13,9 @@ SPEC = CanarySpec(
 
 def stats(
     ok: int = 0, failed: int = 0, ms: float = 2.0, cos: tuple[float, ...] = ()
-) -> VersionStats:
+) -> WindowStats:
     codes = {"OK": ok, **({"ABORTED": failed} if failed else {})}
-    return VersionStats(
+    return WindowStats(
         answers=ok + failed,
         errors=failed,
         codes=codes,
@@ -42,7 +42,7 @@ def test_error_rate_at_the_limit_holds() -> None:
 
 
 def test_cancelled_answers_do_not_count_against_the_canary() -> None:
-    canary = VersionStats(answers=10, errors=0, codes={"OK": 10, "CANCELLED": 50})
+    canary = WindowStats(answers=10, errors=0, codes={"OK": 10, "CANCELLED": 50})
     assert judge(stats(ok=100), canary, SPEC).action == "hold"
 
 

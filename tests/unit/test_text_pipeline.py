@@ -14,7 +14,7 @@ from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processor
 
 from tiermesh.core.jobs import Job, JobResult
 from tiermesh.core.model_config import PoolSpec
-from tiermesh.core.output_steps import Steps, mean_pool_l2
+from tiermesh.core.output_steps import OutputSteps, mean_pool_l2
 from tiermesh.core.repository import ModelConfig, parse_config
 from tiermesh.core.tensors import TensorData, from_numpy, to_numpy
 from tiermesh.core.text import PARALLEL_FROM, TextEncoder
@@ -308,10 +308,10 @@ def test_all_masked_row_gives_zeros_not_nan() -> None:
     assert _np(out.outputs[0]).tolist() == [[0.0, 0.0, 0.0, 0.0]]
 
 
-def _steps() -> Steps:
+def _steps() -> OutputSteps:
     pooled = _runner_cfg(pool=True)
     assert pooled.pool == SPEC
-    return Steps.for_models({"txt": pooled, "plain": _runner_cfg()})
+    return OutputSteps.for_models({"txt": pooled, "plain": _runner_cfg()})
 
 
 def test_failed_result_passes_untouched() -> None:

@@ -17,7 +17,7 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import Any, TypeAlias
 
-from tiermesh.bench.records import Generation, Record
+from tiermesh.bench.records import GenerationRecord, Record
 from tiermesh.bench.stats import group_by, mean, percentile, ratio
 
 GEN_PERCENTILES = (50, 90, 99)
@@ -26,8 +26,8 @@ QUANTILE_POINTS = 101
 MOST_COMMON_ERRORS = 5
 # The distributions of the section, by key.
 DISTRIBUTIONS = ("ttft_ms", "tpot_ms", "server_ttft_ms", "server_tpot_ms", "e2e_ms")
-# The answered (OK) requests of a run with their Generation.
-Answered: TypeAlias = list[tuple[Record, Generation]]
+# The answered (OK) requests of a run with their GenerationRecord.
+Answered: TypeAlias = list[tuple[Record, GenerationRecord]]
 
 
 class Pieces:
@@ -87,14 +87,14 @@ def generation_of(
     final: Mapping[str, Any] | None = None,
     error: str = "",
     streamed: bool = True,
-) -> Generation:
-    """A request's Generation from its pieces and its final response's parameter values
+) -> GenerationRecord:
+    """A request's GenerationRecord from its pieces and its final response's parameter values
     (None when no final response came). Unstreamed (one response), the client's TTFT is
     the whole call and there is no client TPOT."""
     values = final or {}
     generated = _int(values.get("generated_tokens"))
     reason = values.get("finish_reason")
-    return Generation(
+    return GenerationRecord(
         max_new_tokens=max_new_tokens,
         ttft_ms=pieces.ttft_ms(),
         tpot_ms=pieces.tpot_ms(generated) if streamed else None,
@@ -148,7 +148,7 @@ def samples(answered: Answered) -> dict[str, list[float]]:
     return out
 
 
-def _tokens(gens: Sequence[Generation], attr: str) -> dict[str, float]:
+def _tokens(gens: Sequence[GenerationRecord], attr: str) -> dict[str, float]:
     values = [v for g in gens if (v := getattr(g, attr)) is not None]
     return {
         "total": float(sum(values)),

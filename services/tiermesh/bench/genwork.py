@@ -19,7 +19,7 @@ from tiermesh.bench.prompts import BUILTIN, BUILTIN_PROMPTS
 from tiermesh.bench.workload import (
     InputSpec,
     RequestSpec,
-    Tensor,
+    WorkloadTensor,
     labels,
     parse_shares,
     request_shape,
@@ -167,7 +167,7 @@ class GenWorkload:
             self._index,
             label,
             priority,
-            (Tensor(self._input.name, self._input.datatype, array),),
+            (WorkloadTensor(self._input.name, self._input.datatype, array),),
             parameters,
         )
         self._index += 1

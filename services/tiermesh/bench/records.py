@@ -34,7 +34,7 @@ class Reply:
 
 
 @dataclass(frozen=True, slots=True)
-class Generation:
+class GenerationRecord:
     """What one generation request showed: the client's own timings of its pieces and what
     the final response said. Client times are None where they cannot be known (no piece
     with text; TPOT with fewer than two tokens or no stream)."""
@@ -61,7 +61,7 @@ class Outcome:
     latency_ms: float
     reply: Reply | None = None
     retry_after_ms: float | None = None
-    generation: Generation | None = None
+    generation: GenerationRecord | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -34,7 +34,7 @@ from tiermesh.bench.workload import (
     DEFAULT_LENGTHS,
     NUMERIC,
     RequestSpec,
-    Tensor,
+    WorkloadTensor,
     make_text,
 )
 
@@ -155,18 +155,20 @@ class CaptureWorkload:
         self._index += 1
         return spec
 
-    def _tensor(self, rec: dict[str, Any], item: dict[str, Any]) -> Tensor:
+    def _tensor(self, rec: dict[str, Any], item: dict[str, Any]) -> WorkloadTensor:
         shape = tuple(int(d) for d in item["shape"])
         if item["datatype"] == "BYTES":
             words = words_per_text(rec, item)
             texts = [make_text(self._rng, words).encode() for _ in range(_elements(shape))]
-            return Tensor(item["name"], "BYTES", np.array(texts, dtype=np.object_).reshape(shape))
+            return WorkloadTensor(
+                item["name"], "BYTES", np.array(texts, dtype=np.object_).reshape(shape)
+            )
         dtype = np.dtype(_DTYPES[item["datatype"]])
         if np.issubdtype(dtype, np.floating):
             array = self._rng.standard_normal(shape).astype(dtype)
         else:
             array = self._rng.integers(0, 2, size=shape).astype(dtype)
-        return Tensor(item["name"], item["datatype"], array)
+        return WorkloadTensor(item["name"], item["datatype"], array)
 
 
 @dataclass(frozen=True)
@@ -228,7 +230,7 @@ async def measure(cfg: ReplayConfig) -> report.RunResult:
         async def send(spec: RequestSpec) -> Outcome:
             return await senders[model_of[spec.index]](spec)
 
-        recorder = runner.Recorder()
+        recorder = runner.RunRecorder()
         started_at = time.strftime("%Y-%m-%dT%H:%M:%S%z")
         mesh_before = await asyncio.to_thread(cost.read_cpu, cfg.mesh_metrics)
         before = cpu.sample()

@@ -2,7 +2,7 @@
 send, when to stop climbing, what the figures are) lives in the pure modules.
 
 Every loop is bounded by a request count and a deadline; a request in flight at the
-deadline finishes (its own timeout bounds it), no new one starts. `Recorder.halt()`
+deadline finishes (its own timeout bounds it), no new one starts. `RunRecorder.halt()`
 (Ctrl-C) stops new requests the same way.
 """
 
@@ -32,7 +32,7 @@ Clock = Callable[[], float]
 FREEZE_EVERY = 10_000
 
 
-class Recorder:
+class RunRecorder:
     """Collects the records of one run and counts what is in flight. `origin` is the
     clock reading that records' `start_s` count from."""
 
@@ -91,7 +91,7 @@ class Recorder:
 async def closed_loop(
     send: Send,
     requests: Iterator[RequestSpec],
-    recorder: Recorder,
+    recorder: RunRecorder,
     *,
     concurrency: int,
     limit: int,
@@ -116,7 +116,7 @@ async def closed_loop(
 async def open_loop(
     send: Send,
     requests: Iterator[RequestSpec],
-    recorder: Recorder,
+    recorder: RunRecorder,
     arrivals: Iterable[float],
     *,
     max_in_flight: int,
@@ -160,7 +160,7 @@ class LadderResult:
 async def ladder(
     send: Send,
     requests: Iterator[RequestSpec],
-    recorder: Recorder,
+    recorder: RunRecorder,
     plan: LadderPlan,
     *,
     limit: int,

@@ -80,7 +80,7 @@ def _progress_total(cfg: BenchConfig) -> int | None:
 
 
 @contextlib.contextmanager
-def _interrupts(recorder: runner.Recorder) -> Iterator[None]:
+def _interrupts(recorder: runner.RunRecorder) -> Iterator[None]:
     """First SIGINT: halt the recorder (no new requests); second: cancel the run."""
     loop = asyncio.get_running_loop()
     task = asyncio.current_task()
@@ -106,7 +106,7 @@ async def _scenario(
     cfg: BenchConfig,
     send: runner.Send,
     workload: Iterator[RequestSpec],
-    recorder: runner.Recorder,
+    recorder: runner.RunRecorder,
     bar: Progress,
 ) -> runner.LadderResult | None:
     until = recorder.clock() + cfg.duration_s
@@ -129,7 +129,7 @@ async def _scenario(
 async def _warm_up(cfg: BenchConfig, send: runner.Send, workload: Iterator[RequestSpec]) -> None:
     if cfg.warmup == 0:
         return
-    scratch = runner.Recorder()
+    scratch = runner.RunRecorder()
     await runner.closed_loop(
         send,
         workload,
@@ -184,7 +184,7 @@ async def measure(cfg: BenchConfig) -> report.RunResult:
         await _warm_up(cfg, send, warm)
 
         bar = Progress(_progress_total(cfg), cfg.progress)
-        recorder = runner.Recorder(on_record=bar.record)
+        recorder = runner.RunRecorder(on_record=bar.record)
         sampler = (
             QueueDepthSampler(
                 cfg.metrics_url, cfg.metrics_interval_s, recorder.origin, {"model": cfg.model}

@@ -89,7 +89,7 @@ class InputSpec:
 
 
 @dataclass(frozen=True)
-class Tensor:
+class WorkloadTensor:
     name: str
     datatype: str
     array: npt.NDArray[Any]
@@ -103,7 +103,7 @@ class RequestSpec:
     index: int
     length: str
     priority: int
-    inputs: tuple[Tensor, ...]
+    inputs: tuple[WorkloadTensor, ...]
     parameters: Mapping[str, str | int | float | bool] = field(default_factory=dict)
 
 
@@ -307,7 +307,7 @@ class Workload:
         self._index += 1
         return spec
 
-    def _tensor(self, spec: InputSpec, length: str) -> Tensor:
+    def _tensor(self, spec: InputSpec, length: str) -> WorkloadTensor:
         shape = request_shape(spec)
         rng = self._content
         if spec.datatype == "BYTES":
@@ -321,4 +321,4 @@ class Workload:
                 array = rng.standard_normal(shape).astype(dtype)
             else:
                 array = rng.integers(0, 2, size=shape).astype(dtype)
-        return Tensor(spec.name, spec.datatype, array)
+        return WorkloadTensor(spec.name, spec.datatype, array)

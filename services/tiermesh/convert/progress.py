@@ -34,7 +34,7 @@ def stderr_fd() -> int | None:
         return None
 
 
-class Steps:
+class ProgressSteps:
     """A bar over the steps of one conversion, counting finished steps; silent when
     disabled. Use as a context manager and call `next` at the start of every step."""
 
@@ -49,7 +49,7 @@ class Steps:
         self._running = True
         self._bar.set_postfix_str(name)
 
-    def __enter__(self) -> Steps:
+    def __enter__(self) -> ProgressSteps:
         return self
 
     def __exit__(self, exc_type: type[BaseException] | None, *_: object) -> None:

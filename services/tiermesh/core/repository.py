@@ -16,7 +16,7 @@ from typing import Any
 import structlog
 import yaml
 
-from tiermesh.core.gates import GateRecord, Standing, Verdict, judge, read_records
+from tiermesh.core.gates import GateRecord, GateVerdict, Standing, judge, read_records
 from tiermesh.core.model_config import (
     ModelConfig,
     ModelVersion,
@@ -64,7 +64,7 @@ class ModelRepository:
     def __init__(self, root: Path) -> None:
         self.root = root
         self._configs: dict[str, ModelConfig] = {}
-        self._verdicts: dict[str, dict[str, dict[str, Verdict]]] = {}
+        self._verdicts: dict[str, dict[str, dict[str, GateVerdict]]] = {}
 
     def load(self) -> dict[str, ModelConfig]:
         """Read every models/<name>/config.yaml (and its companions); called once at start."""
@@ -158,7 +158,7 @@ class ModelRepository:
         except RepositoryError:
             return ""
 
-    def verdicts(self, name: str) -> dict[str, dict[str, Verdict]]:
+    def verdicts(self, name: str) -> dict[str, dict[str, GateVerdict]]:
         """version -> variant -> its gate standing, as load() judged it."""
         return self._verdicts[self._configs[name].queue_model]
 

@@ -9,7 +9,7 @@ from collections.abc import Collection, Mapping
 
 from tiermesh.core.controls import Controls
 from tiermesh.core.errors import code_from_int, code_to_int
-from tiermesh.core.jobs import Generation, Job, JobResult, Timing
+from tiermesh.core.jobs import GenerationRequest, Job, JobResult, Timing
 from tiermesh.core.tensors import TensorData
 from tiermesh.v1 import batch_pb2, job_pb2, tensor_pb2
 
@@ -84,7 +84,7 @@ def job_to_proto(job: Job) -> job_pb2.Job:
     )
 
 
-def generation_to_proto(g: Generation) -> job_pb2.Generation:
+def generation_to_proto(g: GenerationRequest) -> job_pb2.Generation:
     return job_pb2.Generation(
         max_new_tokens=g.max_new_tokens,
         temperature=g.temperature,
@@ -97,8 +97,8 @@ def generation_to_proto(g: Generation) -> job_pb2.Generation:
     )
 
 
-def generation_from_proto(msg: job_pb2.Generation) -> Generation:
-    return Generation(
+def generation_from_proto(msg: job_pb2.Generation) -> GenerationRequest:
+    return GenerationRequest(
         max_new_tokens=msg.max_new_tokens,
         temperature=msg.temperature,
         top_p=msg.top_p,

@@ -45,7 +45,7 @@ from tiermesh.gateway.audit import AuditLog
 from tiermesh.gateway.auth import Tenants
 from tiermesh.gateway.batch_jobs import BatchJobsServicer, caps_of
 from tiermesh.gateway.books import BooksServicer, DoorBooks
-from tiermesh.gateway.cache import ResponseCache
+from tiermesh.gateway.cache import AnswerCache
 from tiermesh.gateway.call_spans import CallSpans
 from tiermesh.gateway.capture import Capture, CaptureMetrics, initial_state
 from tiermesh.gateway.control import ModelControl
@@ -62,12 +62,12 @@ from tiermesh.gateway.pending import PendingRequests
 from tiermesh.gateway.plane import DataPlane
 from tiermesh.gateway.quota import Quota
 from tiermesh.gateway.rest import RestDoor
-from tiermesh.gateway.security import Gate, Security
+from tiermesh.gateway.security import AccessGate, Security
 from tiermesh.gateway.servicer import InferenceServicer
 from tiermesh.gateway.statistics import InferenceStatistics
 from tiermesh.gateway.statistics_store import StatisticsStore
 from tiermesh.gateway.upstream import Cancellations, Liveness, RouterClient, Upstream
-from tiermesh.rollout.recorder import Recorder
+from tiermesh.rollout.recorder import OutcomeRecorder
 from tiermesh.rollout.store import RolloutStore
 from tiermesh.v1 import batch_pb2_grpc, books_pb2_grpc, delivery_pb2_grpc
 
@@ -101,7 +101,7 @@ async def serve(
     pending = PendingRequests()
     # Delivery from postprocess and workers, books from the front door (core/callers.py).
     internal = make_server(telemetry, settings.max_message_bytes, guards=caller_checks(settings))
-    recorder = Recorder(
+    recorder = OutcomeRecorder(
         RolloutStore(redis), {name: cfg.queue_model for name, cfg in repo.configs.items()}
     )
     delivery = DeliveryServicer(pending, recorder)
@@ -118,7 +118,7 @@ async def serve(
         RouterClient(router_channel, settings.max_message_bytes // 4),
         Liveness(redis),
         Cancellations(redis),
-        ResponseCache(redis),
+        AnswerCache(redis),
         recorder,
     )
     registry = new_registry()
@@ -146,7 +146,7 @@ async def serve(
         log.warning("model control state unreadable at start; retrying in the background")
     hop_spans = HopSpans(telemetry)
     # The one data plane every door below uses.
-    gate = Gate(security, metrics)
+    gate = AccessGate(security, metrics)
     plane = DataPlane(
         settings,
         repo,

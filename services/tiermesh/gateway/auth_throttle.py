@@ -14,7 +14,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from tiermesh.gateway.limits import Bucket, available, take
+from tiermesh.gateway.limits import TokenBucket, available, take
 
 FAILURES_BURST = 20
 FAILURES_PER_S = 1.0
@@ -48,7 +48,7 @@ class FailedAuth:
         self._per_s = per_s
         self._max = max_addresses
         self._clock_ms = clock_ms
-        self._buckets: dict[str, Bucket] = {}
+        self._buckets: dict[str, TokenBucket] = {}
 
     def wait_ms(self, address: str) -> int:
         """0 when `address` may try a key; else how long until it may."""

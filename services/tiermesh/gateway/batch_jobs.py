@@ -42,7 +42,7 @@ from tiermesh.core.wire import encode_job, tensor_from_proto
 from tiermesh.gateway.decoding import messages
 from tiermesh.gateway.plane import Caller, DataPlane
 from tiermesh.gateway.requests import InferRequest, validate, variant_of
-from tiermesh.gateway.security import Gate
+from tiermesh.gateway.security import AccessGate
 from tiermesh.gateway.servicer import caller_of
 from tiermesh.v1 import batch_pb2, batch_pb2_grpc
 
@@ -154,7 +154,7 @@ class BatchJobsServicer(batch_pb2_grpc.BatchJobsServicer):
         plane: DataPlane,
         store: BatchStore,
         *,
-        gate: Gate | None = None,
+        gate: AccessGate | None = None,
         caps: BatchCaps | None = None,
         submit_timeout_s: float = DEFAULT_SUBMIT_TIMEOUT_S,
         clock_ns: Callable[[], int] = time.time_ns,

@@ -29,7 +29,7 @@ from tiermesh.gateway.dispatch import Dispatcher
 from tiermesh.gateway.facts import response_facts
 from tiermesh.gateway.hop_spans import Hops, HopSpans
 from tiermesh.gateway.upstream import Cancellations
-from tiermesh.rollout.recorder import Recorder
+from tiermesh.rollout.recorder import OutcomeRecorder
 from tiermesh.v1 import books_pb2, books_pb2_grpc
 
 # The SERVER span of a ModelInfer call, named and described as CallSpans does it.
@@ -100,7 +100,7 @@ class DoorBooks:
         repo: ModelRepository,
         dispatcher: Dispatcher,
         cancellations: Cancellations,
-        recorder: Recorder | None,
+        recorder: OutcomeRecorder | None,
         capture: Capture | None = None,
         hop_spans: HopSpans | None = None,
     ) -> None:

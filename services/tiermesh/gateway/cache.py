@@ -139,7 +139,7 @@ def _encode(result: JobResult) -> bytes:
     return bytes(msg.SerializeToString(deterministic=True))
 
 
-class ResponseCache:
+class AnswerCache:
     """Reads and writes cached answers; one per gateway process, sharing its Redis client.
 
     `hits` and `misses` count reads (a failed read is a miss); `errors` counts reads and

@@ -15,7 +15,7 @@ from tiermesh.core.grpc_errors import grpc_method
 from tiermesh.core.jobs import JobResult
 from tiermesh.core.wire import result_from_proto
 from tiermesh.gateway.pending import PendingRequests
-from tiermesh.rollout.recorder import Recorder, is_shadow
+from tiermesh.rollout.recorder import OutcomeRecorder, is_shadow
 from tiermesh.v1 import delivery_pb2, delivery_pb2_grpc
 
 log = structlog.get_logger("tiermesh.gateway")
@@ -24,7 +24,7 @@ log = structlog.get_logger("tiermesh.gateway")
 class DeliveryServicer(delivery_pb2_grpc.DeliveryServicer):
     """Postprocess calls Deliver with the finished results for this gateway's requests."""
 
-    def __init__(self, pending: PendingRequests, recorder: Recorder | None = None) -> None:
+    def __init__(self, pending: PendingRequests, recorder: OutcomeRecorder | None = None) -> None:
         self._pending = pending
         self._recorder = recorder
         self._streams = StreamServing("delivery")

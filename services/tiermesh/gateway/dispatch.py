@@ -20,7 +20,7 @@ from tiermesh.gateway.adaptive_limit import AdaptiveLimits, is_late, queue_wait_
 from tiermesh.gateway.cache import cache_digest
 from tiermesh.gateway.capture import Observed
 from tiermesh.gateway.facts import response_facts
-from tiermesh.gateway.hop_spans import Hops, Placement
+from tiermesh.gateway.hop_spans import Hops, TracedPlacement
 from tiermesh.gateway.metrics import GatewayMetrics
 from tiermesh.gateway.pending import PartialCallback, PendingRequests
 from tiermesh.gateway.shedding import Shedder, ShedKey
@@ -194,7 +194,7 @@ class Dispatcher:
 
     async def _limited(
         self, cfg: ModelConfig, job: Job, on_partial: PartialCallback | None, hops: Hops | None
-    ) -> tuple[JobResult, Placement | None]:
+    ) -> tuple[JobResult, TracedPlacement | None]:
         """`_await_result` within the adaptive limit of the job's (model, priority): refused
         at once beyond it; its wait in the work queue beyond one batch's compute
         (queue_wait_ns) teaches the limit. Generative
@@ -230,7 +230,7 @@ class Dispatcher:
 
     async def _await_result(
         self, job: Job, on_partial: PartialCallback | None, hops: Hops | None
-    ) -> tuple[JobResult, Placement | None]:
+    ) -> tuple[JobResult, TracedPlacement | None]:
         """Route the job and wait for its result until its deadline; exactly one answer
         (and, for `on_partial`, the pieces before it). With `hops` (a traced request), also
         where it was placed, for its hop spans; without an answer in time, the route span

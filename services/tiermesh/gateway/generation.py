@@ -13,7 +13,7 @@ import hashlib
 from dataclasses import dataclass
 
 from tiermesh.core.errors import invalid
-from tiermesh.core.jobs import Generation
+from tiermesh.core.jobs import GenerationRequest
 from tiermesh.core.model_config import GenerationSpec
 from tiermesh.core.tensors import TensorData
 from tiermesh.generate.inputs import GenerationInputError, parse_inputs
@@ -32,7 +32,7 @@ def generation_of(
     stream: bool,
     messages: tuple[tuple[str, str], ...] = (),
     raw_prompt: bool = False,
-) -> Generation:
+) -> GenerationRequest:
     """The checked generation request; INVALID_ARGUMENT for a bad prompt or parameter.
     Without a `seed`, one is drawn from the request id: the answer is random per request
     but the same if the request is computed again after a worker's crash."""
@@ -45,7 +45,7 @@ def generation_of(
     except GenerationInputError as exc:
         raise invalid(str(exc)) from None
     seed = parsed.sampling.seed if "seed" in parameters else derived_seed(request_id)
-    return Generation(
+    return GenerationRequest(
         max_new_tokens=parsed.max_new_tokens,
         temperature=parsed.sampling.temperature,
         top_p=parsed.sampling.top_p,

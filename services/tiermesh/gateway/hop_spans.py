@@ -42,12 +42,12 @@ class Hops:
 
     def placed(
         self, stream: str, entry_id: str, began_ns: int, ended_ns: int, by_door: bool = False
-    ) -> Placement:
-        return Placement(self, stream, entry_id, began_ns, ended_ns, by_door)
+    ) -> TracedPlacement:
+        return TracedPlacement(self, stream, entry_id, began_ns, ended_ns, by_door)
 
 
 @dataclass(frozen=True, slots=True)
-class Placement:
+class TracedPlacement:
     """A traced request once the router placed it: the stream entry, and when the route
     call began and ended on the gateway's clock (the route span's times when no result
     says the router's)."""
@@ -84,7 +84,7 @@ class HopSpans:
         """The ids of a request traced under `root`, chosen before its job is built."""
         return Hops(root, self._child_of(root), self)
 
-    def write(self, placed: Placement, result: JobResult | None) -> None:
+    def write(self, placed: TracedPlacement, result: JobResult | None) -> None:
         """The route span, and where the result came back the spans of the hops it went
         through, each covering the instants its hop recorded."""
         hops = placed.hops

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 
 @dataclass(frozen=True, slots=True)
-class Bucket:
+class TokenBucket:
     tokens: float
     updated_ms: int
 
@@ -24,26 +24,26 @@ class Take:
     # When the next token will be there (0 when admitted).
     retry_after_ms: int
     # The state to keep: unchanged when refused (the refill is recomputed next time).
-    bucket: Bucket | None
+    bucket: TokenBucket | None
 
 
-def take(bucket: Bucket | None, now_ms: int, rate_per_s: float, burst: int) -> Take:
+def take(bucket: TokenBucket | None, now_ms: int, rate_per_s: float, burst: int) -> Take:
     """Take one token from `bucket` (None: never used, i.e. full) at `now_ms`.
 
     A clock that steps back refills nothing and never moves `updated_ms` back, so replicas
     whose clocks disagree slightly cannot mint tokens.
     """
     if bucket is None:
-        bucket = Bucket(float(burst), now_ms)
+        bucket = TokenBucket(float(burst), now_ms)
     tokens = available(bucket, now_ms, rate_per_s, burst)
     if tokens < 1:
         wait_ms = max(1, math.ceil((1 - tokens) * 1000 / rate_per_s))
         return Take(False, wait_ms, bucket)
-    kept = Bucket(round(tokens - 1, 6), max(now_ms, bucket.updated_ms))
+    kept = TokenBucket(round(tokens - 1, 6), max(now_ms, bucket.updated_ms))
     return Take(True, 0, kept)
 
 
-def available(bucket: Bucket, now_ms: int, rate_per_s: float, burst: int) -> float:
+def available(bucket: TokenBucket, now_ms: int, rate_per_s: float, burst: int) -> float:
     """The tokens in `bucket` at `now_ms`, refilled since it was last taken from."""
     elapsed = max(0, now_ms - bucket.updated_ms)
     return min(float(burst), bucket.tokens + elapsed * rate_per_s / 1000)

@@ -61,7 +61,7 @@ from tiermesh.gateway.requests import (
     validate,
     variant_of,
 )
-from tiermesh.gateway.security import Gate
+from tiermesh.gateway.security import AccessGate
 from tiermesh.gateway.statistics import InferenceStatistics, model_stats_doc
 from tiermesh.gateway.statistics_store import StatisticsStore
 from tiermesh.gateway.upstream import Upstream
@@ -108,7 +108,7 @@ class DataPlane:
         pending: PendingRequests,
         delivery_address: str,
         metrics: GatewayMetrics,
-        gate: Gate,
+        gate: AccessGate,
         *,
         control: ModelControl,
         control_enabled: bool,

@@ -45,7 +45,7 @@ class Security:
     audit: AuditLog
 
 
-class Gate:
+class AccessGate:
     def __init__(
         self,
         security: Security | None,

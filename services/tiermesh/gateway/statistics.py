@@ -92,7 +92,7 @@ class Batch:
 
 
 @dataclass
-class VersionStats:
+class VersionStatistics:
     success: Duration = field(default_factory=Duration)
     fail: Duration = field(default_factory=Duration)
     queue: Duration = field(default_factory=Duration)
@@ -121,7 +121,7 @@ class VersionStats:
         per_size.compute_infer.add(batch.compute_infer_ns)
         per_size.compute_output.add(batch.compute_output_ns)
 
-    def merge(self, other: VersionStats) -> None:
+    def merge(self, other: VersionStatistics) -> None:
         """Add `other`'s figures (its unflushed batches counted, not kept)."""
         for name in DURATIONS:
             self.duration(name).merge(other.duration(name))
@@ -165,15 +165,15 @@ class InferenceStatistics:
     """What this gateway counted per (model, version) since its last flush."""
 
     def __init__(self) -> None:
-        self._pending: dict[Key, VersionStats] = {}
+        self._pending: dict[Key, VersionStatistics] = {}
         # Drained, being written to Redis: still this gateway's to report until written.
-        self._in_transit: dict[Key, VersionStats] = {}
+        self._in_transit: dict[Key, VersionStatistics] = {}
         self._recent: OrderedDict[tuple[str, str, str, int], None] = OrderedDict()
 
-    def _of(self, model: str, version: str) -> VersionStats:
+    def _of(self, model: str, version: str) -> VersionStatistics:
         key = (model, version)
         if key not in self._pending:
-            self._pending[key] = VersionStats()
+            self._pending[key] = VersionStatistics()
         return self._pending[key]
 
     def _new_batch(self, model: str, version: str, batch: tuple[str, int]) -> bool:
@@ -233,22 +233,22 @@ class InferenceStatistics:
         """`count` such calls at once, their durations summed (the door's refusals)."""
         self._of(model, version).fail.add(total_ns, count)
 
-    def of(self, model: str, version: str) -> VersionStats:
+    def of(self, model: str, version: str) -> VersionStatistics:
         """This gateway's figures of (model, version) not yet in Redis; zeros when none."""
-        out = VersionStats()
+        out = VersionStatistics()
         for part in (self._in_transit, self._pending):
             if (model, version) in part:
                 out.merge(part[(model, version)])
         return out
 
-    def drain(self) -> dict[Key, VersionStats]:
+    def drain(self) -> dict[Key, VersionStatistics]:
         """Hand the figures over for a flush; they still count in `of` until `flushed`."""
         drained, self._pending = self._pending, {}
         for key, stats in drained.items():
-            self._in_transit.setdefault(key, VersionStats()).merge(stats)
+            self._in_transit.setdefault(key, VersionStatistics()).merge(stats)
         return drained
 
-    def flushed(self, drained: dict[Key, VersionStats], ok: bool) -> None:
+    def flushed(self, drained: dict[Key, VersionStatistics], ok: bool) -> None:
         """After a flush: written (forget them), or failed (count them again next time)."""
         self._in_transit = {}
         if ok:
@@ -263,7 +263,7 @@ def _duration_doc(d: Duration) -> dict[str, int]:
     return {"count": d.count, "ns": d.ns}
 
 
-def model_stats_doc(model: str, version: str, stats: VersionStats) -> dict[str, object]:
+def model_stats_doc(model: str, version: str, stats: VersionStatistics) -> dict[str, object]:
     """One entry of Triton's statistics response, in its JSON shape (the REST body; the
     gRPC message is parsed from the same document)."""
     return {

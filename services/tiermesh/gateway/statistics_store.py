@@ -20,7 +20,7 @@ from tiermesh.gateway.statistics import (
     Duration,
     InferenceStatistics,
     Key,
-    VersionStats,
+    VersionStatistics,
 )
 
 log = structlog.get_logger("tiermesh.gateway.statistics")
@@ -94,7 +94,7 @@ class StatisticsStore:
             await self.flush()
             raise_if_cancelling()
 
-    async def read(self, wanted: Sequence[Key]) -> dict[Key, VersionStats]:
+    async def read(self, wanted: Sequence[Key]) -> dict[Key, VersionStatistics]:
         """The mesh's figures of each (model, version): Redis's sums plus what this gateway
         has not flushed yet. Raises Redis errors."""
         async with self._redis.pipeline(transaction=False) as pipe:
@@ -109,7 +109,9 @@ class StatisticsStore:
         return out
 
 
-def _flush_args(model: str, version: str, stats: VersionStats) -> tuple[list[str], list[str | int]]:
+def _flush_args(
+    model: str, version: str, stats: VersionStatistics
+) -> tuple[list[str], list[str | int]]:
     pairs: list[str | int] = []
     for name in DURATIONS:
         d = stats.duration(name)
@@ -125,10 +127,10 @@ def _flush_args(model: str, version: str, stats: VersionStats) -> tuple[list[str
     return [keys.stats_key(model, version), *batch_keys], args
 
 
-def parse_hash(row: dict[bytes, bytes] | dict[str, str]) -> VersionStats:
+def parse_hash(row: dict[bytes, bytes] | dict[str, str]) -> VersionStatistics:
     """A stats hash as Redis holds it (see _FLUSH) back into figures."""
     fields = {_text(k): int(_text(v)) for k, v in row.items()}
-    stats = VersionStats(
+    stats = VersionStatistics(
         inference_count=fields.get("inference_count", 0),
         execution_count=fields.get("execution_count", 0),
         last_inference_ms=fields.get("last_inference", 0),

@@ -21,8 +21,8 @@ from tiermesh.core.errors import (
 )
 from tiermesh.core.jobs import Job
 from tiermesh.core.wire import job_to_proto
-from tiermesh.gateway.cache import ResponseCache
-from tiermesh.rollout.recorder import Recorder
+from tiermesh.gateway.cache import AnswerCache
+from tiermesh.rollout.recorder import OutcomeRecorder
 from tiermesh.v1 import job_pb2, router_pb2, router_pb2_grpc
 
 UNAVAILABLE = code_to_int(grpc.StatusCode.UNAVAILABLE)
@@ -201,6 +201,6 @@ class Upstream:
     router: RouterClient
     liveness: Liveness
     cancellations: Cancellations
-    cache: ResponseCache | None = None
+    cache: AnswerCache | None = None
     # Per-version outcomes for canary judgement; None: not recorded (tests of other things).
-    recorder: Recorder | None = field(default=None)
+    recorder: OutcomeRecorder | None = field(default=None)

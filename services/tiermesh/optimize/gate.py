@@ -11,7 +11,7 @@ _GATE = re.compile(r"^\s*(cosine|cosine_p1|cosine_min)\s*>=\s*([0-9]*\.?[0-9]+)\
 
 
 @dataclass(frozen=True)
-class Gate:
+class AccuracyGate:
     metric: str
     threshold: float
 
@@ -25,7 +25,7 @@ class Gate:
         return f"{self.metric}>={self.threshold:g}"
 
 
-def parse_gate(text: str) -> Gate:
+def parse_gate(text: str) -> AccuracyGate:
     """Raise ValueError naming the accepted forms on anything else."""
     found = _GATE.match(text)
     if not found:
@@ -35,4 +35,4 @@ def parse_gate(text: str) -> Gate:
     threshold = float(found.group(2))
     if not 0 < threshold <= 1:
         raise ValueError(f"gate threshold {threshold} must be in (0, 1]")
-    return Gate(found.group(1), threshold)
+    return AccuracyGate(found.group(1), threshold)

@@ -20,10 +20,10 @@ from tiermesh.core.gates import GateRecord
 from tiermesh.core.repository import sha256_file
 from tiermesh.core.text import TextEncoder
 from tiermesh.optimize import calibrate, datasets, evaluate, sensitivity
-from tiermesh.optimize.gate import Gate
+from tiermesh.optimize.gate import AccuracyGate
 from tiermesh.optimize.variants import VariantError
 
-DEFAULT_GATE = Gate("cosine", 0.99)
+DEFAULT_GATE = AccuracyGate("cosine", 0.99)
 DYNAMIC = "dynamic INT8, per channel"
 STATIC = "static INT8 (QDQ)"
 
@@ -31,7 +31,7 @@ STATIC = "static INT8 (QDQ)"
 def gate_record(
     path: Path,
     acc: evaluate.Accuracy,
-    gate: Gate,
+    gate: AccuracyGate,
     calibration: Sequence[str],
     evaluation: Sequence[str],
     excluded_nodes: Sequence[str] = (),
@@ -58,7 +58,7 @@ def gated_int8(
     fp32: Path,
     dst: Path,
     encoder: TextEncoder,
-    gate: Gate = DEFAULT_GATE,
+    gate: AccuracyGate = DEFAULT_GATE,
     calibration: Sequence[str] | None = None,
     evaluation: Sequence[str] | None = None,
 ) -> GateRecord:

@@ -17,7 +17,7 @@ from tiermesh.core.gates import write_record
 from tiermesh.core.repository import BUILT_VARIANTS, ModelRepository
 from tiermesh.core.text import TextEncoder
 from tiermesh.optimize import calibrate, evaluate, sensitivity, variants
-from tiermesh.optimize.gate import Gate
+from tiermesh.optimize.gate import AccuracyGate
 from tiermesh.optimize.gated import gate_record
 from tiermesh.optimize.report import VariantResult, write
 
@@ -30,7 +30,7 @@ class Plan:
     model: str
     repository: Path
     out: Path
-    gate: Gate
+    gate: AccuracyGate
     calibration: Sequence[str]
     evaluation: Sequence[str]
     write_back: bool = True

@@ -10,7 +10,7 @@ from tiermesh.core.delivery_client import GatewayClients
 from tiermesh.core.heap import settle_heap
 from tiermesh.core.logging import configure_logging
 from tiermesh.core.metrics import MetricsServer, new_registry
-from tiermesh.core.output_steps import Steps
+from tiermesh.core.output_steps import OutputSteps
 from tiermesh.core.repository import ModelRepository
 from tiermesh.core.server import (
     ReadyCallback,
@@ -56,7 +56,7 @@ async def serve(
     registry = new_registry()
     metrics_server = MetricsServer(registry, settings.metrics_host, settings.metrics_port)
     servicer = PostprocessServicer(
-        Steps.for_models(repo.load()),
+        OutputSteps.for_models(repo.load()),
         gateways,
         PostprocessMetrics(registry),
         repo=repo,

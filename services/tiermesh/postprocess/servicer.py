@@ -15,7 +15,7 @@ from tiermesh.core.call_stream import StreamServing
 from tiermesh.core.delivery_client import GatewayClients
 from tiermesh.core.grpc_errors import grpc_method
 from tiermesh.core.jobs import JobResult
-from tiermesh.core.output_steps import Steps
+from tiermesh.core.output_steps import OutputSteps
 from tiermesh.core.repository import ModelRepository, RepositoryError
 from tiermesh.core.wire import result_from_proto
 from tiermesh.postprocess.metrics import PostprocessMetrics
@@ -27,7 +27,7 @@ log = structlog.get_logger("tiermesh.postprocess")
 class PostprocessServicer(postprocess_pb2_grpc.PostprocessServicer):
     def __init__(
         self,
-        steps: Steps,
+        steps: OutputSteps,
         gateways: GatewayClients,
         metrics: PostprocessMetrics | None = None,
         clock_ns: Callable[[], int] = time.time_ns,
@@ -78,7 +78,7 @@ class PostprocessServicer(postprocess_pb2_grpc.PostprocessServicer):
         except (RepositoryError, OSError) as exc:
             log.error("model repository not re-read", problem=str(exc))
             return
-        self._steps = Steps.for_models(self._repo.configs)
+        self._steps = OutputSteps.for_models(self._repo.configs)
         log.info("model repository re-read", new_models=sorted(new & self._steps.models))
 
     def _postprocess(self, results: list[JobResult]) -> list[JobResult]:

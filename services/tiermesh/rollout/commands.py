@@ -10,18 +10,18 @@ from dataclasses import dataclass
 from tiermesh.core.model_config import ModelConfig
 from tiermesh.rollout import state as transitions
 from tiermesh.rollout.changes import Change, change_of
-from tiermesh.rollout.judge import Verdict, judge
+from tiermesh.rollout.judge import RolloutVerdict, judge
 from tiermesh.rollout.state import RolloutError, RolloutState
 from tiermesh.rollout.store import RolloutStore
-from tiermesh.rollout.window import VersionStats, window_seconds
+from tiermesh.rollout.window import WindowStats, window_seconds
 
 
 @dataclass(frozen=True, slots=True)
 class Status:
     state: RolloutState | None
     stable: str  # the version unrouted requests get outside a running rollout
-    window: dict[str, VersionStats]  # by version
-    verdict: Verdict | None  # what the controller would decide now (running only)
+    window: dict[str, WindowStats]  # by version
+    verdict: RolloutVerdict | None  # what the controller would decide now (running only)
     changes: list[Change]
 
 

@@ -19,7 +19,7 @@ from tiermesh.core.model_config import ModelConfig
 from tiermesh.rollout import state as transitions
 from tiermesh.rollout.cache import RolloutStates
 from tiermesh.rollout.changes import change_of
-from tiermesh.rollout.judge import Verdict, judge
+from tiermesh.rollout.judge import RolloutVerdict, judge
 from tiermesh.rollout.metrics import RolloutMetrics
 from tiermesh.rollout.state import RolloutState
 from tiermesh.rollout.store import RolloutStore
@@ -33,7 +33,7 @@ WHO = "controller"
 class Evaluation:
     model: str
     canary: str
-    verdict: Verdict
+    verdict: RolloutVerdict
     rolled_back: bool = False
 
 

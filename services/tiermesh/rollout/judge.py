@@ -13,25 +13,25 @@ from dataclasses import dataclass
 from typing import Literal
 
 from tiermesh.core.canary_spec import CanarySpec
-from tiermesh.rollout.window import VersionStats
+from tiermesh.rollout.window import WindowStats
 
 Action = Literal["hold", "rollback", "insufficient_data"]
 Reason = Literal["", "error_rate", "drift", "latency"]
 
 
 @dataclass(frozen=True, slots=True)
-class Verdict:
+class RolloutVerdict:
     action: Action
     reason: Reason = ""
     detail: str = ""
 
 
-def judge(stable: VersionStats, canary: VersionStats, spec: CanarySpec) -> Verdict:
+def judge(stable: WindowStats, canary: WindowStats, spec: CanarySpec) -> RolloutVerdict:
     judged = False
     if canary.answers >= spec.min_requests:
         judged = True
         if canary.error_rate > spec.max_error_rate:
-            return Verdict(
+            return RolloutVerdict(
                 "rollback",
                 "error_rate",
                 f"{canary.errors}/{canary.answers} canary answers failed "
@@ -41,7 +41,7 @@ def judge(stable: VersionStats, canary: VersionStats, spec: CanarySpec) -> Verdi
     if mean is not None and canary.cosine_n >= spec.min_pairs:
         judged = True
         if mean < spec.min_cosine:
-            return Verdict(
+            return RolloutVerdict(
                 "rollback",
                 "drift",
                 f"mean cosine to stable {mean:.4f} < {spec.min_cosine} "
@@ -57,10 +57,10 @@ def judge(stable: VersionStats, canary: VersionStats, spec: CanarySpec) -> Verdi
         judged = True
         limit = spec.max_p99_ratio * max(s99, spec.p99_floor_ms)
         if c99 > limit:
-            return Verdict(
+            return RolloutVerdict(
                 "rollback",
                 "latency",
                 f"canary p99 {c99:.1f} ms > {limit:.1f} ms "
                 f"({spec.max_p99_ratio}x stable p99 {s99:.1f} ms, floor {spec.p99_floor_ms} ms)",
             )
-    return Verdict("hold") if judged else Verdict("insufficient_data")
+    return RolloutVerdict("hold") if judged else RolloutVerdict("insufficient_data")

@@ -28,7 +28,7 @@ def is_shadow(result: JobResult) -> bool:
     return bool(result.controls.shadow_of)
 
 
-class Recorder:
+class OutcomeRecorder:
     """`models` maps each public model name to the model whose versions it runs (a
     companion's answers count for its model, whose rollout it shares)."""
 

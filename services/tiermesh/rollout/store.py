@@ -12,7 +12,7 @@ import redis.asyncio as aioredis
 from tiermesh.core import keys
 from tiermesh.rollout.changes import Change
 from tiermesh.rollout.state import RolloutState
-from tiermesh.rollout.window import BUCKET_TTL_S, BucketId, VersionStats, stats_of
+from tiermesh.rollout.window import BUCKET_TTL_S, BucketId, WindowStats, stats_of
 
 # Replace a state only if its rev is still the expected one, and log the change with it:
 # both land or neither. KEYS: 1 state hash, 2 change log.
@@ -100,7 +100,7 @@ class RolloutStore:
                     break
         return out
 
-    async def window(self, model: str, version: str, seconds: range) -> VersionStats:
+    async def window(self, model: str, version: str, seconds: range) -> WindowStats:
         async with self._redis.pipeline(transaction=False) as pipe:
             for second in seconds:
                 pipe.hgetall(keys.window_key(model, version, second))

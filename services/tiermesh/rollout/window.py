@@ -84,7 +84,7 @@ class WindowCounts:
 
 
 @dataclass(frozen=True, slots=True)
-class VersionStats:
+class WindowStats:
     """One version's answers over a window."""
 
     answers: int = 0  # not counting NEUTRAL_CODES
@@ -123,7 +123,7 @@ class VersionStats:
         return bucket_upper_ms(max(self.latency))
 
 
-def stats_of(buckets: Iterable[Mapping[str, str]]) -> VersionStats:
+def stats_of(buckets: Iterable[Mapping[str, str]]) -> WindowStats:
     """Sum the per-second hashes of one version (as strings, the way Redis returns them)."""
     codes: Counter[str] = Counter()
     latency: Counter[int] = Counter()
@@ -139,7 +139,7 @@ def stats_of(buckets: Iterable[Mapping[str, str]]) -> VersionStats:
             elif key == "cn":
                 cn += int(value)
     answers = sum(n for code, n in codes.items() if code not in NEUTRAL_CODES)
-    return VersionStats(
+    return WindowStats(
         answers=answers,
         errors=answers - codes.get("OK", 0),
         codes=dict(codes),

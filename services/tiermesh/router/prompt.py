@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 from tokenizers import Tokenizer
 
-from tiermesh.core.jobs import Generation
+from tiermesh.core.jobs import GenerationRequest
 from tiermesh.core.model_config import GenerationSpec
 from tiermesh.core.tensors import TensorData, from_numpy
 from tiermesh.generate.chat_file import ChatFile
@@ -30,7 +30,7 @@ class PromptEncoder:
         self._template = ChatFile.read(folder / spec.chat_file).template
         self.context_length = spec.context_length
 
-    def encode(self, prompt: str, generation: Generation) -> TensorData:
+    def encode(self, prompt: str, generation: GenerationRequest) -> TensorData:
         if generation.raw_prompt:
             text = prompt
         elif generation.messages:

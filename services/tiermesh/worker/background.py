@@ -16,7 +16,7 @@ from tiermesh.core.compute_unit import ComputeUnit
 from tiermesh.core.controls import Controls
 from tiermesh.core.jobs import JobResult
 from tiermesh.core.model_config import ModelConfig
-from tiermesh.core.output_steps import Steps
+from tiermesh.core.output_steps import OutputSteps
 from tiermesh.core.wire import encode_batch_result
 from tiermesh.worker.batching import QueuedJob
 
@@ -33,7 +33,7 @@ class BackgroundResults:
 
     def set_units(self, configs: Mapping[ComputeUnit, ModelConfig]) -> None:
         """Output steps for the models of the units served (keyed by model name)."""
-        self._steps = Steps.for_models({c.name: c for c in configs.values()})
+        self._steps = OutputSteps.for_models({c.name: c for c in configs.values()})
 
     async def split_cancelled(
         self, batch: Sequence[QueuedJob]

@@ -36,7 +36,7 @@ log = structlog.get_logger("tiermesh.worker")
 ANSWER_READ_COUNT = 256
 
 
-class ModelControl:
+class WorkerModelControl:
     """Changes the served set (`ServedUnits`) and everything that follows it: the
     scheduler's units, batch jobs' output steps, the streams read, the worker sets."""
 

@@ -18,7 +18,7 @@ from tiermesh.core.repository import ModelConfig
 from tiermesh.core.telemetry import Telemetry
 from tiermesh.worker.background import BackgroundResults
 from tiermesh.worker.batching import QueuedJob, cancel_check_first
-from tiermesh.worker.control import ModelControl
+from tiermesh.worker.control import WorkerModelControl
 from tiermesh.worker.executor import Executor
 from tiermesh.worker.handoff import Handoff
 from tiermesh.worker.intake import Intake
@@ -146,7 +146,7 @@ class Worker:
             unwritten=unwritten,
         )
         self._control = control
-        self._model_control = ModelControl(
+        self._model_control = WorkerModelControl(
             control=control,
             units=units,
             scheduler=scheduler,
@@ -370,5 +370,5 @@ class Worker:
         await self._membership.reclaim()
 
     async def apply(self, state: ControlState) -> None:
-        """Follow model control (see ModelControl.apply); only with a UnitControl."""
+        """Follow model control (see WorkerModelControl.apply); only with a UnitControl."""
         await self._model_control.apply(state)
