@@ -18,6 +18,7 @@ from tests.e2e.conftest import UpProcess, fail_redis
 from tests.e2e.test_faults_e2e import FAST_RECOVERY, wait_replaced
 from tests.polling import eventually
 from tiermesh.core import keys
+from tiermesh.core.compute_unit import ComputeUnit
 from tiermesh.core.redis_client import connect_sync
 from tiermesh.core.tensors import split_bytes
 from tiermesh.core.wire import tensor_from_proto
@@ -120,7 +121,7 @@ def test_a_batch_pool_takes_the_job_at_the_lowest_cpu_priority(
         results = list(stub.Results(batch_pb2.ResultsRequest(job_id=job.job_id), timeout=60))
     assert [r.index for r in results] == list(range(len(texts)))
     r = connect_sync(up.redis_url())
-    unit = "echo@1.fp32"
+    unit = ComputeUnit("echo", "1", "fp32")
     background = keys.background_streams(unit, "center", 1)[0].name
     readers = [c["name"] for c in r.xinfo_consumers(background, keys.GROUP)]
     assert len(readers) == 1, readers  # the pool alone

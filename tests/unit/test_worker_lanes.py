@@ -9,6 +9,7 @@ import threading
 
 import pytest
 
+from tiermesh.core.compute_unit import ComputeUnit
 from tiermesh.core.keys import BACKGROUND_PRIORITY
 from tiermesh.worker.lanes import (
     INLINE_MAX_NS,
@@ -19,6 +20,8 @@ from tiermesh.worker.lanes import (
     plan,
     run_inline,
 )
+
+UNIT = ComputeUnit("m", "1", "fp32")
 
 
 @pytest.mark.parametrize(
@@ -53,10 +56,10 @@ async def test_a_unit_is_busy_while_its_batch_computes_and_the_lane_comes_back()
         await go.wait()
 
     await lanes.acquire()
-    lanes.start("m@1.fp32", work())
+    lanes.start(UNIT, work())
     await lanes.acquire()
-    lanes.start("m@1.fp32", work())
-    assert lanes.busy("m@1.fp32") and not lanes.busy("other@1.fp32")
+    lanes.start(UNIT, work())
+    assert lanes.busy(UNIT) and not lanes.busy(ComputeUnit("other", "1", "fp32"))
     assert lanes.computing == 2
     third = asyncio.create_task(lanes.acquire())
     await asyncio.sleep(0)
@@ -65,7 +68,7 @@ async def test_a_unit_is_busy_while_its_batch_computes_and_the_lane_comes_back()
     await third
     lanes.release()
     await lanes.drain()
-    assert not lanes.busy("m@1.fp32") and lanes.computing == 0
+    assert not lanes.busy(UNIT) and lanes.computing == 0
 
 
 async def test_a_failed_lane_is_raised_by_drain_and_the_next_acquire() -> None:
@@ -75,13 +78,13 @@ async def test_a_failed_lane_is_raised_by_drain_and_the_next_acquire() -> None:
         raise OSError("disk gone")
 
     await lanes.acquire()
-    lanes.start("m@1.fp32", fails())
+    lanes.start(UNIT, fails())
     await lanes.settle()  # settles without raising
     with pytest.raises(OSError, match="disk gone"):
         await lanes.drain()
     with pytest.raises(OSError, match="disk gone"):
         await lanes.acquire()
-    assert not lanes.busy("m@1.fp32")
+    assert not lanes.busy(UNIT)
 
 
 async def test_one_lane_runs_its_batch_in_the_caller() -> None:
@@ -89,10 +92,10 @@ async def test_one_lane_runs_its_batch_in_the_caller() -> None:
     ran: list[bool] = []
 
     async def work() -> None:
-        ran.append(lanes.busy("m@1.fp32"))
+        ran.append(lanes.busy(UNIT))
 
     await lanes.acquire()
-    await lanes.run("m@1.fp32", work())
+    await lanes.run(UNIT, work())
     assert ran == [True] and lanes.computing == 0
     await lanes.acquire()  # the lane was given back
 
