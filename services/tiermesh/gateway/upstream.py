@@ -19,6 +19,9 @@ from tiermesh.core.errors import (
     unavailable,
 )
 from tiermesh.core.jobs import Job
+from tiermesh.core.server import make_channel
+from tiermesh.core.settings import GatewaySettings
+from tiermesh.core.tls import internal_channel_credentials
 from tiermesh.core.wire import job_to_proto
 from tiermesh.gateway.cache import ResponseCache
 from tiermesh.rollout.recorder import Recorder
@@ -203,3 +206,31 @@ class Upstream:
     cache: ResponseCache | None = None
     # Per-version outcomes for canary judgement; None: not recorded (tests of other things).
     recorder: Recorder | None = field(default=None)
+    # The router's channel where `connect` opened it (closed by `close`).
+    channel: grpc.aio.Channel | None = None
+
+    @classmethod
+    def connect(
+        cls, settings: GatewaySettings, redis: aioredis.Redis, recorder: Recorder
+    ) -> Upstream:
+        """The router at settings.router_address (one stream of batches over an internal
+        channel) and the gateway's state in `redis`."""
+        channel = make_channel(
+            settings.router_address,
+            settings.max_message_bytes,
+            internal_channel_credentials(settings),
+        )
+        return cls(
+            RouterClient(channel, settings.max_message_bytes // 4),
+            Liveness(redis),
+            Cancellations(redis),
+            ResponseCache(redis),
+            recorder,
+            channel,
+        )
+
+    async def close(self) -> None:
+        """The router stream's pump and reader, then the channel."""
+        await self.router.close()
+        if self.channel is not None:
+            await self.channel.close()
