@@ -18,7 +18,7 @@ from tiermesh.core.exposure import (
     public_exposure,
 )
 from tiermesh.core.settings import GatewaySettings
-from tiermesh.gateway.__main__ import check_exposure
+from tiermesh.gateway.public_port import check_exposure
 
 LOOPBACK = ["127.0.0.1", "127.0.0.2", "::1", "[::1]", "localhost", "LOCALHOST", "::ffff:127.0.0.1"]
 BEYOND = ["0.0.0.0", "::", "[::]", "", "192.168.1.20", "10.0.0.5", "fe80::1", "example.com"]

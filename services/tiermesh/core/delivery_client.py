@@ -18,6 +18,8 @@ from tiermesh.core.call_stream import CallStream
 from tiermesh.core.jobs import JobResult
 from tiermesh.core.message_bytes import MAX_MESSAGE_BYTES, result_messages
 from tiermesh.core.server import make_channel
+from tiermesh.core.settings import PostprocessSettings, WorkerSettings
+from tiermesh.core.tls import internal_channel_credentials
 from tiermesh.core.wire import result_to_proto
 from tiermesh.v1 import delivery_pb2, delivery_pb2_grpc
 
@@ -55,6 +57,17 @@ class GatewayClients:
     against `server_name` when given, else its address), plaintext when None. No message is
     over `max_message_bytes` (the gateways' Delivery servers take as much): an answer that
     alone is goes to its caller as RESOURCE_EXHAUSTED, its batch-mates as they are."""
+
+    @classmethod
+    def from_settings(cls, settings: PostprocessSettings | WorkerSettings) -> GatewayClients:
+        """Deliveries as postprocess (or a worker delivering directly) makes them: over
+        internal TLS where configured, within settings.delivery_timeout_ms."""
+        return cls(
+            settings.delivery_timeout_ms / 1000,
+            internal_channel_credentials(settings),
+            settings.max_message_bytes,
+            settings.delivery_tls_server_name,
+        )
 
     def __init__(
         self,

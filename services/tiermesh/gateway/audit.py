@@ -131,15 +131,15 @@ class AuditLog:
             log.info("audit writes succeed again")
         return True
 
-    async def run(self) -> None:
+    async def run(self, interval_s: float = RETRY_S) -> None:
         """The writer: flush whenever entries are queued, until cancelled; after a failed
-        write, again RETRY_S later."""
+        write, again `interval_s` later."""
         while True:
             await self._wake.wait()
             self._wake.clear()
             if not await self.flush():
                 self._wake.set()
-                await asyncio.sleep(RETRY_S)
+                await asyncio.sleep(interval_s)
             raise_if_cancelling()
 
     def _lose(self, n: int, why: str, **facts: str) -> None:

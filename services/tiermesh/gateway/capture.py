@@ -37,7 +37,9 @@ from tiermesh.core import keys
 from tiermesh.core.errors import MAX_RECORDED_NAME
 from tiermesh.core.jobs import Job, JobResult
 from tiermesh.core.loops import raise_if_cancelling
+from tiermesh.core.settings import GatewaySettings
 from tiermesh.core.tensors import split_bytes
+from tiermesh.gateway.auth import Tenants
 
 log = structlog.get_logger("tiermesh.gateway.capture")
 RECORD_FIELD = "r"
@@ -177,7 +179,7 @@ class CaptureMetrics:
 class Capture:
     """Built in the gateway's __main__. As each request ends the data plane asks `sampled`
     and hands a sampled request to `keep` (`observe` does both); `run` is the one writer
-    task (owned and cancelled by __main__, then `flush`)."""
+    task (owned by the gateway's Service: cancelled, then `flush`ed)."""
 
     def __init__(
         self,
@@ -210,6 +212,28 @@ class Capture:
         self._sample = sample
         self._queue: deque[Observed] = deque()
         self.lost = 0
+
+    @classmethod
+    def from_settings(
+        cls,
+        settings: GatewaySettings,
+        redis: Redis,
+        tenants: Tenants | None,
+        registry: CollectorRegistry,
+    ) -> Capture:
+        """Traffic capture as the settings start it (`tiermesh bench capture` changes it
+        live)."""
+        return cls(
+            redis,
+            initial_state(
+                settings.capture_sample_rate, settings.capture_window_s, time.time() * 1e3
+            ),
+            max_len=settings.capture_max_len,
+            contents_tenants=tenants.capture_contents if tenants is not None else (),
+            contents_key=settings.capture_contents_key,
+            contents_ttl_s=settings.capture_contents_ttl_s,
+            metrics=CaptureMetrics(registry),
+        )
 
     def observe(self, obs: Observed) -> None:
         """Called once per finished request, on the request path: no I/O."""

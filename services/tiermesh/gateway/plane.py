@@ -68,6 +68,8 @@ from tiermesh.gateway.upstream import Upstream
 
 __all__ = ["SERVER", "Answer", "Caller", "DataPlane", "ServerInfo"]
 
+log = structlog.get_logger("tiermesh.gateway")
+
 
 @dataclass(frozen=True, slots=True)
 class Caller:
@@ -150,12 +152,33 @@ class DataPlane:
 
     @property
     def draining(self) -> bool:
-        """Set by __main__ as the drain begins: new requests are refused UNAVAILABLE."""
+        """Set as the drain begins (`drain`): new requests are refused UNAVAILABLE."""
         return self._dispatch.draining
 
     @draining.setter
     def draining(self, value: bool) -> None:
         self._dispatch.draining = value
+
+    async def drain(self, grace_s: float) -> None:
+        """Called once as the gateway stops, after its health went NOT_SERVING: new requests
+        are refused from now on; returns once the pending ones were answered, or `grace_s`
+        passed."""
+        log.info("gateway draining", pending=len(self._pending))
+        self.draining = True
+        try:
+            await asyncio.wait_for(self._pending.wait_empty(), grace_s)
+        except TimeoutError:
+            log.warning("drain grace passed with requests pending", pending=len(self._pending))
+
+    def counters(self) -> dict[str, object]:
+        """What the gateway says as it stops."""
+        return {
+            "accepted": self.accepted,
+            "answered": self.answered,
+            "late_results": self._pending.late,
+            "router_jobs": self._up.router.jobs,
+            "router_batches": self._up.router.batches,
+        }
 
     @property
     def dispatcher(self) -> Dispatcher:

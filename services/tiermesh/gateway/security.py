@@ -13,8 +13,11 @@ from contextlib import AbstractAsyncContextManager, asynccontextmanager, nullcon
 from dataclasses import dataclass
 
 import grpc
+import redis.asyncio as aioredis
+import structlog
 
 from tiermesh.core.errors import MAX_RECORDED_NAME, MeshError, exhausted
+from tiermesh.core.settings import GatewaySettings
 from tiermesh.core.tenants import Tenant
 from tiermesh.gateway.audit import INFER, NO_TENANT, RETRY_S, AuditEntry, AuditLog
 from tiermesh.gateway.auth import (
@@ -28,6 +31,7 @@ from tiermesh.gateway.auth_throttle import FailedAuth, peer_address
 from tiermesh.gateway.metrics import GatewayMetrics
 from tiermesh.gateway.quota import Quota, QuotaRefused
 
+log = structlog.get_logger("tiermesh.gateway")
 # An audited call refused while the audit log cannot be written is told to retry then.
 AUDIT_RETRY_MS = int(RETRY_S * 1000)
 # The refusal counter's reason for an address refused before its key was looked at.
@@ -38,11 +42,33 @@ _NOT_HELD: AbstractAsyncContextManager[None] = nullcontext()
 
 @dataclass(frozen=True)
 class Security:
-    """Built in __main__ when a tenants file is configured."""
+    """Built in __main__ when a tenants file is configured (`for_tenants`)."""
 
     tenants: Tenants
     quota: Quota
     audit: AuditLog
+
+    @classmethod
+    def for_tenants(
+        cls,
+        tenants: Tenants | None,
+        redis: aioredis.Redis,
+        settings: GatewaySettings,
+        metrics: GatewayMetrics,
+        keyless_warning: str,
+    ) -> Security | None:
+        """The checks for `tenants` (API keys required), or None without a tenants file: then
+        `keyless_warning` (check_exposure's) or the default warning is logged."""
+        if tenants is None:
+            log.warning(
+                keyless_warning
+                or "the public port is unauthenticated: anyone who reaches it may use every "
+                "model; set TIERMESH_TENANTS_FILE to require API keys"
+            )
+            return None
+        audit = AuditLog(redis, settings.audit_max_len, on_lost=metrics.audit_lost.inc)
+        log.info("API keys required on the public port", tenants=list(tenants.names))
+        return cls(tenants, Quota(redis, settings.retry_after_ms), audit)
 
 
 class AccessGate:

@@ -20,6 +20,9 @@ from tiermesh.core.errors import (
     unavailable,
 )
 from tiermesh.core.jobs import Job
+from tiermesh.core.server import make_channel
+from tiermesh.core.settings import GatewaySettings
+from tiermesh.core.tls import internal_channel_credentials
 from tiermesh.core.wire import job_to_proto
 from tiermesh.gateway.cache import AnswerCache
 from tiermesh.rollout.recorder import OutcomeRecorder
@@ -204,3 +207,31 @@ class Upstream:
     cache: AnswerCache | None = None
     # Per-version outcomes for canary judgement; None: not recorded (tests of other things).
     recorder: OutcomeRecorder | None = field(default=None)
+    # The router's channel where `connect` opened it (closed by `close`).
+    channel: grpc.aio.Channel | None = None
+
+    @classmethod
+    def connect(
+        cls, settings: GatewaySettings, redis: aioredis.Redis, recorder: OutcomeRecorder
+    ) -> Upstream:
+        """The router at settings.router_address (one stream of batches over an internal
+        channel) and the gateway's state in `redis`."""
+        channel = make_channel(
+            settings.router_address,
+            settings.max_message_bytes,
+            internal_channel_credentials(settings),
+        )
+        return cls(
+            RouterClient(channel, settings.max_message_bytes // 4),
+            Liveness(redis),
+            Cancellations(redis),
+            AnswerCache(redis),
+            recorder,
+            channel,
+        )
+
+    async def close(self) -> None:
+        """The router stream's pump and reader, then the channel."""
+        await self.router.close()
+        if self.channel is not None:
+            await self.channel.close()

@@ -32,8 +32,9 @@ from tiermesh.core.keys import DEFAULT_TIER, StreamKey
 from tiermesh.core.model_config import ModelConfig
 from tiermesh.core.repository import ModelRepository
 from tiermesh.core.settings import RouterSettings
-from tiermesh.core.tenants import Tenant
+from tiermesh.core.tenants import Tenant, load_tenants
 from tiermesh.core.text import TextEncoder
+from tiermesh.core.tls import caller_checks
 from tiermesh.core.validation import check_job
 from tiermesh.core.wire import encode_job
 from tiermesh.rollout.cache import RolloutStates
@@ -90,6 +91,17 @@ class JobChecks:
 
     # The tenants file's tenants by name; None: the mesh has no tenants file.
     tenants: Mapping[str, Tenant] | None
+
+    @classmethod
+    def for_settings(cls, settings: RouterSettings) -> JobChecks | None:
+        """With internal mTLS only gateways' certificates reach the router (core/callers.py):
+        no checks. Without it anything that reaches the port could send a job: each is
+        checked."""
+        if caller_checks(settings):
+            return None
+        if settings.tenants_file is None:
+            return cls(None)
+        return cls({t.name: t for t in load_tenants(settings.tenants_file)})
 
 
 class BatchRouter:

@@ -33,6 +33,7 @@ from tiermesh.core.jobs import Job, JobResult
 from tiermesh.core.keys import StreamKey
 from tiermesh.core.loops import raise_if_cancelling
 from tiermesh.core.model_config import ModelConfig
+from tiermesh.core.settings import WorkerSettings
 from tiermesh.core.telemetry import extract
 from tiermesh.core.tensors import to_numpy
 from tiermesh.core.wire import decode_job
@@ -67,6 +68,18 @@ class GenerationTimers:
     reclaim_min_idle_ms: int = 5000
     cancel_poll_ms: int = 100
     max_deliveries: int = 3
+
+    @classmethod
+    def from_settings(cls, settings: WorkerSettings) -> GenerationTimers:
+        """The worker's own timers (the cancel poll keeps its default)."""
+        return cls(
+            poll_block_ms=settings.poll_block_ms,
+            heartbeat_interval_ms=settings.heartbeat_interval_ms,
+            heartbeat_ttl_ms=settings.heartbeat_ttl_ms,
+            reclaim_interval_ms=settings.reclaim_interval_ms,
+            reclaim_min_idle_ms=settings.reclaim_min_idle_ms,
+            max_deliveries=settings.max_deliveries,
+        )
 
 
 @dataclass
