@@ -86,10 +86,10 @@ async def test_the_stop_stops_intake_drains_then_cancels_flushes_and_closes_in_o
     async with service:
         service.closing(_closer(events, "redis"))
         service.closing(lambda: events.append("metrics closed"))  # a plain call too
-        service.server(internal, grace_s=0, intake=False)
-        service.server(public, grace_s=0, before_stop=(lambda: events.append("public next"),))
-        public_port = public.add_insecure_port("127.0.0.1:0")
-        internal_port = internal.add_insecure_port("127.0.0.1:0")
+        internal_port = service.server(internal, "127.0.0.1", 0, grace_s=0, intake=False)
+        public_port = service.server(
+            public, "127.0.0.1", 0, grace_s=0, before_stop=(lambda: events.append("public next"),)
+        )
         await service.start()
         assert await _status(service.probe_port) == NOT_SERVING  # until it says so
         await service.serving(None, {})
@@ -179,7 +179,7 @@ async def test_a_start_that_fails_closes_what_was_made_and_never_drains() -> Non
     with capture_logs() as logs, pytest.raises(OSError, match="no port"):
         async with _service() as service:
             service.closing(_closer(events, "redis"))
-            service.server(server)
+            service.server(server, "127.0.0.1", 0)
             service.on_drain(lambda: events.append("drain"))
             await service.start()
             raise OSError("no port")

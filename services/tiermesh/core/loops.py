@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import socket
+import uuid
 from collections.abc import Awaitable, Callable
 
 import redis.asyncio as aioredis
@@ -30,3 +33,9 @@ async def repeat(
             failed(exc)
         raise_if_cancelling()
         await asyncio.sleep(interval_s())
+
+
+def lock_owner() -> str:
+    """A lock holder's name (a loop that holds a Redis lock while it works): this process,
+    and a part of its own."""
+    return f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"

@@ -41,11 +41,12 @@ from prometheus_client import CollectorRegistry
 
 from tiermesh.core.heap import settle_heap
 from tiermesh.core.logging import configure_logging
-from tiermesh.core.metrics import MetricsServer
+from tiermesh.core.metrics import MetricsServer, new_registry
 from tiermesh.core.redis_client import check_access, connect
 from tiermesh.core.server import (
     ReadyCallback,
     add_health,
+    bind,
     probe_port,
     serve_health,
     set_serving,
@@ -128,21 +129,25 @@ class Service:
     def server(
         self,
         server: grpc.aio.Server,
+        host: str,
+        port: int,
+        credentials: grpc.ServerCredentials | None = None,
         *,
         grace_s: float | None = None,
         intake: bool = True,
         before_stop: tuple[Step, ...] = (),
-    ) -> health_aio.HealthServicer:
+    ) -> int:
         """Own `server` (started by `start` in registration order, stopped in reverse, with
-        `grace_s` for the calls in flight: shutdown_grace_s when None) and give it a health
-        service, NOT_SERVING until `start`. An `intake` server's health goes NOT_SERVING at
-        stage 1, and the probe answers the first one's; another keeps SERVING until it stops
-        (a gateway's internal port: deliveries still arrive while it drains).
+        `grace_s` for the calls in flight: shutdown_grace_s when None), give it a health
+        service, NOT_SERVING until `start`, and bind it on `host`:`port` (TLS with
+        `credentials`; core/server.bind); the port bound. An `intake` server's health goes
+        NOT_SERVING at stage 1, and the probe answers the first one's; another keeps SERVING
+        until it stops (a gateway's internal port: deliveries still arrive while it drains).
         `before_stop` runs just before it stops."""
         health = add_health(server)
         grace = self.shutdown_grace_s if grace_s is None else grace_s
         self._servers.append(_Server(server, health, grace, intake, before_stop))
-        return health
+        return bind(server, host, port, credentials)
 
     def periodic(self, name: str, task: PeriodicTask, interval_s: float) -> None:
         """Run `task` from now on, `interval_s` apart, until stage 2 cancels it (and flushes
@@ -171,12 +176,13 @@ class Service:
         await check_access(redis, self.settings.redis_url)
         return redis
 
-    def metrics_server(self, registry: CollectorRegistry, port: int) -> MetricsServer:
-        """`registry` served on settings.metrics_host:`port` (0 picks one), closed at
-        stage 2."""
+    def metrics(self, port: int) -> tuple[CollectorRegistry, int]:
+        """The process's metrics registry, served on settings.metrics_host:`port` (0 picks
+        one) until stage 2, and the port it is served on."""
+        registry = new_registry()
         server = MetricsServer(registry, self.settings.metrics_host, port)
         self.closing(server.close)
-        return server
+        return registry, server.port
 
     def counters(self, read: Callable[[], dict[str, object]]) -> None:
         """What the "<name> stopped" line says, read as the service stops."""
@@ -210,14 +216,18 @@ class Service:
         except (aioredis.RedisError, OSError):
             self._log.warning(warning)
 
-    async def serving(self, ready: ReadyCallback | None, ports: dict[str, int]) -> None:
+    async def serving(
+        self, ready: ReadyCallback | None, ports: dict[str, int], **said: object
+    ) -> None:
         """Every server's health SERVING, then `ready` told the `ports` and the probe's
-        (`probe_port`): called once the service can take work."""
+        (`probe_port`), and "<name> serving" logged with the ports and what else is `said`:
+        called once the service can take work."""
         for entry in self._servers:
             await set_serving(entry.health, True)
         self._state.serving = True
         if ready is not None:
             ready({**ports, "probe_port": self.probe_port})
+        self._log.info(f"{self.name} serving", **ports, **said)
 
     async def run(self, stop: asyncio.Event, *ends: asyncio.Task[None]) -> None:
         """Return once `stop` is set or one of `ends` ended (a worker's loop that failed:

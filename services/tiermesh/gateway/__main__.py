@@ -4,15 +4,12 @@ from __future__ import annotations
 
 import asyncio
 
-import structlog
-
 from tiermesh.core.exposure import StartRefused
-from tiermesh.core.metrics import new_registry
 from tiermesh.core.prices import export_prices, load_prices
 from tiermesh.core.redis_client import RedisRefused
 from tiermesh.core.repository import ModelRepository
-from tiermesh.core.server import ReadyCallback, bind, make_server
-from tiermesh.core.service import Refusal, Service, Step, main
+from tiermesh.core.server import ReadyCallback, make_server
+from tiermesh.core.service import Refusal, Service, main
 from tiermesh.core.settings import GatewaySettings
 from tiermesh.core.telemetry import Telemetry
 from tiermesh.core.tenants import TenantsFileError, load_tenants
@@ -36,8 +33,6 @@ from tiermesh.gateway.upstream import Upstream
 from tiermesh.rollout.recorder import OutcomeRecorder
 from tiermesh.rollout.store import RolloutStore
 from tiermesh.v1 import books_pb2_grpc, delivery_pb2_grpc
-
-log = structlog.get_logger("tiermesh.gateway")
 
 
 async def serve(
@@ -63,10 +58,9 @@ async def serve(
         upstream = Upstream.connect(settings, redis, recorder)
         service.closing(upstream.close)
         pending = PendingRequests()
-        registry = new_registry()
+        registry, metrics_port = service.metrics(settings.metrics_port)
         metrics = GatewayMetrics(registry)
         metrics.in_flight.set_function(lambda: len(pending))
-        metrics_server = service.metrics_server(registry, settings.metrics_port)
         security = Security.for_tenants(tenants, redis, settings, metrics, keyless_warning)
         stats = StatisticsStore(redis, InferenceStatistics())
         control = ModelControl(
@@ -83,12 +77,22 @@ async def serve(
             telemetry, settings.max_message_bytes, guards=caller_checks(settings)
         )
         delivery = DeliveryServicer(pending, recorder)
+        rest: RestDoor | None = None  # the KServe v2 REST door, made once the plane is
         delivery_pb2_grpc.add_DeliveryServicer_to_server(delivery, internal)
-        delivery_port = bind(
+        delivery_port = service.server(
             internal,
             settings.delivery_host,
             settings.delivery_port,
             internal_server_credentials(settings),
+            grace_s=1.0,
+            intake=False,
+            # Stopped after the public side: the REST door, the control loop, then
+            # postprocess's streams end (nobody here waits any more), the last deliveries.
+            before_stop=(
+                lambda: rest.stop() if rest is not None else None,
+                lambda: service.cancel("model-control"),
+                delivery.drain,
+            ),
         )
         # The one data plane every door uses.
         plane = DataPlane(
@@ -116,25 +120,19 @@ async def serve(
         # The KServe v2 REST door: the same plane behind JSON and binary-data bodies.
         rest = RestDoor(plane, settings, telemetry.tracer) if settings.http_port >= 0 else None
         public = public_server(settings, telemetry, plane, redis, gate)
-        # Stopped after the public side: the REST door, the control loop, then postprocess's
-        # streams end (nobody here waits any more) and the last deliveries finish.
-        before_internal: list[Step] = [] if rest is None else [rest.stop]
-        before_internal += [lambda: service.cancel("model-control"), delivery.drain]
-        service.server(internal, grace_s=1.0, intake=False, before_stop=tuple(before_internal))
         # Handlers still finishing (answers being sent, refusals of late arrivals) get the
         # grace too; stop() returns as soon as they are done.
-        service.server(public, grace_s=max(1.0, settings.shutdown_grace_s))
-        port = bind(
+        port = service.server(
             public,
             settings.gateway_host,
             settings.gateway_port,
             public_server_credentials(settings),
+            grace_s=max(1.0, settings.shutdown_grace_s),
         )
         await service.start()
         http_port = await rest.start() if rest is not None else -1
-        ports = {"port": port, "delivery_port": delivery_port, "metrics_port": metrics_server.port}
-        await service.serving(ready, {**ports, "http_port": http_port})
-        log.info("gateway serving", **ports, http_port=http_port, models=sorted(repo.configs))
+        ports = {"port": port, "delivery_port": delivery_port, "metrics_port": metrics_port}
+        await service.serving(ready, {**ports, "http_port": http_port}, models=sorted(repo.configs))
         # Cancelled after the public port closed, then the last entries flushed.
         service.periodic("model-control", control, settings.model_control_refresh_ms / 1000)
         if security is not None:

@@ -4,13 +4,10 @@ from __future__ import annotations
 
 import asyncio
 
-import structlog
-
 from tiermesh.core.delivery_client import GatewayClients
-from tiermesh.core.metrics import new_registry
 from tiermesh.core.output_steps import OutputSteps
 from tiermesh.core.repository import ModelRepository
-from tiermesh.core.server import ReadyCallback, bind, make_server
+from tiermesh.core.server import ReadyCallback, make_server
 from tiermesh.core.service import Service, main
 from tiermesh.core.settings import PostprocessSettings
 from tiermesh.core.telemetry import Telemetry
@@ -18,8 +15,6 @@ from tiermesh.core.tls import caller_checks, internal_server_credentials
 from tiermesh.postprocess.metrics import PostprocessMetrics
 from tiermesh.postprocess.servicer import PostprocessServicer
 from tiermesh.v1 import postprocess_pb2_grpc
-
-log = structlog.get_logger("tiermesh.postprocess")
 
 
 async def serve(
@@ -35,22 +30,20 @@ async def serve(
         # Results from workers only (core/callers.py).
         guards = caller_checks(settings)
         server = make_server(service.telemetry, settings.max_message_bytes, guards=guards)
-        registry = new_registry()
-        metrics_server = service.metrics_server(registry, settings.metrics_port)
+        registry, metrics_port = service.metrics(settings.metrics_port)
         servicer = PostprocessServicer(
             OutputSteps.for_models(repo.load()), gateways, PostprocessMetrics(registry), repo=repo
         )
         postprocess_pb2_grpc.add_PostprocessServicer_to_server(servicer, server)
         # Workers stop before postprocess; batches in flight finish within the grace, and
         # then each worker's stream ends (a worker sends again what it had not had read).
-        service.server(server)
-        service.on_drain(servicer.drain)
         credentials = internal_server_credentials(settings)
-        port = bind(server, settings.postprocess_host, settings.postprocess_port, credentials)
+        port = service.server(
+            server, settings.postprocess_host, settings.postprocess_port, credentials
+        )
+        service.on_drain(servicer.drain)
         await service.start()
-        ports = {"port": port, "metrics_port": metrics_server.port}
-        await service.serving(ready, ports)
-        log.info("postprocess serving", **ports)
+        await service.serving(ready, {"port": port, "metrics_port": metrics_port})
         await service.run(stop)
 
 

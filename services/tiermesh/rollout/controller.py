@@ -13,8 +13,9 @@ from dataclasses import dataclass
 
 import redis.asyncio as aioredis
 import structlog
+from prometheus_client import CollectorRegistry
 
-from tiermesh.core.loops import raise_if_cancelling
+from tiermesh.core.loops import lock_owner, raise_if_cancelling
 from tiermesh.core.model_config import ModelConfig
 from tiermesh.rollout import state as transitions
 from tiermesh.rollout.cache import RolloutStates
@@ -112,3 +113,22 @@ class RolloutController:
             change=entry,
         )
         return Evaluation(state.model, state.canary, verdict, rolled_back=True)
+
+
+def router_rollouts(
+    redis: aioredis.Redis,
+    configs: Mapping[str, ModelConfig],
+    registry: CollectorRegistry,
+    lock_ttl_ms: int,
+) -> tuple[RolloutStates, RolloutController]:
+    """A router's rollouts: the states it routes by (refreshed by a periodic task of their
+    own) and the controller that evaluates them, in one of the routers at a time."""
+    store = RolloutStore(redis)
+    metrics = RolloutMetrics(registry)
+    states = RolloutStates(
+        store, sorted(n for n, c in configs.items() if not c.companion_of), metrics
+    )
+    controller = RolloutController(
+        store, configs, lock_owner(), metrics, states, lock_ttl_ms=lock_ttl_ms
+    )
+    return states, controller

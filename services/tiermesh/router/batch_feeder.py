@@ -11,6 +11,7 @@ import dataclasses
 import time
 from collections.abc import Callable, Mapping, Sequence
 
+import redis.asyncio as aioredis
 import structlog
 
 from tiermesh.batch.plan import (
@@ -24,9 +25,10 @@ from tiermesh.batch.store import BatchStore
 from tiermesh.core.controls import Controls
 from tiermesh.core.jobs import Job, Timing
 from tiermesh.core.keys import BACKGROUND_PRIORITY, StreamKey
-from tiermesh.core.loops import repeat
+from tiermesh.core.loops import lock_owner, repeat
 from tiermesh.core.model_config import ModelConfig
 from tiermesh.core.repository import ModelRepository
+from tiermesh.core.settings import RouterSettings
 from tiermesh.core.text import TextEncoder
 from tiermesh.core.wire import decode_job, encode_job
 from tiermesh.router.inputs import with_tokens
@@ -38,6 +40,25 @@ IDLE_INTERVALS = 25
 
 
 class Feeder:
+    @classmethod
+    def for_settings(
+        cls,
+        settings: RouterSettings,
+        redis: aioredis.Redis,
+        repo: ModelRepository,
+        encoders: Mapping[str, TextEncoder],
+    ) -> Feeder:
+        return cls(
+            BatchStore(redis, settings.batch_retention_s),
+            repo,
+            encoders,
+            lock_owner(),
+            pinned_tier=settings.batch_tier,
+            max_queued=settings.batch_max_queued,
+            chunk=settings.batch_feed_chunk,
+            lock_ttl_ms=settings.rollout_lock_ttl_ms,
+        )
+
     def __init__(
         self,
         store: BatchStore,

@@ -3,8 +3,12 @@ generative one, loaded from the model repository's checked files."""
 
 from __future__ import annotations
 
+import asyncio
+from dataclasses import dataclass, field
+
 import structlog
 
+from tiermesh.core.control_watch import ControlState
 from tiermesh.core.repository import ModelRepository, RepositoryError
 from tiermesh.core.text import TextEncoder
 from tiermesh.router.prompt import PromptEncoder
@@ -44,3 +48,20 @@ def add_encoders(
             encoders[name] = TextEncoder(
                 folder / cfg.tokenize.tokenizer_file, cfg.tokenize.max_length
             )
+
+
+@dataclass
+class Encoders:
+    """The router's tokenizers by model name, loaded at start (a tokenizer whose files do
+    not check stops it) and again whenever model control re-read the repository (a model
+    added to the folder: logged and left out where its files do not check)."""
+
+    repo: ModelRepository
+    text: dict[str, TextEncoder] = field(default_factory=dict)
+    prompts: dict[str, PromptEncoder] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        add_encoders(self.repo, self.text, self.prompts, strict=True)
+
+    async def on_control_change(self, _: ControlState) -> None:
+        await asyncio.to_thread(add_encoders, self.repo, self.text, self.prompts)

@@ -13,12 +13,15 @@ from typing import Protocol
 
 import grpc
 import structlog
-from prometheus_client import Counter
+from prometheus_client import CollectorRegistry, Counter
 
 from tiermesh.core.call_stream import CallStream
-from tiermesh.core.delivery_client import GatewayClients
+from tiermesh.core.delivery_client import GatewayClients, deliveries_counter
 from tiermesh.core.jobs import JobResult
 from tiermesh.core.message_bytes import MAX_MESSAGE_BYTES, result_messages
+from tiermesh.core.server import make_channel
+from tiermesh.core.settings import WorkerSettings
+from tiermesh.core.tls import internal_channel_credentials
 from tiermesh.core.wire import result_to_proto
 from tiermesh.v1 import postprocess_pb2, postprocess_pb2_grpc
 
@@ -122,6 +125,24 @@ class DirectHandoff:
     async def close(self) -> None:
         await self._postprocess.close()
         await self._gateways.close()
+
+
+def handoff_for(
+    settings: WorkerSettings, registry: CollectorRegistry
+) -> tuple[Handoff, grpc.aio.Channel]:
+    """Where the worker's finished batches go: postprocess at settings.postprocess_address,
+    over an internal channel (returned, to close after the hand-off), and with
+    TIERMESH_DIRECT_DELIVERY a batch without an output step left straight to its gateways."""
+    channel = make_channel(
+        settings.postprocess_address,
+        settings.max_message_bytes,
+        internal_channel_credentials(settings),
+    )
+    to_postprocess = PostprocessClient(channel, max_message_bytes=settings.max_message_bytes)
+    if not settings.direct_delivery:
+        return to_postprocess, channel
+    gateways = GatewayClients.from_settings(settings)
+    return DirectHandoff(to_postprocess, gateways, deliveries_counter(registry)), channel
 
 
 async def retrying(

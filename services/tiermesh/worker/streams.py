@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
+import socket
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -22,6 +24,7 @@ from tiermesh.core import keys
 from tiermesh.core.compute_unit import ComputeUnit
 from tiermesh.core.keys import StreamKey
 from tiermesh.core.redis_cluster import execute_replicated, get_many, is_cluster
+from tiermesh.core.settings import WorkerSettings
 from tiermesh.core.wire import decode_job
 
 log = structlog.get_logger("tiermesh.worker")
@@ -129,6 +132,18 @@ class StreamClient:
     read of several models' streams is one XREADGROUP per model; a blocking one blocks on
     each at once and returns as soon as any has entries, leaving the others blocked (owned
     here, collected by the next read, awaited by `aclose`)."""
+
+    @classmethod
+    def for_settings(cls, redis: aioredis.Redis, settings: WorkerSettings) -> StreamClient:
+        """The worker's client, its consumer named by TIERMESH_WORKER_ID, else by host, tier
+        and process."""
+        host, tier = socket.gethostname(), settings.worker_tier
+        return cls(
+            redis,
+            settings.worker_id or f"{host}-{tier}-{os.getpid()}",
+            dead_letter_max_len=settings.dead_letter_max_len,
+            dead_letter_max_payload_bytes=settings.dead_letter_max_payload_bytes,
+        )
 
     def __init__(
         self,
