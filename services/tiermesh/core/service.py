@@ -5,11 +5,12 @@ A composition root builds its objects, registers them here, and runs:
 
     async with Service("router", settings, telemetry) as service:
         redis = await service.redis()
-        service.server(server)
+        registry, metrics_port = service.metrics(settings.metrics_port)
+        port = service.server(server, settings.router_host, settings.router_port, credentials)
         service.on_drain(servicer.drain)
         service.periodic("stranded-work", StrandedWork(redis, ...), interval_s)
         await service.start()
-        await service.serving(ready, {"port": port})
+        await service.serving(ready, {"port": port, "metrics_port": metrics_port})
         await service.run(stop)
 
 Leaving the block stops the service, whether `stop` was set, a start step raised or the
