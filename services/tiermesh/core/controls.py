@@ -11,12 +11,13 @@ the wrong type. Adding a request parameter end to end is one field here and the 
 reads it.
 
 On the wire the fields are a string map (`Job.controls`, `Result.controls`) written and read
-only here: a field left at its default is not sent, and a name this version does not know
-(sent by a newer one) is ignored.
+only here: a field left at its default is not sent, and a name or value this version does not
+understand (sent by another one) is ignored.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -66,11 +67,16 @@ class Controls:
 
     @classmethod
     def from_wire(cls, wire: Mapping[str, str]) -> Controls:
-        """Inverse of `to_wire`; names it does not know are ignored. ValueError for a value
-        that is not of its field's type."""
+        """Inverse of `to_wire`. A name it does not know, or a value not of its field's
+        type (a version of the mesh beside this one, mid-upgrade), is left out: the field
+        keeps its default and the request is served, never dropped for it."""
         if not wire:
             return NO_CONTROLS
-        values = {name: _parse(kind, wire[name]) for name, _, kind in _FIELDS if name in wire}
+        values = {}
+        for name, _, kind in _FIELDS:
+            if name in wire:
+                with contextlib.suppress(ValueError):
+                    values[name] = _parse(kind, wire[name])
         return cls(**values)
 
     @classmethod

@@ -212,7 +212,7 @@ class GenerationWorker:
                 request_id=job.request_id,
                 prompt=tuple(int(i) for i in ids),
                 max_new_tokens=gen.max_new_tokens,
-                priority=job.priority or 1,
+                priority=entry.stream.priority,  # the level the router placed it on
                 deadline_ns=job.deadline_ns,
                 arrived_ns=job.timing.enqueued_ns or now,
                 sampling=Sampling(gen.temperature, gen.top_p, gen.seed),
