@@ -203,7 +203,7 @@ def counting_tokenizer(model_dir: Path) -> Tokenizer:
     config = parse_config(yaml.safe_load((model_dir / "config.yaml").read_text()), str(model_dir))
     if config.tokenize is None:
         raise ValueError(f"model {model_dir.name!r} takes no text: no tokenize section")
-    path = model_dir / config.stable.version / config.tokenize.tokenizer_file
+    path = model_dir / config.version_for("") / config.tokenize.tokenizer_file
     tokenizer = Tokenizer.from_file(str(path))
     tokenizer.no_truncation()
     tokenizer.no_padding()

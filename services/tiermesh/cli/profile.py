@@ -26,7 +26,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
     repo.load()  # RepositoryError (unknown model, missing weights): the CLI's error line
     path = repo.checked_file(args.model, variant=args.variant)
     cfg = repo.configs[args.model]
-    variant = args.variant or cfg.default_variant
+    variant = cfg.variant_for(args.variant)
     model = onnx.load(str(path))
     available = ort.get_available_providers()
     result = prof.profile(model, args.seq, args.balance, available)

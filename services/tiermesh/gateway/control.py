@@ -115,7 +115,7 @@ class ModelControl:
     def is_served(self, cfg: ModelConfig, version: str = "") -> bool:
         """Whether (model, version) is loaded ("" = the version requests get by default)."""
         ver = cfg.version(version)
-        return self.watch.state.served(cfg, ver.version if ver else cfg.stable.version)
+        return self.watch.state.served(cfg, ver.version if ver else cfg.version_for(""))
 
     def check_served(self, cfg: ModelConfig, version: str = "") -> None:
         """UNAVAILABLE when (model, version) is unloaded."""

@@ -32,7 +32,7 @@ class DoorPlans:
         return plan_parameter(cfg, self._explicit, text)
 
     def _text(self, cfg: ModelConfig) -> dict[str, Any] | None:
-        key = (cfg.name, cfg.stable.version)
+        key = (cfg.name, cfg.version_for(""))
         if key not in self._texts:
             self._texts[key] = self._read(cfg)
         return self._texts[key]
@@ -41,7 +41,7 @@ class DoorPlans:
         assert cfg.tokenize is not None
         file = cfg.tokenize.tokenizer_file
         try:
-            path, data = self._repo.checked_bytes(cfg.name, file, cfg.stable.version)
+            path, data = self._repo.checked_bytes(cfg.name, file, cfg.version_for(""))
             plan = text_plan(cfg, json.loads(data), str(path), sha256_bytes(data))
         except (RepositoryError, OSError, ValueError, KeyError, TypeError) as exc:
             # a tokenizer.json the door cannot use: the router tokenizes this model's texts

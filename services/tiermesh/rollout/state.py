@@ -79,7 +79,7 @@ def effective_stable(cfg: ModelConfig, current: RolloutState | None) -> str:
     one once there was a rollout (a promotion outlives the config), else the config's."""
     if current is not None and current.state != "none" and cfg.version(current.stable):
         return current.stable
-    return cfg.stable.version
+    return cfg.version_for("")
 
 
 def start(

@@ -220,7 +220,7 @@ class BatchRouter:
             cfg = w.cfg
             assert cfg is not None
             state = self._rollouts.get(cfg.queue_model) if self._rollouts is not None else None
-            placement = place(cfg.stable.version, state, w.job)
+            placement = place(cfg.version_for(""), state, w.job)
             if placement.arm in ("stable", "canary"):
                 controls = w.job.controls.with_(rollout_arm=placement.arm)
                 w.job = w.job.with_(version=placement.version, controls=controls)
