@@ -43,10 +43,13 @@ NO_REPLICA_RETRY_S = 5.0
 _no_replica: WeakKeyDictionary[object, dict[str, float]] = WeakKeyDictionary()
 
 
-def wait_for_replicas(client: aioredis.Redis, pipe: Any, names: Iterable[str]) -> list[str]:
-    """On a cluster, queue on `pipe`, after the writes to `names`, a WAIT for one replica of
-    each primary holding them (but those found without one lately): the primaries waited on,
-    in the order of their replies, which end the pipeline's. Nothing on one server."""
+def wait_for_replicas(
+    client: aioredis.Redis, pipe: Any, names: Iterable[str], wait_ms: int = REPLICA_WAIT_MS
+) -> list[str]:
+    """On a cluster, queue on `pipe`, after the writes to `names`, a WAIT of at most
+    `wait_ms` for one replica of each primary holding them (but those found without one
+    lately): the primaries waited on, in the order of their replies, which end the
+    pipeline's. Nothing on one server."""
     if not is_cluster(client):
         return []
     cluster = cast(aioredis.RedisCluster, client)
@@ -57,7 +60,7 @@ def wait_for_replicas(client: aioredis.Redis, pipe: Any, names: Iterable[str]) -
         if node is not None and skip.get(node.name, 0.0) <= now:
             nodes[node.name] = node
     for node in nodes.values():
-        pipe.execute_command("WAIT", 1, REPLICA_WAIT_MS, target_nodes=node)
+        pipe.execute_command("WAIT", 1, wait_ms, target_nodes=node)
     return list(nodes)
 
 
