@@ -22,6 +22,7 @@ import tritonclient.grpc as grpcclient
 from tests.e2e.conftest import UpProcess, _environ, running, single_redis
 from tests.e2e.test_requests_e2e import mlp_input, reference
 from tests.integration.test_internal_callers import outcome
+from tests.stream_refusals import server_status
 from tiermesh.core.tls import channel_credentials
 from tiermesh.up.certs import identities_in
 from tiermesh.v1 import (
@@ -64,15 +65,20 @@ def presenting(up: UpProcess, identity: str) -> grpc.ChannelCredentials:
 
 
 async def route_nothing(channel: grpc.aio.Channel) -> None:
-    """A RouteStream carrying one empty batch: the router answers nothing and ends it."""
-    call = router_pb2_grpc.RouterStub(channel).RouteStream(timeout=10)
-    try:
-        await call.write(router_pb2.JobBatch())
-        await call.done_writing()
-    except (grpc.aio.AioRpcError, asyncio.InvalidStateError):
-        pass  # the router ended the call before the batch went (a refused caller): as below
-    while await call.read() is not grpc.aio.EOF:  # raises with the call's own status
-        pass
+    """A RouteStream carrying one empty batch: the router answers nothing and ends it.
+    Raises with the router's status (tests/stream_refusals.py)."""
+
+    async def once() -> None:
+        call = router_pb2_grpc.RouterStub(channel).RouteStream(timeout=10)
+        try:
+            await call.write(router_pb2.JobBatch())
+            await call.done_writing()
+        except (grpc.aio.AioRpcError, asyncio.InvalidStateError):
+            pass  # the router ended the call before the batch went (a refused caller)
+        while await call.read() is not grpc.aio.EOF:  # raises with the call's own status
+            pass
+
+    await server_status(once)
 
 
 async def deliver_nothing(channel: grpc.aio.Channel) -> None:

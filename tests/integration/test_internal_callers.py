@@ -16,6 +16,7 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from tests.stream_refusals import server_status
 from tiermesh.core.callers import CALLERS, IDENTITIES
 from tiermesh.core.server import add_health, bind, make_channel, make_server, set_serving
 from tiermesh.core.settings import RouterSettings
@@ -97,13 +98,19 @@ class Books(books_pb2_grpc.BooksServicer):
         return books_pb2.Recorded()
 
 
-async def one_message(call: Any, message: Any) -> None:
-    """A stream call: one message out, its reply read, the stream closed."""
-    await call.write(message)
-    await call.read()
-    await call.done_writing()
-    assert await call.read() is grpc.aio.EOF
-    assert await call.code() == grpc.StatusCode.OK
+async def one_message(make: Callable[[], Any], message: Any) -> None:
+    """A stream call: one message out, its reply read, the stream closed; raises with the
+    server's status (tests/stream_refusals.py)."""
+
+    async def once() -> None:
+        call = make()
+        await call.write(message)
+        await call.read()
+        await call.done_writing()
+        assert await call.read() is grpc.aio.EOF
+        assert await call.code() == grpc.StatusCode.OK
+
+    await server_status(once)
 
 
 # Each internal method, called once: (gRPC service, method, how to call it on a channel).
@@ -113,7 +120,7 @@ CALLS: list[tuple[str, str, Call]] = [
         "tiermesh.v1.Router",
         "RouteStream",
         lambda ch: one_message(
-            router_pb2_grpc.RouterStub(ch).RouteStream(timeout=10), router_pb2.JobBatch()
+            lambda: router_pb2_grpc.RouterStub(ch).RouteStream(timeout=10), router_pb2.JobBatch()
         ),
     ),
     (
@@ -127,7 +134,7 @@ CALLS: list[tuple[str, str, Call]] = [
         "tiermesh.v1.Postprocess",
         "ProcessStream",
         lambda ch: one_message(
-            postprocess_pb2_grpc.PostprocessStub(ch).ProcessStream(timeout=10),
+            lambda: postprocess_pb2_grpc.PostprocessStub(ch).ProcessStream(timeout=10),
             postprocess_pb2.ResultBatch(),
         ),
     ),
@@ -142,7 +149,7 @@ CALLS: list[tuple[str, str, Call]] = [
         "tiermesh.v1.Delivery",
         "DeliverStream",
         lambda ch: one_message(
-            delivery_pb2_grpc.DeliveryStub(ch).DeliverStream(timeout=10),
+            lambda: delivery_pb2_grpc.DeliveryStub(ch).DeliverStream(timeout=10),
             delivery_pb2.Deliveries(),
         ),
     ),
