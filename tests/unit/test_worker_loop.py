@@ -518,17 +518,25 @@ async def test_a_batch_waits_for_company_on_the_injected_clock(
     assert all(s <= 0.0005 for s in h.clock.slept)
 
 
-async def test_an_unsure_edge_answer_cascades_to_center(
-    make: Callable[..., Awaitable[Harness]],
-) -> None:
+EDGE, CENTER = StreamKey(UNIT, "edge", 2, 0), StreamKey(UNIT, "center", 2, 0)
+
+
+async def unsure_edge(make: Callable[..., Awaitable[Harness]]) -> Harness:
+    """An edge worker of a model whose every edge answer is unsure, a center worker live."""
     cfg = mlp_config(
         tiers={"edge": {"max_cost": 0}, "center": {}},
         cascade={"output": "OUTPUT0", "threshold": 1.0},  # no answer is that sure
     )
     h = await make(cfg, tier="edge")
-    edge = StreamKey(UNIT, "edge", 2, 0)
-    center = StreamKey(UNIT, "center", 2, 0)
     h.streams.workers[(UNIT, "center")].add("center-worker")
+    return h
+
+
+async def test_an_unsure_edge_answer_cascades_to_center(
+    make: Callable[..., Awaitable[Harness]],
+) -> None:
+    h = await unsure_edge(make)
+    edge, center = EDGE, CENTER
     entry = h.add("unsure", edge)
     await h.steps()
     assert h.runner.runs == [["unsure"]]
@@ -543,13 +551,8 @@ async def test_an_unsure_edge_answer_cascades_to_center(
 async def test_a_caller_who_says_cascade_false_gets_the_unsure_edge_answer(
     make: Callable[..., Awaitable[Harness]],
 ) -> None:
-    cfg = mlp_config(
-        tiers={"edge": {"max_cost": 0}, "center": {}},
-        cascade={"output": "OUTPUT0", "threshold": 1.0},  # no answer is that sure
-    )
-    h = await make(cfg, tier="edge")
-    edge, center = StreamKey(UNIT, "edge", 2, 0), StreamKey(UNIT, "center", 2, 0)
-    h.streams.workers[(UNIT, "center")].add("center-worker")
+    h = await unsure_edge(make)
+    edge, center = EDGE, CENTER
     # As both doors read it from the request's parameters.
     entry = h.add("hurried", edge, controls=Controls.from_parameters({"cascade": False}))
     await h.steps()

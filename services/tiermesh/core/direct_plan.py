@@ -125,13 +125,12 @@ def direct_plan(
     ):
         return None
     version = cfg.version_for("")
-    tiers = cfg.tiers or (TierSpec(keys.DEFAULT_TIER, ""),)
     return {
         "version": version,
         "default_priority": cfg.default_priority,
         "bounds": list(cfg.length_buckets),
         "batched": cfg.max_batch_size > 0,
-        "tiers": [_placement(cfg, version, t) for t in tiers],
+        "tiers": [_placement(cfg, version, t) for t in cfg.served_tiers],
         "rate_fields": [keys.rate_field(b) for b in range(cfg.bucket_count)],
         "queue_bound": cfg.queue_bound,
         "model_bound": cfg.model_queue_bound,

@@ -25,6 +25,7 @@ from tiermesh.core import config_schema as schema
 from tiermesh.core.canary_spec import CanarySpec, parse_canary
 from tiermesh.core.compute_unit import ComputeUnit
 from tiermesh.core.gates import reference_variant
+from tiermesh.core.keys import DEFAULT_TIER
 from tiermesh.core.tier_spec import (
     TierConfigError,
     TierSpec,
@@ -268,9 +269,16 @@ class ModelConfig:
         return self.compute_outputs or self.outputs
 
     @property
+    def served_tiers(self) -> tuple[TierSpec, ...]:
+        """Where the model is served: its tiers, else the default tier with the default
+        variant."""
+        return self.tiers or (TierSpec(DEFAULT_TIER, ""),)
+
+    @property
     def tier_variants(self) -> dict[str, str]:
-        """The variant each tier serves when the caller names none (tier name -> variant)."""
-        return served_variants(self.tiers, self.default_variant)
+        """The variant each tier it is served on serves when the caller names none (tier
+        name -> variant)."""
+        return served_variants(self.served_tiers, self.default_variant)
 
     # The defaults of a request, each resolved here and nowhere else.
 

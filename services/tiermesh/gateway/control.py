@@ -128,8 +128,7 @@ class ModelControl:
         ver = cfg.version(version)
         if ver is None or not self.is_served(cfg, version):
             return False
-        variants = set(cfg.tier_variants.values()) or {cfg.variant_for("")}
-        for variant in sorted(variants):
+        for variant in sorted(set(cfg.tier_variants.values())):
             if await self._liveness.workers(cfg.unit(ver.version, variant)) > 0:
                 return True
         return False

@@ -9,7 +9,6 @@ import numpy as np
 from tritonclient.grpc import model_config_pb2, service_pb2
 
 from tiermesh.core.controls import PARAMETERS as CONTROL_PARAMETERS
-from tiermesh.core.controls import Controls
 from tiermesh.core.errors import invalid, shown, shown_shape
 from tiermesh.core.jobs import JobResult
 from tiermesh.core.repository import ModelConfig, TensorSpec
@@ -19,7 +18,7 @@ from tiermesh.core.validation import MAX_LISTED_ELEMENTS, Screen, no_screen
 from tiermesh.gateway.facts import response_facts
 from tiermesh.gateway.generation import PARAMETERS as GENERATION_PARAMETERS
 from tiermesh.gateway.plane import ServerInfo
-from tiermesh.gateway.requests import InferRequest
+from tiermesh.gateway.requests import InferRequest, controls_of
 
 # InferTensorContents field and numpy dtype for each datatype a client may send typed.
 _CONTENTS: dict[str, tuple[str, str]] = {
@@ -150,16 +149,9 @@ def infer_request(msg: service_pb2.ModelInferRequest, screen: Screen = no_screen
         priority=priority,
         timeout_us=_param_int(msg.parameters, "timeout"),
         variant=_param_str(msg.parameters, "variant"),
-        controls=_controls(_param_values(msg.parameters, CONTROL_PARAMETERS)),
+        controls=controls_of(_param_values(msg.parameters, CONTROL_PARAMETERS)),
         parameters=_param_values(msg.parameters, GENERATION_PARAMETERS),
     )
-
-
-def _controls(parameters: dict[str, object]) -> Controls:
-    try:
-        return Controls.from_parameters(parameters)
-    except ValueError as exc:
-        raise invalid(str(exc)) from None
 
 
 def infer_response(

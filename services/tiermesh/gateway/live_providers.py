@@ -47,8 +47,7 @@ def served_units(cfg: ModelConfig, version: str = "") -> list[tuple[ComputeUnit,
     ver = cfg.version(version)
     if ver is None:
         return []
-    variants = cfg.tier_variants or {keys.DEFAULT_TIER: cfg.variant_for("")}
-    return [(cfg.unit(ver.version, variant), tier) for tier, variant in variants.items()]
+    return [(cfg.unit(ver.version, variant), tier) for tier, variant in cfg.tier_variants.items()]
 
 
 def count_live(units: Iterable[UnitOnTier]) -> LiveCounts:

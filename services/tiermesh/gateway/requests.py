@@ -79,6 +79,15 @@ def priority_level(cfg: ModelConfig, requested: int) -> int:
         raise invalid(str(exc)) from None
 
 
+def controls_of(parameters: Mapping[str, object]) -> Controls:
+    """The request's controls from its parameters as a door decoded them (only the names
+    in core.controls.PARAMETERS are read); INVALID_ARGUMENT for a value of the wrong type."""
+    try:
+        return Controls.from_parameters(parameters)
+    except ValueError as exc:
+        raise invalid(str(exc)) from None
+
+
 # The longest a request may wait, whatever its `timeout` parameter or gRPC deadline says.
 MAX_WAIT_NS = 24 * 3600 * 1_000_000_000
 

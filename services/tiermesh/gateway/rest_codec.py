@@ -21,7 +21,6 @@ import numpy as np
 from google.protobuf import json_format  # type: ignore[import-untyped]
 
 from tiermesh.core.controls import PARAMETERS as CONTROL_PARAMETERS
-from tiermesh.core.controls import Controls
 from tiermesh.core.errors import MeshError, invalid, shown
 from tiermesh.core.jobs import JobResult
 from tiermesh.core.repository import ModelConfig, TensorSpec
@@ -32,7 +31,7 @@ from tiermesh.gateway.converters import MAX_INPUTS, MAX_RANK, tensor_shape
 from tiermesh.gateway.facts import response_facts
 from tiermesh.gateway.generation import PARAMETERS as GENERATION_PARAMETERS
 from tiermesh.gateway.plane import ServerInfo
-from tiermesh.gateway.requests import InferRequest
+from tiermesh.gateway.requests import InferRequest, controls_of
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
 
@@ -144,13 +143,6 @@ def _str_param(params: Mapping[str, Any], key: str) -> str:
     if not isinstance(value, str):
         raise invalid(f"parameter '{key}' must be a string")
     return value
-
-
-def _controls(parameters: dict[str, object]) -> Controls:
-    try:
-        return Controls.from_parameters(parameters)
-    except ValueError as exc:
-        raise invalid(str(exc)) from None
 
 
 def _params(doc: Mapping[str, Any], where: str) -> Mapping[str, Any]:
@@ -300,7 +292,7 @@ def parse_infer(
         priority=_int_param(params, "priority") or 0,
         timeout_us=_int_param(params, "timeout"),
         variant=_str_param(params, "variant"),
-        controls=_controls({k: params[k] for k in CONTROL_PARAMETERS if k in params}),
+        controls=controls_of({k: params[k] for k in CONTROL_PARAMETERS if k in params}),
         parameters={k: params[k] for k in GENERATION_PARAMETERS if k in params},
     )
     return req, OutputChoice(params.get("binary_data_output") is True, binary_out)

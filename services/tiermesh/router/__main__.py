@@ -58,7 +58,7 @@ async def serve(
                 rollouts=rollouts,
                 control=control,
                 prompts=encoders.prompts,
-                checks=JobChecks.for_settings(settings),
+                checks=JobChecks.from_settings(settings),
             )
         )
         router_pb2_grpc.add_RouterServicer_to_server(servicer, server)
@@ -75,7 +75,7 @@ async def serve(
             "model control state unreadable at start; retrying in the background",
         )
         control.on_change = encoders.on_control_change
-        feeder = Feeder.for_settings(settings, redis, repo, encoders.text)
+        feeder = Feeder.from_settings(settings, redis, repo, encoders.text)
         stranded = StrandedWork(redis, repo.configs, registry)
         service.periodic("rollout-states", rollouts, settings.rollout_refresh_ms / 1000)
         service.periodic("rollout-controller", controller, settings.rollout_eval_interval_ms / 1000)

@@ -41,7 +41,7 @@ IDLE_INTERVALS = 25
 
 class Feeder:
     @classmethod
-    def for_settings(
+    def from_settings(
         cls,
         settings: RouterSettings,
         redis: aioredis.Redis,

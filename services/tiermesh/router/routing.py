@@ -93,7 +93,7 @@ class JobChecks:
     tenants: Mapping[str, Tenant] | None
 
     @classmethod
-    def for_settings(cls, settings: RouterSettings) -> JobChecks | None:
+    def from_settings(cls, settings: RouterSettings) -> JobChecks | None:
         """With internal mTLS only gateways' certificates reach the router (core/callers.py):
         no checks. Without it anything that reaches the port could send a job: each is
         checked."""

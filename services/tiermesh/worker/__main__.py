@@ -44,7 +44,7 @@ async def serve(
             "model control state unreadable at start; serving every model until read",
         )
         registry, metrics_port = service.metrics(settings.metrics_port)
-        streams = StreamClient.for_settings(redis, settings)
+        streams = StreamClient.from_settings(redis, settings)
         service.closing(streams.aclose)
         handoff, channel = handoff_for(settings, registry)
         service.closing(channel.close)

@@ -134,7 +134,7 @@ class StreamClient:
     here, collected by the next read, awaited by `aclose`)."""
 
     @classmethod
-    def for_settings(cls, redis: aioredis.Redis, settings: WorkerSettings) -> StreamClient:
+    def from_settings(cls, redis: aioredis.Redis, settings: WorkerSettings) -> StreamClient:
         """The worker's client, its consumer named by TIERMESH_WORKER_ID, else by host, tier
         and process."""
         host, tier = socket.gethostname(), settings.worker_tier
